@@ -1,0 +1,72 @@
+"""Architectural constants of the weft ISA: opcodes, memory ids, ALU ops and fixed field widths.
+
+Only what no config can change lives here; every width that follows from a buffer depth is derived in
+:mod:`weft.isa.layout`.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = [
+    "ALU_OP_BITS",
+    "DRAM_ADDR_BITS",
+    "DRAM_STRIDE_BITS",
+    "IMM_BITS",
+    "MEM_ID_BITS",
+    "OPCODE_BITS",
+    "PAD_BITS",
+    "AluOp",
+    "MemId",
+    "Opcode",
+    "Unit",
+]
+
+OPCODE_BITS = 3
+MEM_ID_BITS = 3
+ALU_OP_BITS = 3
+#: Zero padding per side of a 2-D DMA, in elements (VTA: 4 bits, so at most 15).
+PAD_BITS = 4
+#: DRAM addresses in instructions count elements of the memory's row size, up to this many bits.
+DRAM_ADDR_BITS = 32
+#: Row stride of a 2-D DMA, in DRAM elements.
+DRAM_STRIDE_BITS = 16
+#: Signed ALU immediate.
+IMM_BITS = 16
+
+
+class Opcode(IntEnum):
+    LOAD = 0
+    STORE = 1
+    GEMM = 2
+    FINISH = 3
+    ALU = 4
+
+
+class MemId(IntEnum):
+    """Memory a LOAD or STORE moves data to or from."""
+
+    UOP = 0
+    WGT = 1
+    INP = 2
+    ACC = 3
+    OUT = 4
+    #: out_width-bit integers from DRAM, sign-extended into the accumulator (residual adds, pooling).
+    ACC_NARROW = 5
+
+
+class AluOp(IntEnum):
+    MIN = 0
+    MAX = 1
+    ADD = 2
+    #: Arithmetic shift right by the operand; a negative operand shifts left.
+    SHR = 3
+    MUL = 4
+
+
+class Unit(IntEnum):
+    """The three decoupled units, in pipeline order (VTA's stage ids minus one)."""
+
+    LOAD = 0
+    COMPUTE = 1
+    STORE = 2

@@ -1,0 +1,212 @@
+"""Instruction and micro-op bit layouts, derived from the config.
+
+Each format is an ordered list of fields packed contiguously from bit 0. The RTL decodes these layouts
+(as Amaranth ``StructLayout``), the compiler and runtime encode them (vectorized, see
+:mod:`weft.isa.encoding`), and the spec JSON, C header and Markdown table are generated from them: no
+width is written down twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from weft.isa.constants import (
+    ALU_OP_BITS,
+    DRAM_ADDR_BITS,
+    DRAM_STRIDE_BITS,
+    IMM_BITS,
+    MEM_ID_BITS,
+    OPCODE_BITS,
+    PAD_BITS,
+    Opcode,
+)
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["FORMAT_OF_OPCODE", "INSN_FIELD_NAMES", "Field", "Format", "IsaLayout"]
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    width: int
+    lsb: int
+    signed: bool = False
+    doc: str = ""
+
+    @property
+    def msb(self) -> int:
+        return self.lsb + self.width - 1
+
+    @property
+    def min(self) -> int:
+        return -(1 << (self.width - 1)) if self.signed else 0
+
+    @property
+    def max(self) -> int:
+        return (1 << (self.width - 1)) - 1 if self.signed else (1 << self.width) - 1
+
+
+@dataclass(frozen=True)
+class Format:
+    """A named bit layout: fields packed from bit 0 upwards, within `bits`."""
+
+    name: str
+    fields: tuple[Field, ...]
+    bits: int
+
+    @property
+    def used_bits(self) -> int:
+        return self.fields[-1].lsb + self.fields[-1].width if self.fields else 0
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"format '{self.name}' has no field '{name}'")
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def as_struct_layout(self) -> Any:
+        """The Amaranth ``data.StructLayout`` of this format (imports amaranth: hardware side only)."""
+        from amaranth.lib import data
+
+        members: dict[str, Any] = {}
+        for f in self.fields:
+            members[f.name] = data.signed(f.width) if f.signed else data.unsigned(f.width)
+        pad = self.bits - self.used_bits
+        if pad:
+            members["_reserved"] = data.unsigned(pad)
+        return data.StructLayout(members)
+
+
+def _pack(name: str, bits: int, spec: list[tuple[str, int, bool, str]]) -> Format:
+    fields, lsb = [], 0
+    for field_name, width, signed, doc in spec:
+        fields.append(Field(field_name, width, lsb, signed, doc))
+        lsb += width
+    return Format(name, tuple(fields), bits)
+
+
+_HEADER = [
+    ("opcode", OPCODE_BITS, False, "LOAD=0 STORE=1 GEMM=2 FINISH=3 ALU=4"),
+    ("pop_prev", 1, False, "wait for a token from the previous unit before starting"),
+    ("pop_next", 1, False, "wait for a token from the next unit before starting"),
+    ("push_prev", 1, False, "send a token to the previous unit when done"),
+    ("push_next", 1, False, "send a token to the next unit when done"),
+]
+
+#: Which format each opcode uses.
+FORMAT_OF_OPCODE = {
+    Opcode.LOAD: "mem", Opcode.STORE: "mem", Opcode.GEMM: "gemm", Opcode.ALU: "alu",
+    Opcode.FINISH: "finish",
+}
+
+
+class IsaLayout:
+    """Every bit layout of the ISA for one config."""
+
+    def __init__(self, config: AcceleratorConfig):
+        from weft.config import INSN_BITS
+
+        self.config = config
+        self.insn_bits = INSN_BITS
+        c = config
+        self.sram_bits = max(c.uop_index_bits, c.inp_index_bits, c.wgt_index_bits, c.acc_index_bits)
+        # A transfer may fill a whole buffer, so sizes need one bit more than indices.
+        self.size_bits = self.sram_bits + 1
+        # A loop extent never needs to exceed the deepest buffer it can walk.
+        self.iter_bits = max(c.inp_index_bits, c.wgt_index_bits, c.acc_index_bits) + 1
+        uop_dst, uop_src, uop_wgt = c.uop_field_bits
+        self.uop = _pack("uop", c.uop_bits, [
+            ("dst", uop_dst, False, "accumulator row"),
+            ("src", uop_src, False, "input row (GEMM) or accumulator row (ALU)"),
+            ("wgt", uop_wgt, False, "weight row (GEMM only)"),
+        ])
+        loop = [
+            ("uop_bgn", c.uop_index_bits, False, "first micro-op"),
+            ("uop_end", c.uop_index_bits + 1, False, "one past the last micro-op"),
+            ("iter_out", self.iter_bits, False, "outer loop extent"),
+            ("iter_in", self.iter_bits, False, "inner loop extent"),
+            ("dst_factor_out", c.acc_index_bits, False, "acc row step per outer iteration"),
+            ("dst_factor_in", c.acc_index_bits, False, "acc row step per inner iteration"),
+        ]
+        self.formats: dict[str, Format] = {
+            "mem": _pack("mem", INSN_BITS, [
+                *_HEADER,
+                ("mem_id", MEM_ID_BITS, False, "UOP=0 WGT=1 INP=2 ACC=3 OUT=4 ACC_NARROW=5"),
+                ("sram_base", self.sram_bits, False, "first SRAM row"),
+                ("dram_base", DRAM_ADDR_BITS, False, "DRAM address in elements of the memory's row size"),
+                ("y_size", self.size_bits, False, "rows to move"),
+                ("x_size", self.size_bits, False, "elements per row; 0 makes a sync-only no-op"),
+                ("x_stride", DRAM_STRIDE_BITS, False, "DRAM elements between row starts"),
+                ("y_pad_0", PAD_BITS, False, "zero rows before (loads into inp/acc only)"),
+                ("y_pad_1", PAD_BITS, False, "zero rows after"),
+                ("x_pad_0", PAD_BITS, False, "zero elements before each row"),
+                ("x_pad_1", PAD_BITS, False, "zero elements after each row"),
+            ]),
+            "gemm": _pack("gemm", INSN_BITS, [
+                *_HEADER,
+                ("reset", 1, False, "write zeros to the accumulator rows instead of accumulating"),
+                *loop,
+                ("src_factor_out", c.inp_index_bits, False, "inp row step per outer iteration"),
+                ("src_factor_in", c.inp_index_bits, False, "inp row step per inner iteration"),
+                ("wgt_factor_out", c.wgt_index_bits, False, "wgt row step per outer iteration"),
+                ("wgt_factor_in", c.wgt_index_bits, False, "wgt row step per inner iteration"),
+            ]),
+            "alu": _pack("alu", INSN_BITS, [
+                *_HEADER,
+                *loop,
+                ("src_factor_out", c.acc_index_bits, False, "acc source row step per outer iteration"),
+                ("src_factor_in", c.acc_index_bits, False, "acc source row step per inner iteration"),
+                ("alu_op", ALU_OP_BITS, False, "MIN=0 MAX=1 ADD=2 SHR=3 MUL=4"),
+                ("use_imm", 1, False, "take the immediate instead of acc[src]"),
+                ("imm", IMM_BITS, True, "signed immediate"),
+            ]),
+            "finish": _pack("finish", INSN_BITS, list(_HEADER)),
+        }
+
+    @cached_property
+    def uop_fields(self) -> tuple[Field, ...]:
+        return self.uop.fields
+
+    def format_for(self, opcode: int) -> Format | None:
+        name = FORMAT_OF_OPCODE.get(opcode)  # type: ignore[call-overload]
+        return self.formats[name] if name else None
+
+    @staticmethod
+    def check_fits(config: AcceleratorConfig) -> None:
+        """Raise ConfigError when a derived field no longer fits the instruction or micro-op word."""
+        from weft.config import ConfigError
+
+        layout = IsaLayout(config)
+        for fmt in layout.formats.values():
+            if fmt.used_bits > fmt.bits:
+                widest = max(fmt.fields, key=lambda f: f.width)
+                raise ConfigError(
+                    "buffer sizes",
+                    f"the {fmt.name.upper()} instruction needs {fmt.used_bits} bits but the instruction "
+                    f"word has {fmt.bits} (its widest field is {widest.name}, {widest.width} bits); "
+                    "shrink a buffer",
+                )
+        if layout.uop.used_bits > layout.uop.bits:
+            raise ConfigError(
+                "buffer sizes",
+                f"a micro-op needs {layout.uop.used_bits} bits, more than {layout.uop.bits}",
+            )
+
+
+#: Every field name any instruction format uses, in a stable order (the columns of a decoded program).
+INSN_FIELD_NAMES: tuple[str, ...] = (
+    "opcode", "pop_prev", "pop_next", "push_prev", "push_next",
+    "mem_id", "sram_base", "dram_base", "y_size", "x_size", "x_stride",
+    "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1",
+    "reset", "uop_bgn", "uop_end", "iter_out", "iter_in",
+    "dst_factor_out", "dst_factor_in", "src_factor_out", "src_factor_in",
+    "wgt_factor_out", "wgt_factor_in", "alu_op", "use_imm", "imm",
+)
