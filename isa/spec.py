@@ -137,7 +137,7 @@ def c_header(config: AcceleratorConfig, registers: dict[str, Any] | None = None)
     for key, value in c.hw_dict().items():
         if key != "clock_mhz":
             lines.append(f"#define WEFT_{key.upper()} {value}")
-    lines.append(f"#define WEFT_CLOCK_KHZ {int(round(c.clock_mhz * 1000))}")
+    lines.append(f"#define WEFT_CLOCK_KHZ {round(c.clock_mhz * 1000)}")
     for mem in ("uop", "inp", "wgt", "acc", "out"):
         lines.append(f"#define WEFT_{mem.upper()}_ROWS {getattr(c, f'{mem}_rows')}")
     lines.append("")

@@ -1,0 +1,133 @@
+"""The foundation's commands: config, isa, asm, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from weft.config import load_config
+
+__all__ = ["BENCHES"]
+
+#: benchmark name -> "module:function"; each function takes keyword options and returns JSON-ready data.
+BENCHES: dict[str, str] = {
+    "fsim": "weft.sim.bench:bench_fsim",
+    "rtl": "weft.sim.bench_rtl:bench_rtl",
+    "compile": "weft.compiler.bench:bench_compile",
+    "cpu": "weft.compiler.bench:bench_cpu",
+}
+
+
+def add_config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", default="default",
+        help="preset name (default, tiny, rect, zcu104, int4w) or a JSON file (weft or VTA format)",
+    )
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_option(parser)
+
+
+def run_config(args: argparse.Namespace) -> int:
+    from weft.cli import print_json
+
+    print_json(load_config(args.config).describe())
+    return 0
+
+
+def add_isa_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_option(parser)
+    parser.add_argument("--format", choices=("json", "c", "md"), default="json")
+    parser.add_argument("-o", "--output", help="write to this file instead of standard output")
+
+
+def run_isa(args: argparse.Namespace) -> int:
+    from weft.isa import c_header, isa_spec, markdown
+
+    config = load_config(args.config)
+    if args.format == "json":
+        text = json.dumps(isa_spec(config), indent=2) + "\n"
+    elif args.format == "c":
+        text = c_header(config)
+    else:
+        text = markdown(config)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def add_asm_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_option(parser)
+    parser.add_argument("input", help="assembly text file (or a binary with -d); '-' for standard input")
+    parser.add_argument("-o", "--output", help="output file (binary words, or text with -d)")
+    parser.add_argument("-d", "--disassemble", action="store_true", help="binary words in, text out")
+
+
+def run_asm(args: argparse.Namespace) -> int:
+    from weft.isa import assemble, decode_insns, disassemble, encode_insns
+
+    config = load_config(args.config)
+    if args.disassemble:
+        data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+        text = disassemble(decode_insns(config, data))
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 0
+    source = sys.stdin.read() if args.input == "-" else Path(args.input).read_text()
+    words = encode_insns(config, assemble(source))
+    if args.output:
+        Path(args.output).write_bytes(words)
+    else:
+        sys.stdout.write(words.hex() + "\n")
+    return 0
+
+
+def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_option(parser)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from weft.demo import run_demo as demo
+
+    return demo(load_config(args.config), seed=args.seed)
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=sorted(BENCHES), help="what to measure")
+    add_config_option(parser)
+    parser.add_argument("--model", help="model name for model benchmarks (e.g. resnet18)")
+    parser.add_argument("--repeat", type=int, default=None, help="repetitions (median is reported)")
+    parser.add_argument("-o", "--output", help="also write the JSON figures to this file")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from weft.cli import print_json
+
+    module_name, func_name = BENCHES[args.name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name and err.name.startswith("weft"):
+            raise ValueError(f"benchmark '{args.name}' is not available in this build ({err.name} missing)") \
+                from None
+        raise
+    options: dict[str, object] = {}
+    if args.model:
+        options["model"] = args.model
+    if args.repeat is not None:
+        options["repeat"] = args.repeat
+    # Benchmarks take the config (preset name or file) first, then keyword options.
+    figures = getattr(module, func_name)(args.config, **options)
+    print_json(figures)
+    if args.output:
+        Path(args.output).write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    return 0
