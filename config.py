@@ -122,6 +122,11 @@ class AcceleratorConfig:
             ("out_buff_bytes", self.out_row_bits, "output tile (batch x block_out x out_width)"),
         ):
             value = getattr(self, name)
+            if row_bits % 8:
+                raise ConfigError(
+                    name.replace("_buff_bytes", "_width"),
+                    f"one {what} is {row_bits} bits, not a whole number of bytes: DRAM addresses count rows",
+                )
             if not _is_pow2(value):
                 raise ConfigError(name, f"must be a power of two number of bytes, got {value!r}")
             if value * 8 < row_bits:

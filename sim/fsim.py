@@ -141,13 +141,8 @@ class FunctionalSimulator:
     """
 
     def __init__(self, config: AcceleratorConfig, *, check_races: bool = True, model_fetch: bool = True):
-        c = config
-        for name in ("uop", "inp", "wgt", "acc", "out"):
-            bits = c.uop_bits if name == "uop" else getattr(c, f"{name}_row_bits")
-            if bits % 8:
-                raise SimError(f"config '{c.name}': {name} rows of {bits} bits are not whole bytes, so DRAM "
-                               "element addresses (element index * row bytes) are undefined")
-        self.config = c
+        # The config guarantees whole-byte rows, so element addresses (index * row bytes) are exact.
+        self.config = c = config
         self.check_races = check_races
         self.model_fetch = model_fetch
         self.insn_bytes = layout_of(c).insn_bits // 8

@@ -55,3 +55,15 @@ def test_errors_exit_non_zero_with_one_line(capsys, tmp_path):
     bad.write_text("FINISH\nLOAD inp sram=0 dram=0 y=1 x=1 pad=99,0,0,0\n")
     assert main(["asm", str(bad)]) == 2
     assert "instruction 1: field 'y_pad_0'" in capsys.readouterr().err
+
+
+def test_demo_runs_bit_exact_on_every_preset(capsys):
+    for name in PRESETS:
+        assert main(["demo", "--config", name]) == 0
+        assert "bit-exact" in capsys.readouterr().out
+
+
+def test_bench_fsim_reports_speed(capsys):
+    assert main(["bench", "fsim", "--config", "tiny", "--repeat", "1"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["macs_per_s"] > 0 and figures["macs"] > 0

@@ -56,6 +56,7 @@ def test_presets_match_their_descriptions():
         ({"token_queue_depth": 3}, "token_queue_depth", "power of two"),
         ({"out_buff_bytes": 1024}, "out_buff_bytes", "mirrors the accumulator"),
         ({"acc_buff_bytes": 1 << 24}, "buffer sizes", "instruction word"),
+        ({"block_in": 2, "inp_width": 2}, "inp_width", "whole number of bytes"),
     ],
 )
 def test_bad_config_names_field_and_rule(changes, field, words):
