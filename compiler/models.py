@@ -481,7 +481,8 @@ def _digits_init(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def _digits_loss_and_grads(p: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> tuple[float, dict]:
+def _digits_loss_and_grads(p: dict[str, np.ndarray], x: np.ndarray,
+                           y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
     """Softmax cross-entropy of the digits CNN on one minibatch and its gradient, by hand (im2col)."""
     n = x.shape[0]
     same, down = (1, 1, 1, 1), (1, 1, 1, 1)
