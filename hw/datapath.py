@@ -1,0 +1,124 @@
+"""The arithmetic of the compute unit: the GEMM core, the ALU lanes and the narrowing to the output buffer.
+
+Rows are bit vectors laid out as in DRAM (:mod:`weft.sim.bits`): element ``j`` of a row occupies bits
+``[j*w, (j+1)*w)``, two's complement. The GEMM core computes every ``acc[b, o] += sum_i inp[b, i] *
+wgt[o, i]`` term of one micro-op per cycle: products are registered, then a balanced adder tree per output
+is registered, so its latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every cycle.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from weft.isa.constants import IMM_BITS, AluOp
+
+__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "elements", "saturate_row", "sign_extend_row"]
+
+GEMM_LATENCY = 2
+
+
+def elements(row: Value, width: int) -> list[Value]:
+    """The signed elements of a row, in index order."""
+    return [row.word_select(j, width).as_signed() for j in range(len(row) // width)]
+
+
+def _tree_sum(values: list[Value]) -> Value:
+    while len(values) > 1:
+        values = [values[k] + values[k + 1] if k + 1 < len(values) else values[k]
+                  for k in range(0, len(values), 2)]
+    return values[0]
+
+
+class GemmCore(wiring.Component):
+    """One BATCH x BLOCK_IN by BLOCK_IN x BLOCK_OUT product per cycle, in :data:`GEMM_LATENCY` cycles.
+
+    ``sums`` holds batch*block_out signed dot products of ``sum_bits`` bits each (element b*block_out+o).
+    """
+
+    def __init__(self, *, batch: int, block_in: int, block_out: int, inp_width: int, wgt_width: int):
+        self.shape = (batch, block_in, block_out)
+        self.inp_width, self.wgt_width = inp_width, wgt_width
+        self.sum_bits = inp_width + wgt_width + max(1, (block_in - 1).bit_length())
+        super().__init__({
+            "inp": In(batch * block_in * inp_width),
+            "wgt": In(block_out * block_in * wgt_width),
+            "sums": Out(batch * block_out * self.sum_bits),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        batch, block_in, block_out = self.shape
+        x = elements(self.inp, self.inp_width)
+        w = elements(self.wgt, self.wgt_width)
+        sums = []
+        for b in range(batch):
+            for o in range(block_out):
+                products = []
+                for i in range(block_in):
+                    p = Signal(signed(self.inp_width + self.wgt_width), name=f"p_{b}_{o}_{i}")
+                    m.d.sync += p.eq(x[b * block_in + i] * w[o * block_in + i])
+                    products.append(p)
+                s = Signal(signed(self.sum_bits), name=f"s_{b}_{o}")
+                m.d.sync += s.eq(_tree_sum(products))
+                sums.append(s)
+        m.d.comb += self.sums.eq(Cat(*sums))
+        return m
+
+
+def alu_lane(op: Value, a: Value, b: Value, width: int) -> Value:
+    """One accumulator element through the ALU (spec SEMANTICS["alu"]): `a` the destination, `b` the
+    operand, both signed `width`-bit; the result wraps at `width` bits."""
+    bits = width.bit_length()  # log2(width) + 1: the shift amount is the operand's low bits, signed
+    amount = b[:bits].as_signed()
+    right = a >> amount[:bits - 1]  # amount >= 0 here, so its sign bit is 0
+    left = (a.as_unsigned() << (-amount)[:bits].as_unsigned())[:width]
+    shifted = Mux(amount[bits - 1], left, right[:width])
+    with_op = {
+        AluOp.MIN: Mux(a < b, a, b)[:width],
+        AluOp.MAX: Mux(a > b, a, b)[:width],
+        AluOp.ADD: (a + b)[:width],
+        AluOp.SHR: shifted,
+        AluOp.MUL: (a * b)[:width],
+    }
+    expr = with_op[AluOp.MIN]
+    for code in (AluOp.MAX, AluOp.ADD, AluOp.SHR, AluOp.MUL):
+        expr = Mux(op == code, with_op[code], expr)
+    return expr
+
+
+class AluRow(wiring.Component):
+    """Combinational ALU over a whole accumulator row (for tests and the compute pipeline)."""
+
+    def __init__(self, *, lanes: int, width: int):
+        self.lanes, self.width = lanes, width
+        super().__init__({
+            "op": In(3), "use_imm": In(1), "imm": In(signed(IMM_BITS)),
+            "dst": In(lanes * width), "src": In(lanes * width), "result": Out(lanes * width),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        a = elements(self.dst, self.width)
+        b = elements(self.src, self.width)
+        imm = self.imm.as_signed()
+        lanes = [alu_lane(self.op, a[j], Mux(self.use_imm, imm, b[j]), self.width) for j in range(self.lanes)]
+        m.d.comb += self.result.eq(Cat(*lanes))
+        return m
+
+
+def saturate_row(row: Value, acc_width: int, out_width: int) -> Value:
+    """Accumulator row to output row: each element clipped to the signed out_width range."""
+    lo, hi = -(1 << (out_width - 1)), (1 << (out_width - 1)) - 1
+    out = []
+    for v in elements(row, acc_width):
+        clipped = Mux(v > hi, Const(hi, signed(acc_width)), Mux(v < lo, Const(lo, signed(acc_width)), v))
+        out.append(clipped[:out_width])
+    return Cat(*out)
+
+
+def sign_extend_row(row: Value, from_width: int, to_width: int) -> Value:
+    """Widen every element of a row, keeping its sign (ACC_NARROW loads)."""
+    return Cat(*[Cat(v, v[-1].replicate(to_width - from_width)) for v in elements(row, from_width)])

@@ -1,0 +1,490 @@
+"""DMA engines: 2-D strided loads from DRAM into an SRAM (with zero padding) and stores back.
+
+A row of a 2-D transfer is ``x_size`` consecutive *elements* (SRAM rows) in DRAM; element sizes and the bus
+width are powers of two, so an element either fills whole beats (E >= B bytes) or several elements share a
+beat (E < B, possibly starting mid-beat: element addresses need only be element aligned). The pieces:
+
+* :class:`BurstReader`: a stream of (bus-aligned byte address, beats) requests into AXI bursts of at most
+  ``max_burst`` beats that never cross 4 KiB. It only requests a burst when its beat buffer can take all
+  of it, so it never stalls the shared R channel.
+* :class:`RowUnpacker`: beats into elements (skipping the lanes before the first one).
+* :class:`Load2D`: the load instruction: issues one read per DRAM row, writes the SRAM one element per
+  cycle in row order, inserting the zero padding.
+* :class:`Store2D`: the store instruction: reads the SRAM, packs elements into beats with byte strobes,
+  and writes bursts on AW/W, completing when every B response is back.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
+
+from weft.hw.axi import ADDR_BITS, BURST_INCR, CACHE_BITS, RESP_OKAY, axi4_write_signature, read_client_signature
+
+__all__ = ["BurstReader", "Load2D", "RowPacker", "RowUnpacker", "Store2D", "load_cmd_layout", "store_cmd_layout"]
+
+#: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
+MAX_BURST = 16
+
+
+def _burst_len(addr: Signal, remaining: Signal, bus_bytes: int, max_burst: int) -> Signal:
+    """Beats of the next burst: the remaining beats, at most `max_burst`, never crossing 4 KiB."""
+    to_boundary = (4096 - addr[:12]) >> exact_log2(bus_bytes)
+    limit = Mux(to_boundary < max_burst, to_boundary, max_burst)
+    return Mux(remaining < limit, remaining, limit)
+
+
+class BurstReader(wiring.Component):
+    """Reads (bus-aligned byte address, beat count) requests as AXI bursts into a beat stream.
+
+    ``abort`` stops issuing and drops every beat still due, so a halted unit leaves the bus clean; ``idle``
+    is high when no request is in progress and no beat is outstanding or buffered.
+    """
+
+    def __init__(self, *, bus_bytes: int, count_bits: int, depth: int = 64, max_burst: int = MAX_BURST):
+        if max_burst > depth:
+            raise ValueError(f"burst of {max_burst} beats does not fit a buffer of {depth} beats")
+        if max_burst * bus_bytes > 4096:
+            raise ValueError(f"{max_burst} beats of {bus_bytes} bytes cross 4 KiB")
+        self.bus_bytes, self.depth, self.max_burst = bus_bytes, depth, max_burst
+        bits = bus_bytes * 8
+        super().__init__({
+            "cmd": In(stream.Signature(data.StructLayout({"addr": ADDR_BITS, "beats": count_bits}))),
+            "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=bits)),
+            "beats": Out(stream.Signature(bits)),
+            "abort": In(1),
+            "idle": Out(1),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        B = self.bus_bytes
+        m.submodules.buffer = buf = fifo.SyncFIFOBuffered(width=B * 8, depth=self.depth)
+        active = Signal()
+        addr = Signal(ADDR_BITS)
+        remaining = Signal.like(self.cmd.payload.beats)
+        reserved = Signal(range(self.depth + 1))  # beats requested and not yet taken from the buffer
+        length = Signal(range(self.max_burst + 1))
+        m.d.comb += length.eq(_burst_len(addr, remaining, B, self.max_burst))
+
+        ar = self.bus.ar
+        m.d.comb += [
+            ar.payload.addr.eq(addr),
+            ar.payload.len.eq(length - 1),
+            ar.valid.eq(active & ~self.abort & (reserved + length <= self.depth)),
+        ]
+        issued = ar.valid & ar.ready
+        taken = buf.r_rdy & buf.r_en
+        m.d.sync += reserved.eq(reserved + Mux(issued, length, 0) - taken)
+        with m.If(issued):
+            m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length)]
+            with m.If(remaining == length):
+                m.d.sync += active.eq(0)
+        with m.If(self.abort):
+            m.d.sync += active.eq(0)
+        m.d.comb += self.cmd.ready.eq(~active & ~self.abort)
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [
+                addr.eq(self.cmd.payload.addr), remaining.eq(self.cmd.payload.beats),
+                active.eq(self.cmd.payload.beats != 0),
+            ]
+
+        r = self.bus.r
+        m.d.comb += [buf.w_data.eq(r.payload.data), buf.w_en.eq(r.valid), r.ready.eq(buf.w_rdy)]
+        with m.If(r.valid & r.ready & (r.payload.resp != RESP_OKAY)):
+            m.d.sync += self.error.eq(1)
+        m.d.comb += [
+            self.beats.payload.eq(buf.r_data),
+            self.beats.valid.eq(buf.r_rdy & ~self.abort),
+            buf.r_en.eq(self.beats.ready | self.abort),
+            self.idle.eq(~active & (reserved == 0)),
+        ]
+        return m
+
+
+class RowUnpacker(wiring.Component):
+    """Beats into elements of `elem_bytes`: per command, `count` elements starting at element lane `lane`
+    of the first beat (lane is 0 when elements fill whole beats). Every beat of a command is consumed."""
+
+    def __init__(self, *, bus_bytes: int, elem_bytes: int, count_bits: int):
+        self.bus_bytes, self.elem_bytes = bus_bytes, elem_bytes
+        self.lanes = max(1, bus_bytes // elem_bytes)
+        super().__init__({
+            "cmd": In(stream.Signature(data.StructLayout({
+                "lane": max(1, exact_log2(self.lanes)), "count": count_bits}))),
+            "beats": In(stream.Signature(bus_bytes * 8)),
+            "elems": Out(stream.Signature(elem_bytes * 8)),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        B, E = self.bus_bytes, self.elem_bytes
+        active = Signal()
+        remaining = Signal.like(self.cmd.payload.count)
+        cmd, beats, elems = self.cmd, self.beats, self.elems
+        load = cmd.valid & cmd.ready
+        if E <= B:
+            k = B // E
+            lane = Signal(range(k))
+            last = remaining == 1
+            take = elems.valid & elems.ready
+            m.d.comb += [
+                elems.valid.eq(active & beats.valid),
+                elems.payload.eq(beats.payload.word_select(lane, E * 8) if k > 1 else beats.payload),
+                beats.ready.eq(take & ((lane == k - 1) | last)),
+                cmd.ready.eq(~active | (take & last)),
+            ]
+            with m.If(take):
+                m.d.sync += [remaining.eq(remaining - 1), lane.eq(lane + 1)]
+                with m.If(last):
+                    m.d.sync += active.eq(0)
+            with m.If(load):
+                m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count)]
+                if k > 1:
+                    m.d.sync += lane.eq(cmd.payload.lane)
+        else:
+            beats_per = E // B
+            buf = Signal(E * 8)
+            n = Signal(range(beats_per))
+            full = Signal()
+            out = full & elems.ready
+            accept = active & (remaining != 0) & (~full | elems.ready)
+            m.d.comb += [
+                elems.valid.eq(full), elems.payload.eq(buf), beats.ready.eq(accept),
+                cmd.ready.eq(~active | ((remaining == 0) & ~full)),
+            ]
+            with m.If(out):
+                m.d.sync += full.eq(0)
+            with m.If(beats.valid & accept):
+                m.d.sync += [buf.eq(Cat(buf[B * 8:], beats.payload)), n.eq(n + 1)]
+                with m.If(n == beats_per - 1):
+                    m.d.sync += [full.eq(1), n.eq(0), remaining.eq(remaining - 1)]
+            with m.If(active & (remaining == 0) & ~full):
+                m.d.sync += active.eq(0)
+            with m.If(load):
+                m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count)]
+        return m
+
+
+def load_cmd_layout(*, sram_bits: int, size_bits: int, targets: int) -> data.StructLayout:
+    """The fields of a LOAD that the DMA needs (the unit resolves mem_id into a target index)."""
+    return data.StructLayout({
+        "target": range(max(2, targets)), "sram_base": sram_bits, "dram_base": 32, "y_size": size_bits,
+        "x_size": size_bits, "x_stride": 16, "y_pad_0": 4, "y_pad_1": 4, "x_pad_0": 4, "x_pad_1": 4,
+    })
+
+
+def store_cmd_layout(*, sram_bits: int, size_bits: int) -> data.StructLayout:
+    return data.StructLayout({
+        "sram_base": sram_bits, "dram_base": 32, "y_size": size_bits, "x_size": size_bits, "x_stride": 16,
+    })
+
+
+def _segment(m: Module, row_addr: Signal, x_size: Signal, elem_bytes: int, bus_bytes: int
+             ) -> tuple[Signal, Signal, Signal]:
+    """Aligned start, beat count and first lane of the DRAM row [row_addr, row_addr + x_size) elements."""
+    shift, bshift = exact_log2(elem_bytes), exact_log2(bus_bytes)
+    start = Signal(ADDR_BITS + 8)
+    end = Signal(ADDR_BITS + 9)
+    aligned = Signal(ADDR_BITS + 8)
+    beats = Signal(len(x_size) + 9)
+    lane = Signal(max(1, bshift - shift) if elem_bytes < bus_bytes else 1)
+    m.d.comb += [
+        start.eq(row_addr << shift),
+        end.eq((row_addr + x_size) << shift),
+        aligned.eq(start & ~Const(bus_bytes - 1, len(start))),
+        beats.eq((end - aligned + bus_bytes - 1) >> bshift),
+    ]
+    if elem_bytes < bus_bytes:
+        m.d.comb += lane.eq(start[shift:bshift])
+    return aligned, beats, lane
+
+
+class Load2D(wiring.Component):
+    """A padded 2-D load into one of several SRAMs (`targets`: element bytes of each).
+
+    ``write`` carries one element per cycle (``en``, ``target``, ``addr`` = sram_base + position, ``data``
+    zero-extended to the widest target); padding positions write zeros. The caller resolves x_size == 0
+    (a no-op) itself: every command here moves at least one element per DRAM row.
+    """
+
+    def __init__(self, *, bus_bytes: int, targets: tuple[int, ...], sram_bits: int, size_bits: int,
+                 unpack_depth: int = 8):
+        self.bus_bytes, self.targets = bus_bytes, tuple(targets)
+        self.unpack_depth = unpack_depth
+        self.data_bits = max(targets) * 8
+        self.cmd_layout = load_cmd_layout(sram_bits=sram_bits, size_bits=size_bits, targets=len(targets))
+        self.count_bits = size_bits + 9
+        super().__init__({
+            "cmd": In(stream.Signature(self.cmd_layout)),
+            "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=bus_bytes * 8)),
+            "write": Out(data.StructLayout({
+                "en": 1, "target": range(max(2, len(targets))), "addr": sram_bits, "data": self.data_bits})),
+            "busy": Out(1),
+            "error": Out(1),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        B = self.bus_bytes
+        m.submodules.reader = reader = BurstReader(bus_bytes=B, count_bits=self.count_bits)
+        wiring.connect(m, wiring.flipped(self.bus), reader.bus)
+        m.d.comb += self.error.eq(reader.error)
+        f = Signal(self.cmd_layout)
+        height = Signal(len(f.y_size) + 5)
+        width = Signal(len(f.x_size) + 5)
+        m.d.comb += [height.eq(f.y_pad_0 + f.y_size + f.y_pad_1), width.eq(f.x_pad_0 + f.x_size + f.x_pad_1)]
+
+        # Issue: one read per DRAM row.
+        issue_y = Signal.like(f.y_size)
+        row_addr = Signal(32)
+        issuing = issue_y != f.y_size
+        unpackers, queues, ready = [], [], []
+        for t, elem_bytes in enumerate(self.targets):
+            unp = RowUnpacker(bus_bytes=B, elem_bytes=elem_bytes, count_bits=self.count_bits)
+            q = fifo.SyncFIFOBuffered(width=len(unp.cmd.payload.as_value()), depth=self.unpack_depth)
+            m.submodules[f"unpack{t}"] = unp
+            m.submodules[f"unpack_queue{t}"] = q
+            m.d.comb += [unp.cmd.payload.eq(q.r_data), unp.cmd.valid.eq(q.r_rdy), q.r_en.eq(unp.cmd.ready)]
+            aligned, beats, lane = _segment(m, row_addr, f.x_size, elem_bytes, B)
+            select = self.busy & issuing & (f.target == t)
+            go = select & reader.cmd.ready & q.w_rdy
+            m.d.comb += [
+                q.w_data.eq(Cat(lane, f.x_size)), q.w_en.eq(go),
+                unp.beats.payload.eq(reader.beats.payload),
+                unp.beats.valid.eq(reader.beats.valid & (f.target == t)),
+            ]
+            with m.If(select):
+                m.d.comb += [
+                    reader.cmd.payload.addr.eq(aligned), reader.cmd.payload.beats.eq(beats),
+                    reader.cmd.valid.eq(q.w_rdy),
+                ]
+            with m.If(f.target == t):
+                m.d.comb += reader.beats.ready.eq(unp.beats.ready)
+            unpackers.append(unp)
+            queues.append(q)
+            ready.append(go)
+        with m.If(Cat(*ready).any()):
+            m.d.sync += [issue_y.eq(issue_y + 1), row_addr.eq(row_addr + f.x_stride)]
+
+        # Write: walk the padded tile in row order.
+        yy = Signal.like(height)
+        xx = Signal.like(width)
+        pos = Signal.like(f.sram_base)
+        inside = (yy >= f.y_pad_0) & (yy < f.y_pad_0 + f.y_size) & (xx >= f.x_pad_0) & (xx < f.x_pad_0 + f.x_size)
+        elem_valid = Signal()
+        elem_data = Signal(self.data_bits)
+        for t, unp in enumerate(unpackers):
+            with m.If(f.target == t):
+                m.d.comb += [elem_valid.eq(unp.elems.valid), elem_data.eq(unp.elems.payload),
+                             unp.elems.ready.eq(self.busy & inside)]
+        writing = self.busy & (height != 0) & (width != 0) & (yy != height)
+        step = writing & (~inside | elem_valid)
+        m.d.comb += [
+            self.write.en.eq(step), self.write.target.eq(f.target), self.write.addr.eq(f.sram_base + pos),
+            self.write.data.eq(Mux(inside, elem_data, 0)),
+        ]
+        with m.If(step):
+            m.d.sync += pos.eq(pos + 1)
+            with m.If(xx == width - 1):
+                m.d.sync += [xx.eq(0), yy.eq(yy + 1)]
+            with m.Else():
+                m.d.sync += xx.eq(xx + 1)
+        finished = (height == 0) | (width == 0) | ((yy == height - 1) & (xx == width - 1) & step)
+        with m.If(self.busy & finished & (~issuing | (height == 0) | (width == 0))):
+            m.d.sync += self.busy.eq(0)
+
+        m.d.comb += self.cmd.ready.eq(~self.busy)
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [
+                f.eq(self.cmd.payload), self.busy.eq(1), issue_y.eq(0), row_addr.eq(self.cmd.payload.dram_base),
+                yy.eq(0), xx.eq(0), pos.eq(0),
+            ]
+        return m
+
+
+class RowPacker(wiring.Component):
+    """Elements of `elem_bytes` into beats with byte strobes; per command, `count` elements starting at
+    lane `lane` of the first beat (the inverse of :class:`RowUnpacker`)."""
+
+    def __init__(self, *, bus_bytes: int, elem_bytes: int, count_bits: int):
+        self.bus_bytes, self.elem_bytes = bus_bytes, elem_bytes
+        self.lanes = max(1, bus_bytes // elem_bytes)
+        super().__init__({
+            "cmd": In(stream.Signature(data.StructLayout({
+                "lane": max(1, exact_log2(self.lanes)), "count": count_bits}))),
+            "elems": In(stream.Signature(elem_bytes * 8)),
+            "beats": Out(stream.Signature(data.StructLayout({"data": bus_bytes * 8, "strb": bus_bytes}))),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        B, E = self.bus_bytes, self.elem_bytes
+        cmd, elems, beats = self.cmd, self.elems, self.beats
+        if E < B:
+            k = B // E
+            active = Signal()
+            remaining = Signal.like(cmd.payload.count)
+            lane = Signal(range(k))
+            acc_data = Signal(B * 8)
+            acc_strb = Signal(B)
+            last = remaining == 1
+            emit = (lane == k - 1) | last
+            word = Signal(B * 8)
+            strb = Signal(B)
+            m.d.comb += [
+                word.eq(elems.payload << (lane * (E * 8))),
+                strb.eq(Const((1 << E) - 1, B) << (lane * E)),
+                beats.payload.data.eq(acc_data | word),
+                beats.payload.strb.eq(acc_strb | strb),
+                beats.valid.eq(active & elems.valid & emit),
+                elems.ready.eq(active & (~emit | beats.ready)),
+            ]
+            take = elems.valid & elems.ready
+            m.d.comb += cmd.ready.eq(~active | (take & last))
+            with m.If(take):
+                m.d.sync += [remaining.eq(remaining - 1), lane.eq(lane + 1)]
+                with m.If(emit):
+                    m.d.sync += [acc_data.eq(0), acc_strb.eq(0)]
+                with m.Else():
+                    m.d.sync += [acc_data.eq(acc_data | word), acc_strb.eq(acc_strb | strb)]
+                with m.If(last):
+                    m.d.sync += active.eq(0)
+            with m.If(cmd.valid & cmd.ready):
+                m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count),
+                             lane.eq(cmd.payload.lane)]
+        elif E == B:
+            m.d.comb += [
+                cmd.ready.eq(1),  # whole beats: the burst lengths alone frame the data
+                beats.payload.data.eq(elems.payload), beats.payload.strb.eq((1 << B) - 1),
+                beats.valid.eq(elems.valid), elems.ready.eq(beats.ready),
+            ]
+        else:
+            per = E // B
+            buf = Signal(E * 8)
+            n = Signal(range(per))
+            have = Signal()
+            done = beats.valid & beats.ready & (n == per - 1)
+            m.d.comb += [
+                cmd.ready.eq(1),
+                beats.payload.data.eq(buf[:B * 8]), beats.payload.strb.eq((1 << B) - 1),
+                beats.valid.eq(have), elems.ready.eq(~have | done),
+            ]
+            with m.If(beats.valid & beats.ready):
+                m.d.sync += [buf.eq(buf >> (B * 8)), n.eq(n + 1)]
+                with m.If(n == per - 1):
+                    m.d.sync += [have.eq(0), n.eq(0)]
+            with m.If(elems.valid & elems.ready):
+                m.d.sync += [buf.eq(elems.payload), have.eq(1), n.eq(0)]
+        return m
+
+
+class Store2D(wiring.Component):
+    """A 2-D store from an SRAM (through ``rd_addr``/``rd_data``, one cycle read latency) to DRAM.
+
+    Reads ``y_size * x_size`` consecutive SRAM rows from ``sram_base``; DRAM row y starts at element
+    ``dram_base + y * x_stride``. Rows are written in order, one burst sequence per row, so overlapping
+    rows end as the later one wrote them. ``busy`` drops when every B response is back.
+    """
+
+    ROW_QUEUE = 4
+
+    def __init__(self, *, bus_bytes: int, elem_bytes: int, sram_bits: int, size_bits: int,
+                 max_burst: int = MAX_BURST):
+        self.bus_bytes, self.elem_bytes, self.max_burst = bus_bytes, elem_bytes, max_burst
+        self.cmd_layout = store_cmd_layout(sram_bits=sram_bits, size_bits=size_bits)
+        self.count_bits = size_bits + 9
+        super().__init__({
+            "cmd": In(stream.Signature(self.cmd_layout)),
+            "axi": Out(axi4_write_signature(addr_bits=ADDR_BITS, data_bits=bus_bytes * 8, id_bits=1)),
+            "rd_addr": Out(sram_bits),
+            "rd_en": Out(1),
+            "rd_data": In(elem_bytes * 8),
+            "busy": Out(1),
+            "error": Out(1),
+            "beats": Out(1),  # one W beat accepted this cycle
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        B, E = self.bus_bytes, self.elem_bytes
+        axi = self.axi
+        f = Signal(self.cmd_layout)
+        total = Signal(2 * len(f.y_size))
+        m.d.comb += total.eq(f.y_size * f.x_size)
+
+        # SRAM -> row queue, one read per cycle while the queue has room for what is in flight.
+        m.submodules.rows = rows = fifo.SyncFIFO(width=E * 8, depth=self.ROW_QUEUE)
+        rd_pos = Signal.like(total)
+        pending = Signal()
+        can_read = self.busy & (rd_pos != total) & (rows.level + pending < self.ROW_QUEUE)
+        m.d.comb += [self.rd_addr.eq(f.sram_base + rd_pos), self.rd_en.eq(can_read),
+                     rows.w_data.eq(self.rd_data), rows.w_en.eq(pending)]
+        m.d.sync += pending.eq(can_read)
+        with m.If(can_read):
+            m.d.sync += rd_pos.eq(rd_pos + 1)
+
+        m.submodules.packer = packer = RowPacker(bus_bytes=B, elem_bytes=E, count_bits=self.count_bits)
+        m.d.comb += [packer.elems.payload.eq(rows.r_data), packer.elems.valid.eq(rows.r_rdy),
+                     rows.r_en.eq(packer.elems.ready)]
+        m.submodules.seg_queue = seg_q = fifo.SyncFIFOBuffered(
+            width=len(packer.cmd.payload.as_value()), depth=4)
+        m.d.comb += [packer.cmd.payload.eq(seg_q.r_data), packer.cmd.valid.eq(seg_q.r_rdy),
+                     seg_q.r_en.eq(packer.cmd.ready)]
+
+        # Segments (one per DRAM row) and their bursts on AW; burst lengths queue up for WLAST.
+        m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=8, depth=8)
+        seg_y = Signal.like(f.y_size)
+        row_addr = Signal(32)
+        in_burst = Signal()
+        addr = Signal(ADDR_BITS)
+        remaining = Signal(self.count_bits)
+        aligned, beats, lane = _segment(m, row_addr, f.x_size, E, B)
+        length = Signal(range(self.max_burst + 1))
+        m.d.comb += length.eq(_burst_len(addr, remaining, B, self.max_burst))
+        start_seg = self.busy & ~in_burst & (seg_y != f.y_size) & seg_q.w_rdy
+        m.d.comb += [seg_q.w_data.eq(Cat(lane, f.x_size)), seg_q.w_en.eq(start_seg)]
+        with m.If(start_seg):
+            m.d.sync += [in_burst.eq(1), addr.eq(aligned), remaining.eq(beats), seg_y.eq(seg_y + 1),
+                         row_addr.eq(row_addr + f.x_stride)]
+        m.d.comb += [
+            axi.awaddr.eq(addr), axi.awlen.eq(length - 1), axi.awsize.eq(exact_log2(B)),
+            axi.awburst.eq(BURST_INCR), axi.awcache.eq(CACHE_BITS), axi.awvalid.eq(in_burst & len_q.w_rdy),
+            len_q.w_data.eq(length - 1), len_q.w_en.eq(axi.awvalid & axi.awready),
+        ]
+        outstanding = Signal(16)  # bursts whose B response is due
+        aw_done = axi.awvalid & axi.awready
+        b_done = axi.bvalid & axi.bready
+        m.d.sync += outstanding.eq(outstanding + aw_done - b_done)
+        with m.If(aw_done):
+            m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length)]
+            with m.If(remaining == length):
+                m.d.sync += in_burst.eq(0)
+
+        # W: packed beats, WLAST from the burst lengths.
+        w_count = Signal(8)
+        m.d.comb += [
+            axi.wdata.eq(packer.beats.payload.data), axi.wstrb.eq(packer.beats.payload.strb),
+            axi.wvalid.eq(packer.beats.valid & len_q.r_rdy), axi.wlast.eq(w_count == len_q.r_data),
+            packer.beats.ready.eq(axi.wready & len_q.r_rdy),
+            len_q.r_en.eq(axi.wvalid & axi.wready & axi.wlast),
+            self.beats.eq(axi.wvalid & axi.wready),
+            axi.bready.eq(1),
+        ]
+        with m.If(axi.wvalid & axi.wready):
+            m.d.sync += w_count.eq(Mux(axi.wlast, 0, w_count + 1))
+        with m.If(b_done & (axi.bresp != RESP_OKAY)):
+            m.d.sync += self.error.eq(1)
+
+        all_issued = ~in_burst & (seg_y == f.y_size)
+        drained = ~len_q.r_rdy & (outstanding == 0) & ~rows.r_rdy & ~pending & (rd_pos == total)
+        with m.If(self.busy & all_issued & drained & ~start_seg):
+            m.d.sync += self.busy.eq(0)
+        m.d.comb += self.cmd.ready.eq(~self.busy)
+        with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [f.eq(self.cmd.payload), self.busy.eq(1), seg_y.eq(0), rd_pos.eq(0),
+                         row_addr.eq(self.cmd.payload.dram_base), in_burst.eq(0)]
+        return m

@@ -1,0 +1,166 @@
+"""The fetch unit: reads the instruction stream with AXI4 bursts, checks and routes each instruction.
+
+Fetch decodes opcode and memory id with the ISA's own StructLayouts and dispatches LOAD INP/WGT to the load
+queue, STORE to the store queue and everything else to the compute queue, in stream order; it stalls while
+the target queue is full and never drops an instruction. Each instruction is checked before dispatch, in
+the functional simulator's order (illegal opcode, memory id, dependency flag, ALU op, padding, SRAM range,
+micro-op range, FINISH placement); the first illegal one is not dispatched: fetch reports its error code
+and index and stops, draining the bursts it has in flight.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
+
+from weft.config import INSN_BITS
+from weft.hw.axi import ADDR_BITS, read_client_signature
+from weft.hw.dma import BurstReader, RowUnpacker
+from weft.hw.regs import ErrorCode
+from weft.hw.unit import DISPATCH_LAYOUT
+from weft.isa.constants import AluOp, MemId, Opcode, Unit
+from weft.isa.encoding import layout_of
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["Fetch", "check_insn"]
+
+_INSN_BYTES = INSN_BITS // 8
+_COUNT_BITS = 32
+
+
+def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Signal
+               ) -> tuple[Signal, Signal, Signal]:
+    """Combinational checks of one instruction word: (error code or 0, unit, is FINISH)."""
+    c, layout = config, layout_of(config)
+    head = data.View(layout.formats["finish"].as_struct_layout(), word)
+    mem = data.View(layout.formats["mem"].as_struct_layout(), word)
+    loop = data.View(layout.formats["gemm"].as_struct_layout(), word)
+    alu = data.View(layout.formats["alu"].as_struct_layout(), word)
+    op = head.opcode
+    is_load, is_store = op == Opcode.LOAD, op == Opcode.STORE
+    unit = Signal(2, name="unit")
+    m.d.comb += unit.eq(Mux(is_store, Unit.STORE,
+                            Mux(is_load & ((mem.mem_id == MemId.INP) | (mem.mem_id == MemId.WGT)), Unit.LOAD,
+                                Unit.COMPUTE)))
+    legal_load_mem = Cat(*[mem.mem_id == mid for mid in (MemId.UOP, MemId.WGT, MemId.INP, MemId.ACC,
+                                                          MemId.ACC_NARROW)]).any()
+    bad_flags = Mux(unit == Unit.LOAD, head.pop_prev | head.push_prev,
+                    Mux(unit == Unit.STORE, head.pop_next | head.push_next, 0))
+    active = (is_load | is_store) & (mem.x_size != 0)
+    pads = Cat(mem.y_pad_0, mem.y_pad_1, mem.x_pad_0, mem.x_pad_1).any()
+    no_pad = is_store | (is_load & ((mem.mem_id == MemId.UOP) | (mem.mem_id == MemId.WGT)))
+    height = Signal(layout.size_bits + 5)
+    width = Signal(layout.size_bits + 5)
+    sram_end = Signal(layout.sram_bits + 2 * len(height) + 1)
+    m.d.comb += [
+        height.eq(mem.y_pad_0 + mem.y_size + mem.y_pad_1),
+        width.eq(mem.x_pad_0 + mem.x_size + mem.x_pad_1),
+        sram_end.eq(mem.sram_base + height * width),
+    ]
+    rows = Signal(range(max(c.uop_rows, c.inp_rows, c.wgt_rows, c.acc_rows) + 1))
+    with m.Switch(mem.mem_id):
+        for mid, count in ((MemId.UOP, c.uop_rows), (MemId.WGT, c.wgt_rows), (MemId.INP, c.inp_rows),
+                           (MemId.ACC, c.acc_rows), (MemId.OUT, c.out_rows), (MemId.ACC_NARROW, c.acc_rows)):
+            with m.Case(mid):
+                m.d.comb += rows.eq(count)
+    looped = (op == Opcode.GEMM) | (op == Opcode.ALU)
+    # The loop fields sit at different bits in the two formats (GEMM has its reset bit first).
+    uop_bgn = Mux(op == Opcode.GEMM, loop.uop_bgn, alu.uop_bgn)
+    uop_end = Mux(op == Opcode.GEMM, loop.uop_end, alu.uop_end)
+    checks = [
+        (op > max(Opcode), ErrorCode.ILLEGAL_OPCODE),
+        ((is_load & ~legal_load_mem) | (is_store & (mem.mem_id != MemId.OUT)), ErrorCode.ILLEGAL_MEM_ID),
+        (bad_flags, ErrorCode.ILLEGAL_DEP_FLAG),
+        ((op == Opcode.ALU) & (alu.alu_op > max(AluOp)), ErrorCode.ILLEGAL_ALU_OP),
+        (active & no_pad & pads, ErrorCode.BAD_PADDING),
+        (active & (sram_end > rows), ErrorCode.SRAM_RANGE),
+        (looped & ((uop_bgn >= uop_end) | (uop_end > c.uop_rows)), ErrorCode.UOP_RANGE),
+        ((op == Opcode.FINISH) & ~is_last, ErrorCode.FINISH_NOT_LAST),
+        ((op != Opcode.FINISH) & is_last, ErrorCode.NO_FINISH),
+    ]
+    code = Signal(8, name="check_code")
+    for cond, err in reversed(checks):  # the first failing check wins
+        with m.If(cond):
+            m.d.comb += code.eq(err)
+    return code, unit, op == Opcode.FINISH
+
+
+class Fetch(wiring.Component):
+    """Streams `insn_count` instructions from byte `insn_addr` into the three command queues."""
+
+    def __init__(self, config: AcceleratorConfig):
+        self.config = config
+        super().__init__({
+            "start": In(1), "insn_addr": In(ADDR_BITS), "insn_count": In(_COUNT_BITS), "halt": In(1),
+            "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width)),
+            "queues": Out(stream.Signature(DISPATCH_LAYOUT)).array(3),  # by Unit
+            "error": Out(1), "error_code": Out(8), "error_index": Out(32),
+            "idle": Out(1), "all_dispatched": Out(1), "stall": Out(1), "dispatch": Out(1),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        c = self.config
+        B = c.bus_width // 8
+        m.submodules.reader = reader = BurstReader(bus_bytes=B, count_bits=_COUNT_BITS + 5)
+        m.submodules.unpack = unpack = RowUnpacker(bus_bytes=B, elem_bytes=_INSN_BYTES, count_bits=_COUNT_BITS)
+        wiring.connect(m, wiring.flipped(self.bus), reader.bus)
+        wiring.connect(m, reader.beats, unpack.beats)
+
+        running = Signal()  # dispatching: from start until FINISH, an error or a halt
+        launch = Signal()
+        index = Signal(_COUNT_BITS)
+        m.d.sync += launch.eq(self.start)
+        first = Cat(Const(0, exact_log2(B)), self.insn_addr[exact_log2(B):])
+        end = Signal(ADDR_BITS + 6)
+        m.d.comb += end.eq(self.insn_addr + (self.insn_count << exact_log2(_INSN_BYTES)))
+        with m.If(launch):
+            with m.If(self.insn_addr[:exact_log2(_INSN_BYTES)] != 0):
+                m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.INSN_ADDR_MISALIGNED),
+                             self.error_index.eq(0)]
+            with m.Elif(self.insn_count == 0):
+                m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.NO_FINISH), self.error_index.eq(0)]
+            with m.Else():
+                m.d.sync += [running.eq(1), index.eq(0)]
+                m.d.comb += [
+                    reader.cmd.valid.eq(1), reader.cmd.payload.addr.eq(first),
+                    reader.cmd.payload.beats.eq((end - first + B - 1) >> exact_log2(B)),
+                    unpack.cmd.valid.eq(1), unpack.cmd.payload.count.eq(self.insn_count),
+                ]
+                if B > _INSN_BYTES:
+                    m.d.comb += unpack.cmd.payload.lane.eq(self.insn_addr[exact_log2(_INSN_BYTES):exact_log2(B)])
+
+        word = unpack.elems.payload
+        is_last = index == self.insn_count - 1
+        code, unit, is_finish = check_insn(m, c, word, is_last)
+        live = running & ~self.halt & ~self.error & unpack.elems.valid
+        target_ready = Cat(*[q.ready for q in self.queues]).bit_select(unit, 1)
+        go = live & (code == 0) & target_ready
+        for u, q in enumerate(self.queues):
+            m.d.comb += [q.payload.insn.eq(word), q.payload.index.eq(index), q.valid.eq(live & (code == 0)
+                                                                                     & (unit == u))]
+        m.d.comb += [unpack.elems.ready.eq(go), self.dispatch.eq(go), self.stall.eq(live & (code == 0)
+                                                                                       & ~target_ready)]
+        with m.If(go):
+            m.d.sync += index.eq(index + 1)
+            with m.If(is_finish):
+                m.d.sync += running.eq(0)
+        with m.If(live & (code != 0)):
+            # FINISH_NOT_LAST names the instruction after the FINISH, as the functional simulator does.
+            m.d.sync += [self.error.eq(1), self.error_code.eq(code), running.eq(0),
+                         self.error_index.eq(Mux(code == ErrorCode.FINISH_NOT_LAST, index + 1, index))]
+        with m.If(reader.error & ~self.error):
+            m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index)]
+        stop = ~running & ~launch & ~self.start
+        m.d.comb += [
+            reader.abort.eq(stop | self.halt),
+            self.idle.eq(stop & reader.idle),
+            self.all_dispatched.eq(~running),
+        ]
+        return m

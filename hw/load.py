@@ -1,0 +1,74 @@
+"""The load unit: LOAD INP and LOAD WGT, 2-D strided DMA from DRAM with zero padding (inp only)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from amaranth import Module, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import Out
+
+from weft.hw.axi import ADDR_BITS, read_client_signature
+from weft.hw.dma import Load2D
+from weft.hw.unit import UnitBase
+from weft.isa.constants import MemId
+from weft.isa.encoding import layout_of
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["LoadUnit"]
+
+_WGT, _INP = range(2)
+
+
+class LoadUnit(UnitBase):
+    """Runs the load unit's instructions; writes the inp and wgt buffers through ``inp_w`` and ``wgt_w``.
+
+    A LOAD with x_size == 0 moves nothing and only carries its dependency flags.
+    """
+
+    def __init__(self, config: AcceleratorConfig):
+        c = config
+        self.config = c
+        self.layout = layout_of(c)
+        super().__init__(
+            flags={"pop_next": "g2l", "push_next": "l2g"},
+            members={
+                "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=c.bus_width)),
+                "inp_w": Out(data.StructLayout({"en": 1, "addr": c.inp_index_bits, "data": c.inp_row_bits})),
+                "wgt_w": Out(data.StructLayout({"en": 1, "addr": c.wgt_index_bits, "data": c.wgt_row_bits})),
+                "error": Out(1), "error_index": Out(32),
+            },
+        )
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        c, layout = self.config, self.layout
+        done = Signal()
+        insn, index, start = self.gate(m, layout.formats["finish"].as_struct_layout(), done)
+        f = data.View(layout.formats["mem"].as_struct_layout(), insn)
+        m.submodules.dma = dma = Load2D(
+            bus_bytes=c.bus_width // 8, targets=(c.wgt_row_bits // 8, c.inp_row_bits // 8),
+            sram_bits=layout.sram_bits, size_bits=layout.size_bits)
+        wiring.connect(m, wiring.flipped(self.bus), dma.bus)
+        sent = Signal()
+        m.d.comb += [
+            dma.cmd.valid.eq(self.busy & (f.x_size != 0) & ~sent),
+            dma.cmd.payload.target.eq(f.mem_id == MemId.INP),
+            *[getattr(dma.cmd.payload, name).eq(getattr(f, name)) for name in (
+                "sram_base", "dram_base", "y_size", "x_size", "x_stride", "y_pad_0", "y_pad_1", "x_pad_0",
+                "x_pad_1")],
+            self.inp_w.en.eq(dma.write.en & (dma.write.target == _INP)),
+            self.inp_w.addr.eq(dma.write.addr), self.inp_w.data.eq(dma.write.data),
+            self.wgt_w.en.eq(dma.write.en & (dma.write.target == _WGT)),
+            self.wgt_w.addr.eq(dma.write.addr), self.wgt_w.data.eq(dma.write.data),
+        ]
+        with m.If(dma.cmd.valid & dma.cmd.ready):
+            m.d.sync += sent.eq(1)
+        with m.If(start):
+            m.d.sync += sent.eq(0)
+        with m.If(dma.error & ~self.error):
+            m.d.sync += [self.error.eq(1), self.error_index.eq(index)]
+        m.d.comb += done.eq(self.busy & ((f.x_size == 0) | (sent & ~dma.busy)))
+        return m

@@ -1,0 +1,239 @@
+"""The whole accelerator (``weft_top``) and its Verilog.
+
+:class:`Core` wires fetch, the three units, the command queues, the four token queues, the on-chip buffers
+and the DRAM read arbiter, and keeps the run state: the first error (code and instruction index), the end
+of the run and the event counters. :class:`WeftTop` adds the AXI4-Lite control block and the interrupt;
+START resets the core (the buffers keep their contents, as the functional simulator's SRAMs do) and
+launches fetch.
+
+A run ends when FINISH has executed and every unit is idle, or, after an error, as soon as every unit has
+finished the instruction it was executing and every burst in flight has completed: a halted accelerator
+leaves the bus idle. An error stops fetch and keeps the units from starting further instructions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from amaranth import Cat, Module, Mux, ResetInserter, Signal
+from amaranth.back import verilog
+from amaranth.hdl import _ir
+from amaranth.lib import fifo, memory, wiring
+from amaranth.lib.wiring import In, Out
+
+from weft.hw.axi import ADDR_BITS, ReadArbiter, axi4_lite_signature, axi4_signature
+from weft.hw.compute import ComputeUnit
+from weft.hw.control import ControlBlock
+from weft.hw.fetch import Fetch
+from weft.hw.load import LoadUnit
+from weft.hw.regs import COUNTERS, ErrorCode, addr_bits, register_map
+from weft.hw.store import StoreUnit
+from weft.hw.unit import DISPATCH_LAYOUT, TokenQueue
+from weft.isa.constants import Unit
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["TOP_NAME", "Core", "WeftTop", "generate_verilog", "top_ports"]
+
+TOP_NAME = "weft_top"
+#: AXI IDs of the read clients (the arbiter's RID routing).
+READ_CLIENTS = ("fetch", "load", "compute")
+#: Cycles with no possible progress before the core reports DEADLOCK (covers queue latencies).
+DEADLOCK_CYCLES = 16
+
+
+def _id_bits() -> int:
+    return max(1, (len(READ_CLIENTS) - 1).bit_length())
+
+
+class Core(wiring.Component):
+    """Everything but the register block; reset by START."""
+
+    def __init__(self, config: AcceleratorConfig):
+        self.config = config
+        members: dict[str, Any] = {
+            "start": In(1), "insn_addr": In(ADDR_BITS), "insn_count": In(32),
+            "axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=_id_bits())),
+            "running": Out(1), "ended": Out(1),
+            "error": Out(1), "error_code": Out(8), "error_index": Out(32),
+        }
+        for name, _ in COUNTERS:
+            members[name] = Out(64)
+        super().__init__(members)
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        c = self.config
+        m.submodules.fetch = fetch = Fetch(c)
+        m.submodules.load = load = LoadUnit(c)
+        m.submodules.compute = compute = ComputeUnit(c)
+        m.submodules.store = store = StoreUnit(c)
+        units = {Unit.LOAD: load, Unit.COMPUTE: compute, Unit.STORE: store}
+        m.d.comb += [fetch.start.eq(self.start), fetch.insn_addr.eq(self.insn_addr),
+                     fetch.insn_count.eq(self.insn_count)]
+
+        # Command queues, fetch -> units.
+        queues = {}
+        for u, unit in units.items():
+            q = fifo.SyncFIFOBuffered(width=DISPATCH_LAYOUT.size, depth=c.cmd_queue_depth)
+            m.submodules[f"{u.name.lower()}_queue"] = q
+            m.d.comb += [
+                q.w_data.eq(fetch.queues[u].payload), q.w_en.eq(fetch.queues[u].valid),
+                fetch.queues[u].ready.eq(q.w_rdy),
+                unit.cmd.payload.eq(q.r_data), unit.cmd.valid.eq(q.r_rdy), q.r_en.eq(unit.cmd.ready),
+            ]
+            queues[u] = q
+
+        # Token queues: each unit port is named after the queue it pops or pushes.
+        tokens = {name: TokenQueue(depth=c.token_queue_depth) for name in ("l2g", "g2l", "g2s", "s2g")}
+        for name, tq in tokens.items():
+            m.submodules[f"tokens_{name}"] = tq
+        for unit in units.values():
+            for flag, queue in unit.flags.items():
+                tq = tokens[queue]
+                if flag.startswith("pop"):
+                    m.d.comb += [getattr(unit, f"{queue}_has_token").eq(tq.has_token),
+                                 tq.pop.eq(getattr(unit, f"{queue}_pop"))]
+                else:
+                    m.d.comb += [getattr(unit, f"{queue}_has_room").eq(tq.has_room),
+                                 tq.push.eq(getattr(unit, f"{queue}_push"))]
+
+        # On-chip buffers shared between units (compute owns uop and acc).
+        m.submodules.inp_mem = inp_mem = memory.Memory(shape=c.inp_row_bits, depth=c.inp_rows, init=[])
+        m.submodules.wgt_mem = wgt_mem = memory.Memory(shape=c.wgt_row_bits, depth=c.wgt_rows, init=[])
+        m.submodules.out_mem = out_mem = memory.Memory(shape=c.out_row_bits, depth=c.out_rows, init=[])
+        for mem, w, addr, rdata in ((inp_mem, load.inp_w, compute.inp_addr, compute.inp_data),
+                                    (wgt_mem, load.wgt_w, compute.wgt_addr, compute.wgt_data)):
+            wp, rp = mem.write_port(), mem.read_port()
+            m.d.comb += [wp.en.eq(w.en), wp.addr.eq(w.addr), wp.data.eq(w.data), rp.addr.eq(addr),
+                         rdata.eq(rp.data)]
+        out_wp, out_rp = out_mem.write_port(), out_mem.read_port()
+        m.d.comb += [out_wp.en.eq(compute.out_w.en), out_wp.addr.eq(compute.out_w.addr),
+                     out_wp.data.eq(compute.out_w.data), out_rp.addr.eq(store.out_addr),
+                     store.out_data.eq(out_rp.data)]
+
+        # DRAM: reads through the arbiter, writes from the store unit.
+        m.submodules.arbiter = arb = ReadArbiter(clients=len(READ_CLIENTS), addr_bits=ADDR_BITS,
+                                                 data_bits=c.bus_width)
+        for k, client in enumerate((fetch, load, compute)):
+            wiring.connect(m, client.bus, arb.clients[k])
+        for name in arb.axi.signature.members:
+            port, inner = getattr(self.axi, name), getattr(arb.axi, name)
+            m.d.comb += (port.eq(inner) if arb.axi.signature.members[name].flow == Out else inner.eq(port))
+        for name in store.axi.signature.members:
+            port, inner = getattr(self.axi, name), getattr(store.axi, name)
+            m.d.comb += (port.eq(inner) if store.axi.signature.members[name].flow == Out else inner.eq(port))
+
+        # Errors: the first one wins (same cycle: the order below).
+        deadlock = Signal()
+        finish_early = Signal()
+        sources = [
+            (fetch.error, fetch.error_code, fetch.error_index),
+            (compute.error, compute.error_code, compute.error_index),
+            (load.error, ErrorCode.BUS_ERROR, load.error_index),
+            (store.error, ErrorCode.BUS_ERROR, store.error_index),
+            (finish_early, ErrorCode.FINISH_EARLY, 0),
+            (deadlock, ErrorCode.DEADLOCK, 0),
+        ]
+        with m.If(~self.error):
+            for flag, code, index in reversed(sources):
+                with m.If(flag):
+                    m.d.sync += [self.error.eq(1), self.error_code.eq(code), self.error_index.eq(index)]
+        halt = self.error
+        for unit in units.values():
+            m.d.comb += unit.halt.eq(halt)
+        m.d.comb += fetch.halt.eq(halt)
+
+        # End of the run.
+        units_busy = Cat(*[u.busy for u in units.values()]).any()
+        quiet = ~units_busy & fetch.idle
+        with m.If(self.start):
+            m.d.sync += self.running.eq(1)
+        finished = self.running & compute.finished & quiet & ~self.error
+        leftovers = (queues[Unit.LOAD].level != 0) | (queues[Unit.STORE].level != 0)
+        m.d.comb += finish_early.eq(finished & leftovers)
+        stop = (finished & ~leftovers) | (self.running & self.error & quiet)
+        m.d.comb += self.ended.eq(stop)
+        with m.If(stop):
+            m.d.sync += self.running.eq(0)
+
+        # Deadlock: nothing executes, every unit waits for a token or has nothing to do, and fetch is
+        # stalled on a full queue or has dispatched everything, for DEADLOCK_CYCLES cycles in a row.
+        waiting = Cat(*[u.stall | ~u.pending for u in units.values()]).all()
+        no_progress = (self.running & ~units_busy & waiting & (fetch.stall | (fetch.all_dispatched & fetch.idle))
+                       & ~compute.finished & ~self.error)
+        stuck = Signal(range(DEADLOCK_CYCLES + 1))
+        m.d.sync += stuck.eq(Mux(no_progress, stuck + 1, 0))
+        m.d.comb += deadlock.eq(stuck == DEADLOCK_CYCLES)
+
+        # Event counters (they hold when the run ends; START clears them with the core reset).
+        events = {
+            "cycles": 1, "busy_load": load.busy, "busy_compute": compute.busy, "busy_store": store.busy,
+            "stall_load": load.stall, "stall_compute": compute.stall, "stall_store": store.stall,
+            "stall_fetch": fetch.stall, "mac_active": compute.mac_active, "alu_active": compute.alu_active,
+            "insns": fetch.dispatch, "rd_beats": arb.beats, "wr_beats": store.beats,
+        }
+        if set(events) != {name for name, _ in COUNTERS}:
+            raise AssertionError("every counter of the register map needs an event")
+        with m.If(self.running):
+            for name, event in events.items():
+                counter = getattr(self, name)
+                m.d.sync += counter.eq(counter + event)
+        return m
+
+
+class WeftTop(wiring.Component):
+    """The accelerator: ``m_axi`` (AXI4 master to DRAM), ``s_axil`` (AXI4-Lite registers), ``irq``."""
+
+    def __init__(self, config: AcceleratorConfig):
+        self.config = config
+        self.registers = register_map(config)
+        super().__init__({
+            "m_axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=_id_bits())),
+            "s_axil": In(axi4_lite_signature(addr_bits=addr_bits(self.registers))),
+            "irq": Out(1),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        m.submodules.control = ctrl = ControlBlock(self.config)
+        core = Core(self.config)
+        busy = Signal()
+        launch = Signal()
+        accept = ctrl.start & ~busy
+        m.submodules.core = ResetInserter({"sync": accept})(core)
+        wiring.connect(m, wiring.flipped(self.s_axil), ctrl.bus)
+        wiring.connect(m, wiring.flipped(self.m_axi), core.axi)
+        m.d.sync += launch.eq(accept)
+        with m.If(accept):
+            m.d.sync += busy.eq(1)
+        with m.If(core.ended):
+            m.d.sync += busy.eq(0)
+        m.d.comb += [
+            core.start.eq(launch), core.insn_addr.eq(ctrl.insn_addr), core.insn_count.eq(ctrl.insn_count),
+            ctrl.busy.eq(busy), ctrl.done_set.eq(core.ended), ctrl.done_clear.eq(accept), ctrl.error.eq(core.error),
+            ctrl.error_code.eq(core.error_code), ctrl.error_index.eq(core.error_index),
+            self.irq.eq(ctrl.irq_en & ctrl.done),
+        ]
+        for name, _ in COUNTERS:
+            m.d.comb += getattr(ctrl, name).eq(getattr(core, name))
+        return m
+
+
+def top_ports(top: WeftTop) -> dict[str, tuple[Any, Any]]:
+    """Verilog port names: interface members flattened with '_' (m_axi_araddr, s_axil_wdata, irq)."""
+    ports = {}
+    for path, member, value in top.signature.flatten(top):
+        direction = _ir.PortDirection.Input if member.flow == In else _ir.PortDirection.Output
+        ports["_".join(map(str, path))] = (value, direction)
+    return ports
+
+
+def generate_verilog(config: AcceleratorConfig) -> str:
+    """The Verilog of ``weft_top`` for `config`, stamped with the config's name and hash."""
+    top = WeftTop(config)
+    text = verilog.convert(top, name=TOP_NAME, ports=top_ports(top), emit_src=False)
+    stamp = (f"// weft accelerator '{config.name}', config hash {config.hash}\n"
+             f"// bitstream name {config.bitstream_name}\n")
+    return stamp + text

@@ -1,0 +1,98 @@
+"""What the load, compute and store units share: the dependency-token queues and the instruction gate.
+
+The four token queues (l2g, g2l, g2s, s2g) carry no data, so each is a counter (as in VTA's Chisel
+design) of up to ``token_queue_depth`` tokens. A unit takes its next instruction when every queue the
+instruction pops holds a token and every queue it pushes has room (the producer checks room at the start:
+it is the only one that adds tokens, so the room is still there at the end). It pops when it starts and
+pushes when the instruction is done, exactly as the functional simulator orders them.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from weft.config import INSN_BITS
+
+__all__ = ["DISPATCH_LAYOUT", "TokenQueue", "UnitBase"]
+
+#: What fetch hands a unit: the instruction word and its index in the stream (for error reports).
+DISPATCH_LAYOUT = data.StructLayout({"insn": INSN_BITS, "index": 32})
+
+
+class TokenQueue(wiring.Component):
+    """A dependency-token queue between two units: a counter of up to `depth` tokens."""
+
+    def __init__(self, *, depth: int):
+        if depth < 1:
+            raise ValueError(f"a token queue needs a depth of at least 1, got {depth}")
+        self.depth = depth
+        super().__init__({
+            "push": In(1), "pop": In(1), "has_token": Out(1), "has_room": Out(1),
+            "level": Out(range(depth + 1)),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        m.d.comb += [self.has_token.eq(self.level != 0), self.has_room.eq(self.level != self.depth)]
+        with m.If(self.push & ~self.pop):
+            m.d.sync += self.level.eq(self.level + 1)
+        with m.Elif(self.pop & ~self.push):
+            m.d.sync += self.level.eq(self.level - 1)
+        return m
+
+
+class UnitBase(wiring.Component):
+    """A decoupled unit: a command stream in, token ports per dependency flag, busy/stall status.
+
+    `flags` maps each dependency flag the unit has to the token queue it pops or pushes. Subclasses call
+    :meth:`gate` in ``elaborate`` and drive ``done`` high for one cycle when the instruction completes.
+    """
+
+    def __init__(self, *, flags: dict[str, str], members: dict[str, object]):
+        self.flags = dict(flags)
+        ports: dict[str, object] = {"cmd": In(stream.Signature(DISPATCH_LAYOUT)), "halt": In(1),
+                                    "busy": Out(1), "stall": Out(1), "pending": Out(1)}
+        for flag, queue in self.flags.items():
+            if flag.startswith("pop"):
+                ports[f"{queue}_has_token"] = In(1)
+                ports[f"{queue}_pop"] = Out(1)
+            else:
+                ports[f"{queue}_has_room"] = In(1)
+                ports[f"{queue}_push"] = Out(1)
+        ports.update(members)
+        super().__init__(ports)
+
+    def gate(self, m: Module, header_layout: data.StructLayout, done: Signal
+             ) -> tuple[Signal, Signal, Signal]:
+        """The instruction register, its index, and the one-cycle start pulse.
+
+        `done` (comb, from the subclass) ends the instruction: the pushes happen in that cycle.
+        """
+        head = data.View(header_layout, self.cmd.payload.insn)
+        ok = Signal()
+        terms = []
+        for flag, queue in self.flags.items():
+            status = "has_token" if flag.startswith("pop") else "has_room"
+            terms.append(~getattr(head, flag) | getattr(self, f"{queue}_{status}"))
+        m.d.comb += ok.eq(Cat(*terms).all())
+        insn = Signal(INSN_BITS)
+        index = Signal(32)
+        start = Signal()
+        waiting = self.cmd.valid & ~self.busy & ~self.halt
+        m.d.comb += [
+            start.eq(waiting & ok), self.cmd.ready.eq(start), self.stall.eq(waiting & ~ok),
+            self.pending.eq(self.cmd.valid),
+        ]
+        current = data.View(header_layout, insn)
+        for flag, queue in self.flags.items():
+            if flag.startswith("pop"):
+                m.d.comb += getattr(self, f"{queue}_pop").eq(start & getattr(head, flag))
+            else:
+                m.d.comb += getattr(self, f"{queue}_push").eq(done & getattr(current, flag))
+        with m.If(start):
+            m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index), self.busy.eq(1)]
+        with m.If(done):
+            m.d.sync += self.busy.eq(0)
+        return insn, index, start

@@ -1,0 +1,194 @@
+"""DRAM for the cosimulation: cocotbext-axi's ``AxiRam`` with latency, bandwidth limits and a rule checker.
+
+``AxiRam`` answers each burst as soon as it sees it. :class:`DramModel` keeps its memory and channel models
+but answers a read burst ``read_latency`` cycles after its AR handshake (several bursts may be in flight,
+as on a real memory controller) and a write burst's B response ``write_latency`` cycles after its last W
+beat; pause generators on R and W (cocotbext-axi's own mechanism) limit the bandwidth. Every burst is
+checked against the AXI rules real boards need (INCR bursts of full bus width, at most 256 beats, never
+crossing 4 KiB, WLAST on the last beat only); ``violations`` lists what broke them.
+
+The Pynq-Z1 numbers (:data:`TIMINGS` "pynq"): the xc7z020's PL reaches DDR3 through a 64-bit AXI HP port
+at the 100 MHz PL clock (800 MB/s at one beat per cycle). Published HP-port measurements on Zynq-7000
+sustain about 600-700 MB/s per port and see a read latency of roughly 250-350 ns from AR to first beat;
+we take 32 cycles (320 ns) of read latency, 16 cycles from the last write beat to the B response, and
+3 beats out of 4 cycles (600 MB/s) on both R and W.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import cocotb
+from cocotb.triggers import Event, Timer
+from cocotb.utils import get_sim_time
+from cocotbext.axi import AxiRam
+from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
+from cocotbext.axi.constants import AxiBurstType, AxiResp
+from cocotbext.axi.memory import Memory
+
+__all__ = ["TIMINGS", "DramModel", "DramTiming"]
+
+
+@dataclass(frozen=True)
+class DramTiming:
+    """Latency in clock cycles; ``*_duty`` is the share of cycles a beat may move (1.0: every cycle);
+    ``random_stalls`` replaces the fixed duty pattern by seeded random pauses (stress tests)."""
+
+    read_latency: int = 0
+    write_latency: int = 0
+    read_duty: float = 1.0
+    write_duty: float = 1.0
+    random_stalls: bool = False
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+TIMINGS: dict[str, DramTiming] = {
+    "ideal": DramTiming(),
+    "pynq": DramTiming(read_latency=32, write_latency=16, read_duty=0.75, write_duty=0.75),
+    "stress": DramTiming(read_latency=9, write_latency=5, read_duty=0.6, write_duty=0.6, random_stalls=True),
+}
+
+
+def _pauses(duty: float, random_stalls: bool, seed: int) -> Iterator[bool] | None:
+    """A pause generator (True = no beat this cycle) that lets `duty` of the cycles through."""
+    if duty >= 1.0:
+        return None
+    if random_stalls:
+        rng = random.Random(seed)
+        return iter(lambda: rng.random() >= duty, None)  # an endless generator
+    period = 20
+    go = round(duty * period)
+    pattern = [(k * go) // period != ((k + 1) * go) // period for k in range(period)]
+    return itertools.cycle([not p for p in pattern])
+
+
+class _Checker:
+    def __init__(self, bus_bytes: int, violations: list[str]):
+        self.bus_bytes = bus_bytes
+        self.violations = violations
+
+    def burst(self, kind: str, addr: int, length: int, size: int, burst: int) -> None:
+        def bad(what: str) -> None:
+            self.violations.append(f"{kind} burst at 0x{addr:08x} ({length} beats): {what}")
+
+        if burst != AxiBurstType.INCR:
+            bad(f"burst type {burst} is not INCR")
+        if (1 << size) != self.bus_bytes:
+            bad(f"size {1 << size} bytes is not the bus width of {self.bus_bytes} bytes")
+        if length > 256:
+            bad("more than 256 beats")
+        if addr % self.bus_bytes:
+            bad("address not aligned to the bus width")
+        if (addr & 0xFFF) + length * self.bus_bytes > 0x1000:
+            bad("crosses a 4 KiB boundary")
+
+
+class _TimedRead(AxiRamRead):
+    def __init__(self, *args: Any, timing: DramTiming, period_ns: float, checker: _Checker, **kwargs: Any):
+        self.timing, self.period_ns, self.checker = timing, period_ns, checker
+        self.bursts = 0
+        super().__init__(*args, **kwargs)
+        pauses = _pauses(timing.read_duty, timing.random_stalls, timing.seed)
+        if pauses is not None:
+            self.r_channel.set_pause_generator(pauses)
+
+    async def _process_read(self) -> None:
+        pending: deque[tuple[float, Any]] = deque()
+        arrived = Event()
+        sender = cocotb.start_soon(self._send(pending, arrived))
+        try:
+            while True:
+                ar = await self.ar_channel.recv()
+                pending.append((get_sim_time("ns") + self.timing.read_latency * self.period_ns, ar))
+                arrived.set()
+        finally:
+            sender.kill()
+
+    async def _send(self, pending: deque, arrived: Event) -> None:
+        while True:
+            while not pending:
+                arrived.clear()
+                await arrived.wait()
+            due, ar = pending.popleft()
+            wait = due - get_sim_time("ns")
+            if wait > 0:
+                await Timer(wait, "ns")
+            arid, addr, length = int(ar.arid), int(ar.araddr), int(ar.arlen) + 1
+            self.checker.burst("read", addr, length, int(ar.arsize), int(ar.arburst))
+            self.bursts += 1
+            lanes = self.byte_lanes
+            for n in range(length):
+                word = (addr + n * lanes) // lanes * lanes
+                r = self.r_channel._transaction_obj()
+                r.rid, r.rlast, r.rresp = arid, n == length - 1, AxiResp.OKAY
+                r.rdata = int.from_bytes(self.read(word % self.size, lanes), "little")
+                await self.r_channel.send(r)
+
+
+class _TimedWrite(AxiRamWrite):
+    def __init__(self, *args: Any, timing: DramTiming, period_ns: float, checker: _Checker, **kwargs: Any):
+        self.timing, self.period_ns, self.checker = timing, period_ns, checker
+        self.bursts = 0
+        super().__init__(*args, **kwargs)
+        pauses = _pauses(timing.write_duty, timing.random_stalls, timing.seed + 1)
+        if pauses is not None:
+            self.w_channel.set_pause_generator(pauses)
+
+    async def _process_write(self) -> None:
+        pending: deque[tuple[float, Any]] = deque()
+        arrived = Event()
+        responder = cocotb.start_soon(self._respond(pending, arrived))
+        try:
+            while True:
+                aw = await self.aw_channel.recv()
+                awid, addr, length = int(aw.awid), int(aw.awaddr), int(aw.awlen) + 1
+                self.checker.burst("write", addr, length, int(aw.awsize), int(aw.awburst))
+                self.bursts += 1
+                lanes = self.byte_lanes
+                for n in range(length):
+                    w = await self.w_channel.recv()
+                    if int(w.wlast) != (n == length - 1):
+                        self.checker.violations.append(
+                            f"write burst at 0x{addr:08x}: WLAST {int(w.wlast)} on beat {n} of {length}")
+                    data, strb = int(w.wdata).to_bytes(lanes, "little"), int(w.wstrb)
+                    base = (addr + n * lanes) // lanes * lanes
+                    for lane in range(lanes):
+                        if strb >> lane & 1:
+                            self.mem[(base + lane) % self.size] = data[lane]
+                b = self.b_channel._transaction_obj()
+                b.bid, b.bresp = awid, AxiResp.OKAY
+                pending.append((get_sim_time("ns") + self.timing.write_latency * self.period_ns, b))
+                arrived.set()
+        finally:
+            responder.kill()
+
+    async def _respond(self, pending: deque, arrived: Event) -> None:
+        while True:
+            while not pending:
+                arrived.clear()
+                await arrived.wait()
+            due, b = pending.popleft()
+            wait = due - get_sim_time("ns")
+            if wait > 0:
+                await Timer(wait, "ns")
+            await self.b_channel.send(b)
+
+
+class DramModel(AxiRam):
+    """An ``AxiRam`` of `size` bytes answering with `timing`; ``mem`` is the byte array."""
+
+    def __init__(self, bus: Any, clock: Any, reset: Any, *, size: int, timing: DramTiming, period_ns: float):
+        Memory.__init__(self, size, bytearray(size))  # the same memory object AxiRam would hold
+        self.violations: list[str] = []
+        checker = _Checker(len(bus.read.r.rdata) // 8, self.violations)
+        common = dict(timing=timing, period_ns=period_ns, checker=checker)
+        self.write_if = _TimedWrite(bus.write, clock, reset, True, mem=self.mem, **common)
+        self.read_if = _TimedRead(bus.read, clock, reset, True, mem=self.mem, **common)

@@ -1,0 +1,47 @@
+"""The cocotb test module the cosimulation driver runs: every job of a manifest, in order, on one
+accelerator instance (its buffers keep their contents between jobs, as on the board).
+
+The manifest (JSON, path in ``WEFT_COSIM_MANIFEST``) holds the config, the DRAM model's size and timing,
+and the jobs: each names an input ``.npz`` (``dram``, ``insn_addr``, ``insn_count``) and where to write
+the final DRAM (``.npy``) and the run's registers (``.json``). Checking is the driver's job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import cocotb
+import numpy as np
+
+from weft.config import load_config
+from weft.sim.cocotb_tb.dram import DramTiming
+from weft.sim.cocotb_tb.tb import Testbench
+
+
+@cocotb.test()
+async def run_manifest(dut: object) -> None:
+    manifest = json.loads(Path(os.environ["WEFT_COSIM_MANIFEST"]).read_text())
+    config = load_config(manifest["config"])
+    tb = Testbench(dut, config, dram_size=manifest["dram_size"], timing=DramTiming(**manifest["timing"]))
+    await tb.reset()
+    for job in manifest["jobs"]:
+        with np.load(job["input"], allow_pickle=False) as z:
+            image, insn_addr, insn_count = z["dram"], int(z["insn_addr"]), int(z["insn_count"])
+        tb.load_dram(image)
+        started = time.perf_counter()
+        result = await tb.run(insn_addr, insn_count, job["timeout_cycles"])
+        wall = time.perf_counter() - started
+        final = tb.read_dram(len(tb.dram.mem))
+        np.save(job["dram_out"], final[:image.size], allow_pickle=False)
+        outside = np.flatnonzero(final[image.size:])
+        report = {
+            **result.to_dict(), "wall_s": wall,
+            "violations": list(tb.dram.violations),
+            "wrote_outside": int(image.size + outside[0]) if outside.size else None,
+            "read_bursts": tb.dram.read_if.bursts, "write_bursts": tb.dram.write_if.bursts,
+        }
+        tb.dram.violations.clear()
+        Path(job["report_out"]).write_text(json.dumps(report))

@@ -1,0 +1,379 @@
+"""Cosimulation: the generated Verilog in Icarus or Verilator (through the cocotb runner) against the
+functional simulator, which is the oracle.
+
+The same DRAM image and instruction stream go to both; the final DRAM images must match to the bit. One
+simulator process runs a batch of jobs in order on one accelerator instance, so the on-chip buffers carry
+over from job to job; the functional simulator runs the batch the same way on one instance.
+
+Builds are cached under ``build/`` by (config hash, fingerprint of the generator's sources, simulator),
+with a file lock so parallel test workers share one build.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from weft.errors import WeftError
+from weft.isa.asm import format_insn
+from weft.isa.constants import MemId, Opcode
+from weft.isa.encoding import encode_insns, layout_of
+from weft.sim.fsim import FunctionalSimulator, SimError, insn_region
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+    from weft.sim.dram import Dram
+
+__all__ = [
+    "SIMULATORS", "CosimError", "Job", "JobResult", "build", "compare", "default_build_root", "fingerprint",
+    "job_from_program", "run_jobs", "run_random", "simulator_available", "verilog_path",
+]
+
+SIMULATORS = {"icarus": "iverilog", "verilator": "verilator"}
+_PACKAGE = Path(__file__).resolve().parent.parent
+TEST_MODULE = "weft.sim.cocotb_tb.test_weft"
+
+
+class CosimError(WeftError):
+    """The simulator could not be built or run (not a mismatch: those are reported in results)."""
+
+
+def simulator_available(sim: str) -> bool:
+    if sim not in SIMULATORS:
+        raise ValueError(f"unknown simulator '{sim}' (known: {', '.join(SIMULATORS)})")
+    return shutil.which(SIMULATORS[sim]) is not None
+
+
+def default_build_root() -> Path:
+    """``build/`` beside the package sources (the repository root in a development checkout)."""
+    return _PACKAGE / "build"
+
+
+def fingerprint() -> str:
+    """Hash of everything the Verilog depends on besides the config: the generator's sources and the
+    Amaranth version."""
+    import amaranth
+
+    digest = hashlib.sha256(amaranth.__version__.encode())
+    for folder in ("hw", "isa"):
+        for path in sorted((_PACKAGE / folder).glob("*.py")):
+            digest.update(path.name.encode() + path.read_bytes())
+    digest.update((_PACKAGE / "config.py").read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _runner(sim: str) -> Any:
+    with warnings.catch_warnings():  # cocotb marks its Python runner experimental
+        warnings.simplefilter("ignore", UserWarning)
+        from cocotb.runner import get_runner
+    return get_runner(sim)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def verilog_path(config: AcceleratorConfig, build_root: Path | None = None) -> Path:
+    """The (cached) Verilog of `config`."""
+    root = (build_root or default_build_root()) / "rtl" / f"{config.hash}-{fingerprint()}"
+    path = root / "weft_top.v"
+    with _locked(root.parent / f"{root.name}.lock"):
+        if not path.exists():
+            from weft.hw.top import generate_verilog
+
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(generate_verilog(config))
+            tmp.replace(path)
+    return path
+
+
+def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None) -> Path:
+    """Compile the Verilog of `config` for `sim` (cached); returns the build directory."""
+    if not simulator_available(sim):
+        raise CosimError(f"{SIMULATORS[sim]} is not installed: cannot cosimulate on {sim}")
+    source = verilog_path(config, build_root)
+    build_dir = source.parent / f"sim_{sim}"
+    stamp = build_dir / "built.ok"
+    with _locked(source.parent / f"sim_{sim}.lock"):
+        if stamp.exists():
+            return build_dir
+        runner = _runner(sim)
+        log = source.parent / f"build_{sim}.log"
+        options: dict[str, Any] = {}
+        if sim == "icarus":
+            options["timescale"] = ("1ns", "1ps")
+        else:
+            # Yosys writes implicit width extensions; they are Verilog semantics, not bugs.
+            options["build_args"] = ["--timescale", "1ns/1ps", "-Wno-fatal", "-Wno-WIDTH", "-O3",
+                                     "--x-assign", "fast", "--x-initial", "fast", "--output-split", "20000"]
+        saved = os.environ.get("MAKEFLAGS")
+        os.environ["MAKEFLAGS"] = f"-j{max(1, min(4, os.cpu_count() or 1))}"
+        try:
+            runner.build(verilog_sources=[source], hdl_toplevel="weft_top", build_dir=build_dir,
+                         log_file=log, **options)
+        except SystemExit as err:
+            raise CosimError(f"building the {sim} model failed ({err}); see {log}") from None
+        finally:
+            if saved is None:
+                os.environ.pop("MAKEFLAGS", None)
+            else:
+                os.environ["MAKEFLAGS"] = saved
+        stamp.write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
+    return build_dir
+
+
+@dataclass
+class Job:
+    """One run: a DRAM image with the program already in it."""
+
+    dram: np.ndarray
+    insn_addr: int
+    insn_count: int
+    timeout_cycles: int = 2_000_000
+    label: str = ""
+
+
+@dataclass
+class JobResult:
+    """The RTL's final DRAM and registers for one job."""
+
+    dram: np.ndarray
+    report: dict[str, Any]
+
+    @property
+    def cycles(self) -> int:
+        return int(self.report["counters"]["cycles"])
+
+    @property
+    def error_code(self) -> int:
+        return int(self.report["error_code"])
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.report["counters"]
+
+
+def job_from_program(config: AcceleratorConfig, insns: np.ndarray, dram: Dram, label: str = "",
+                     timeout_cycles: int = 2_000_000) -> Job:
+    """Encode `insns` to the top of a copy of `dram` (where :func:`weft.sim.fsim.run_program` puts them)."""
+    words = np.frombuffer(encode_insns(config, insns), dtype=np.uint8)
+    image = dram.data.copy()
+    addr = insn_region(image.size, len(insns), layout_of(config).insn_bits // 8)
+    image[addr:addr + words.size] = words
+    return Job(dram=image, insn_addr=addr, insn_count=len(insns), timeout_cycles=timeout_cycles, label=label)
+
+
+def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing: str = "ideal",
+             build_root: Path | None = None, seed: int = 0) -> list[JobResult]:
+    """Run `jobs` in order in one simulator process; returns the RTL's final DRAM and registers of each."""
+    from weft.sim.cocotb_tb.dram import TIMINGS
+
+    if timing not in TIMINGS:
+        raise ValueError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
+    build_dir = build(config, sim, build_root)
+
+    size = 1 << max(12, (max(job.dram.size for job in jobs) - 1).bit_length())
+    timing_dict = TIMINGS[timing].to_dict() | {"seed": seed}
+    with tempfile.TemporaryDirectory(prefix=f"weft-cosim-{sim}-", dir=build_dir.parent) as tmp:
+        work = Path(tmp)
+        entries = []
+        for k, job in enumerate(jobs):
+            path = work / f"job{k}.npz"
+            np.savez(path, dram=job.dram, insn_addr=np.int64(job.insn_addr), insn_count=np.int64(job.insn_count))
+            entries.append({"input": str(path), "dram_out": str(work / f"out{k}.npy"),
+                            "report_out": str(work / f"out{k}.json"), "timeout_cycles": job.timeout_cycles})
+        manifest = work / "manifest.json"
+        manifest.write_text(json.dumps({"config": config.to_dict(), "dram_size": size, "timing": timing_dict,
+                                        "jobs": entries}))
+        runner = _runner(sim)
+        log = work / "sim.log"
+        try:
+            runner.test(test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
+                        build_dir=build_dir, test_dir=work,
+                        extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": "WARNING"},
+                        log_file=log)
+        except SystemExit:
+            pass  # judged below from what the jobs wrote
+        results = []
+        for k, entry in enumerate(entries):
+            if not Path(entry["report_out"]).exists():
+                tail = log.read_text()[-3000:] if log.exists() else "(no log)"
+                raise CosimError(f"the {sim} simulation stopped before job {k} finished:\n{tail}")
+            results.append(JobResult(dram=np.load(entry["dram_out"], allow_pickle=False),
+                                     report=json.loads(Path(entry["report_out"]).read_text())))
+    return results
+
+
+@dataclass
+class Mismatch:
+    """The first difference between the RTL's and the oracle's DRAM."""
+
+    address: int
+    expected: int
+    got: int
+    differing_bytes: int
+    writer: int | None  # index of the instruction whose store covers the address
+    writer_text: str
+
+    def __str__(self) -> str:
+        who = (f"written by instruction {self.writer} ({self.writer_text})" if self.writer is not None
+               else "not written by any STORE")
+        return (f"DRAM byte 0x{self.address:x}: RTL 0x{self.got:02x}, functional simulator 0x{self.expected:02x} "
+                f"({self.differing_bytes} bytes differ); {who}")
+
+
+def _writer(config: AcceleratorConfig, insns: np.ndarray, address: int) -> tuple[int | None, str]:
+    """The last STORE of the stream whose DRAM rows cover `address`."""
+    row_bytes = config.out_row_bits // 8
+    for i in range(len(insns) - 1, -1, -1):
+        r = insns[i]
+        if int(r["opcode"]) != Opcode.STORE or int(r["mem_id"]) != MemId.OUT or int(r["x_size"]) == 0:
+            continue
+        for y in range(int(r["y_size"])):
+            start = (int(r["dram_base"]) + y * int(r["x_stride"])) * row_bytes
+            if start <= address < start + int(r["x_size"]) * row_bytes:
+                return i, format_insn(r)
+    return None, ""
+
+
+def compare(config: AcceleratorConfig, expected: np.ndarray, got: np.ndarray, insns: np.ndarray
+            ) -> Mismatch | None:
+    """None when the images match; else the first differing byte and the instruction that wrote it."""
+    if expected.shape != got.shape:
+        return Mismatch(min(expected.size, got.size), -1, -1, abs(expected.size - got.size), None,
+                        "images of different sizes")
+    diff = np.flatnonzero(expected != got)
+    if not diff.size:
+        return None
+    address = int(diff[0])
+    writer, text = _writer(config, insns, address)
+    return Mismatch(address, int(expected[address]), int(got[address]), int(diff.size), writer, text)
+
+
+@dataclass
+class SeedResult:
+    seed: int
+    passed: bool
+    cycles: int
+    counters: dict[str, int]
+    insn_count: int
+    macs: int
+    problem: str = ""
+    mismatch: Mismatch | None = None
+
+
+@dataclass
+class RandomReport:
+    """Outcome of a random regression."""
+
+    config: str
+    sim: str
+    timing: str
+    results: list[SeedResult] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> int:
+        return sum(r.passed for r in self.results)
+
+    @property
+    def failed(self) -> int:
+        return len(self.results) - self.passed
+
+    def summary(self) -> dict[str, Any]:
+        cycles = sum(r.cycles for r in self.results)
+        mac = sum(r.counters.get("mac_active", 0) for r in self.results)
+        busy = {u: sum(r.counters.get(f"busy_{u}", 0) for r in self.results) for u in ("load", "compute", "store")}
+        return {
+            "config": self.config, "sim": self.sim, "dram_timing": self.timing,
+            "passed": self.passed, "failed": self.failed, "cycles": cycles,
+            "instructions": sum(r.insn_count for r in self.results),
+            "mac_utilization": mac / cycles if cycles else 0.0,
+            "unit_busy": {u: (v / cycles if cycles else 0.0) for u, v in busy.items()},
+            "wall_s": round(self.wall_s, 2),
+            "failures": [{"seed": r.seed, "problem": r.problem} for r in self.results if not r.passed],
+        }
+
+
+def check_job(config: AcceleratorConfig, result: JobResult, expected: np.ndarray, insns: np.ndarray) -> str:
+    """'' when the RTL run matches the oracle, else what went wrong."""
+    rep = result.report
+    if rep["timed_out"]:
+        return f"timed out after {rep['sim_cycles']} cycles (status {rep['status']})"
+    if rep["status"].get("error") or rep["error_code"]:
+        from weft.hw.regs import ErrorCode
+
+        code = rep["error_code"]
+        name = ErrorCode(code).name if code in set(ErrorCode) else str(code)
+        i = rep["error_index"]
+        where = f"instruction {i} ({format_insn(insns[i])})" if 0 <= i < len(insns) else f"index {i}"
+        return f"RTL stopped with error {name} at {where}"
+    if rep["violations"]:
+        return "AXI rule broken: " + "; ".join(rep["violations"][:3])
+    if rep["wrote_outside"] is not None:
+        return f"RTL wrote DRAM byte 0x{rep['wrote_outside']:x}, outside the image"
+    mismatch = compare(config, expected, result.dram, insns)
+    return str(mismatch) if mismatch else ""
+
+
+def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_insns: int = 120,
+               timing: str = "ideal", build_root: Path | None = None, **program_options: Any) -> RandomReport:
+    """Random legal programs (:func:`weft.sim.randprog.random_program`) on the RTL and on the oracle."""
+    from weft.sim.randprog import random_program
+
+    started = time.perf_counter()
+    report = RandomReport(config=config.name, sim=sim, timing=timing)
+    oracle = FunctionalSimulator(config)
+    jobs, expected, programs, stats = [], [], [], []
+    for seed in seeds:
+        insns, dram = random_program(config, seed, n_insns, **program_options)
+        job = job_from_program(config, insns, dram, label=f"seed {seed}")
+        image = _as_dram(job.dram)
+        try:
+            st = oracle.run(image, job.insn_addr, job.insn_count)
+        except SimError as err:
+            raise CosimError(f"seed {seed}: the functional simulator rejects the random program: {err}") from err
+        job.timeout_cycles = 200_000 + 200 * (st["gemm_execs"] + st["alu_execs"] + job.insn_count
+                                              + sum(st["bytes"].values()))
+        jobs.append(job)
+        expected.append(image.data)
+        programs.append(insns)
+        stats.append(st)
+    results = run_jobs(config, sim, jobs, timing=timing, build_root=build_root, seed=int(seeds[0]) if seeds else 0)
+    for seed, result, want, insns, st in zip(seeds, results, expected, programs, stats, strict=True):
+        problem = check_job(config, result, want, insns)
+        mismatch = compare(config, want, result.dram, insns) if "DRAM byte" in problem else None
+        report.results.append(SeedResult(seed=int(seed), passed=not problem, cycles=result.cycles,
+                                         counters=result.counters, insn_count=len(insns), macs=st["macs"],
+                                         problem=problem, mismatch=mismatch))
+    report.wall_s = time.perf_counter() - started
+    return report
+
+
+def _as_dram(image: np.ndarray) -> Dram:
+    from weft.sim.dram import Dram
+
+    dram = Dram(image.size)
+    dram.data[:] = image
+    return dram
