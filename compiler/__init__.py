@@ -1,1 +1,23 @@
-"""weft.compiler"""
+"""weft.compiler: ONNX import, graph passes, int8 quantization and packing into a .weft artifact.
+
+Only :mod:`weft.compiler.onnx_import` (and the driver that calls it) imports onnx: the IR, the passes,
+the quantization math and the layouts import with numpy alone, so the runtime can use them on a board.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from weft.runtime.artifact import Artifact
+
+__all__ = ["compile"]
+
+
+def compile(model: Any, target: str = "accel", config: Any = "default", calibration: Any = None,
+            **options: Any) -> Artifact:
+    """Compile an ONNX model (path, bytes or ModelProto) into an :class:`~weft.runtime.Artifact`.
+    See :func:`weft.compiler.driver.compile_model` for the options."""
+    from weft.compiler.driver import compile_model  # imports onnx
+
+    return compile_model(model, target=target, config=config, calibration=calibration, **options)

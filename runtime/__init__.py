@@ -1,1 +1,12 @@
-"""weft.runtime"""
+"""weft.runtime: load a .weft artifact and run it on a device. Imports with numpy alone (no onnx), so it
+works on a board; devices come from a registry (:mod:`weft.runtime.devices`)."""
+
+from weft.runtime.artifact import Artifact, ArtifactError, Section, load_artifact
+from weft.runtime.devices import Device, DeviceError, available_devices, create_device, register_device
+from weft.runtime.reference import FeedError, RunResult, run_reference
+from weft.runtime.session import InferenceSession, NodeArg
+
+__all__ = [
+    "Artifact", "ArtifactError", "Device", "DeviceError", "FeedError", "InferenceSession", "NodeArg", "RunResult",
+    "Section", "available_devices", "create_device", "load_artifact", "register_device", "run_reference",
+]

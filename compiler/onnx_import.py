@@ -1,0 +1,454 @@
+"""ONNX -> IR. The only module of weft that imports onnx.
+
+It reads a model (a path, bytes or a ``ModelProto``), checks what weft supports, and emits the IR with
+attributes normalized across opsets 9 to current: optional inputs that older opsets gave as attributes
+(Clip's bounds, Pad's pads, Slice's ranges, Squeeze/Unsqueeze axes) become constant inputs, Softmax
+records whether it has the pre-13 "coerce to 2-D" meaning, Dropout becomes Identity, Sum becomes a chain
+of Add, and Constant nodes become constants.
+
+Dynamic input dimensions are fixed from, in order: ``input_shapes``, the shape of the calibration data,
+and for the leading (batch) dimension only, 1. Anything else is a :class:`ModelError` naming the input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+
+from weft.compiler.errors import ModelError, UnsupportedError
+from weft.compiler.ir import Graph, Node, Value
+
+__all__ = ["MIN_OPSET", "SUPPORTED_OPS", "declared_inputs", "import_onnx", "load_model"]
+
+MIN_OPSET = 9
+MAX_OPSET = onnx.defs.onnx_opset_version()
+
+_ELEM_TYPES = {
+    onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.DOUBLE: "float64", onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8", onnx.TensorProto.INT16: "int16", onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT64: "int64", onnx.TensorProto.BOOL: "bool",
+}
+
+
+def load_model(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
+    """Read an ONNX model; unreadable, truncated or empty files raise ModelError naming the file."""
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, (bytes, bytearray)):
+        what, data = "the model bytes", bytes(source)
+    else:
+        path = Path(source)
+        what = str(path)
+        if not path.is_file():
+            raise ModelError(f"{path}: no such model file")
+        data = path.read_bytes()
+    if not data:
+        raise ModelError(f"{what}: the file is empty")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as err:
+        raise ModelError(f"{what}: not a readable ONNX model, the file may be truncated or corrupt ({err})") \
+            from None
+    if not model.HasField("graph") or not model.graph.output:
+        raise ModelError(f"{what}: the ONNX model has no graph outputs (is the file truncated?)")
+    return model
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    versions = {op.domain: op.version for op in model.opset_import}
+    version = versions.get("", versions.get("ai.onnx"))
+    if version is None:
+        raise ModelError("the model imports no version of the default ONNX operator set")
+    if version < MIN_OPSET:
+        raise UnsupportedError(f"opset {version} is older than {MIN_OPSET}, the oldest weft imports; "
+                               "convert the model with onnx.version_converter")
+    if version > MAX_OPSET:
+        raise UnsupportedError(f"opset {version} is newer than {MAX_OPSET}, the newest this onnx knows")
+    return version
+
+
+def _tensor(t: onnx.TensorProto, what: str) -> np.ndarray:
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise UnsupportedError(f"{what} '{t.name}' keeps its data in an external file; save the model with "
+                               "the weights inside")
+    if t.data_type not in _ELEM_TYPES:
+        raise UnsupportedError(f"{what} '{t.name}' has data type "
+                               f"{onnx.TensorProto.DataType.Name(t.data_type)}, which weft does not support")
+    try:
+        return numpy_helper.to_array(t)
+    except (ValueError, TypeError) as err:
+        raise ModelError(f"{what} '{t.name}' is corrupt or truncated ({err})") from None
+
+
+def declared_inputs(model: onnx.ModelProto) -> dict[str, tuple[list[int | str | None], str]]:
+    """Graph inputs that are not initializers: name -> (dims as declared (int, symbol or None), dtype)."""
+    inits = {t.name for t in model.graph.initializer}
+    out: dict[str, tuple[list[int | str | None], str]] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedError(f"graph input '{vi.name}' is not a tensor")
+        tt = vi.type.tensor_type
+        dtype = _ELEM_TYPES.get(tt.elem_type)
+        if dtype is None:
+            raise UnsupportedError(f"graph input '{vi.name}' has element type "
+                                   f"{onnx.TensorProto.DataType.Name(tt.elem_type)}; weft supports float32 inputs")
+        if not tt.HasField("shape"):
+            raise ModelError(f"graph input '{vi.name}' has no shape, not even a rank; give it with input_shapes")
+        dims: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(int(d.dim_value))
+            else:
+                dims.append(d.dim_param or None)
+        out[vi.name] = (dims, dtype)
+    return out
+
+
+def _fix_shape(name: str, dims: list[int | str | None], given: Sequence[int] | None,
+               sample: Sequence[int] | None) -> tuple[int, ...]:
+    if given is not None:
+        given = tuple(int(d) for d in given)
+        if len(given) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(dims, given, strict=True)):
+            raise ModelError(f"input_shapes gives input '{name}' the shape {list(given)}, but the model declares "
+                             f"{[d if d is not None else '?' for d in dims]}")
+        return given
+    fixed: list[int] = []
+    for axis, d in enumerate(dims):
+        if isinstance(d, int):
+            fixed.append(d)
+        elif sample is not None and len(sample) == len(dims):
+            fixed.append(int(sample[axis]))
+        elif axis == 0:
+            fixed.append(1)  # documented default: a dynamic batch dimension becomes 1
+        else:
+            label = f"'{d}'" if d else "unnamed"
+            raise ModelError(
+                f"graph input '{name}' has a dynamic dimension {axis} ({label}) that cannot be fixed; give the "
+                f"shape with input_shapes={{'{name}': (...)}} or --input-shape {name}=D0,D1,..."
+            )
+    return tuple(fixed)
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, opset: int):
+        self.model = model
+        self.opset = opset
+        self.graph = Graph(model.graph.name or "model", meta={"opset": opset, "producer": model.producer_name})
+        self.defined: set[str] = set()
+        self._names: set[str] = set()
+
+    # ---- helpers -----------------------------------------------------------------------------------
+    def const(self, base: str, array: np.ndarray) -> str:
+        name = self.graph.unique_name(base)
+        self.graph.set_constant(name, np.asarray(array))
+        self.defined.add(name)
+        return name
+
+    def emit(self, op: str, inputs: Sequence[str], outputs: Sequence[str], attrs: dict[str, Any] | None,
+             name: str) -> None:
+        self.graph.nodes.append(Node(op, list(inputs), list(outputs), attrs or {}, name))
+        self.defined.update(o for o in outputs if o)
+
+    def node_name(self, node: onnx.NodeProto, k: int) -> str:
+        base = node.name or f"{node.op_type}_{k}"
+        name, n = base, 1
+        while name in self._names:
+            name, n = f"{base}_{n}", n + 1
+        self._names.add(name)
+        return name
+
+    # ---- the walk ----------------------------------------------------------------------------------
+    def run(self, shapes: Mapping[str, tuple[int, ...]]) -> Graph:
+        g = self.graph
+        for t in self.model.graph.initializer:
+            g.set_constant(t.name, _tensor(t, "initializer"))
+            self.defined.add(t.name)
+        for t in self.model.graph.sparse_initializer:
+            raise UnsupportedError(f"sparse initializer '{t.values.name}' is not supported")
+        for name, shape in shapes.items():
+            g.inputs.append(name)
+            g.values[name] = Value(name, shape, "float32")
+            self.defined.add(name)
+        for k, node in enumerate(self.model.graph.node):
+            name = self.node_name(node, k)
+            if node.domain not in ("", "ai.onnx"):
+                raise UnsupportedError(f"operator domain '{node.domain}' is not supported", node=name,
+                                       op=node.op_type)
+            for x in node.input:
+                if x and x not in self.defined:
+                    raise ModelError(
+                        f"input '{x}' is not defined by an initializer, a graph input or an earlier node "
+                        "(is the file truncated, or are the nodes out of order?)", node=name, op=node.op_type)
+            convert = _CONVERTERS.get(node.op_type)
+            if convert is None:
+                raise UnsupportedError(
+                    f"op '{node.op_type}' is not supported (weft imports: {', '.join(sorted(SUPPORTED_OPS))})",
+                    node=name, op=node.op_type)
+            allowed = _ATTRS.get(node.op_type, set())
+            attrs = _attrs(node)
+            for a in attrs:
+                if a not in allowed:
+                    raise UnsupportedError(f"attribute '{a}' is not supported", node=name, op=node.op_type)
+            convert(self, node, name, attrs)
+        for vi in self.model.graph.output:
+            if vi.name not in self.defined:
+                raise ModelError(f"graph output '{vi.name}' is not computed by any node (is the file truncated?)")
+            g.outputs.append(vi.name)
+        return g
+
+
+# ---- converters ---------------------------------------------------------------------------------------
+Converter = Callable[[_Importer, onnx.NodeProto, str, dict[str, Any]], None]
+
+
+def _unsupported(name: str, op: str, message: str) -> UnsupportedError:
+    return UnsupportedError(message, node=name, op=op)
+
+
+def _window_attrs(node: onnx.NodeProto, name: str, a: dict[str, Any], *, conv: bool) -> dict[str, Any]:
+    kernel = a.get("kernel_shape")
+    if kernel is not None and len(kernel) != 2:
+        raise _unsupported(name, node.op_type, f"only 2-D windows are supported, got kernel_shape {list(kernel)}")
+    if any(d != 1 for d in a.get("dilations", ())):
+        raise _unsupported(name, node.op_type, f"dilations {list(a['dilations'])} are not supported; only 1")
+    pads = tuple(a.get("pads", (0, 0, 0, 0)))
+    if len(pads) != 4:
+        raise _unsupported(name, node.op_type, f"pads {list(pads)} are not 2-D (top, left, bottom, right)")
+    out: dict[str, Any] = {"strides": tuple(a.get("strides", (1, 1))), "pads": pads}
+    if len(out["strides"]) != 2:
+        raise _unsupported(name, node.op_type, f"strides {list(out['strides'])} are not 2-D")
+    auto_pad = a.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    if auto_pad not in ("NOTSET", ""):
+        out["auto_pad"] = auto_pad
+    if not conv:
+        if kernel is None:
+            raise ModelError("kernel_shape is missing", node=name, op=node.op_type)
+        out["kernel_shape"] = tuple(kernel)
+        out["ceil_mode"] = int(a.get("ceil_mode", 0))
+    return out
+
+
+def _conv(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    if a.get("group", 1) != 1:
+        raise _unsupported(name, node.op_type, f"group={a['group']} (grouped or depthwise convolution) is not "
+                                               "supported; only group=1")
+    attrs = _window_attrs(node, name, a, conv=True)
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    im.emit("Conv", inputs, node.output, attrs, name)
+
+
+def _pool(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1]:
+        raise _unsupported(name, node.op_type, "the Indices output is not supported")
+    attrs = _window_attrs(node, name, a, conv=False)
+    if node.op_type == "AveragePool":
+        attrs["count_include_pad"] = int(a.get("count_include_pad", 0))
+    im.emit(node.op_type, node.input, node.output[:1], attrs, name)
+
+
+def _clip(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    if im.opset < 11:
+        if "min" in a:
+            inputs[1] = im.const(f"{name}_min", np.array(a["min"], np.float32))
+        if "max" in a:
+            inputs[2] = im.const(f"{name}_max", np.array(a["max"], np.float32))
+    im.emit("Clip", inputs[:3], node.output, {}, name)
+
+
+def _pad(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    mode = a.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode != "constant":
+        raise _unsupported(name, node.op_type, f"mode '{mode}' is not supported; only 'constant'")
+    if im.opset < 11:
+        pads = im.const(f"{name}_pads", np.array(a.get("pads", ()), np.int64))
+        value = im.const(f"{name}_value", np.array(a.get("value", 0.0), np.float32))
+        im.emit("Pad", [node.input[0], pads, value], node.output, {}, name)
+    else:
+        im.emit("Pad", node.input, node.output, {}, name)
+
+
+def _softmax(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    legacy = im.opset < 13
+    axis = int(a.get("axis", 1 if legacy else -1))
+    im.emit("Softmax", node.input, node.output, {"axis": axis, "legacy": legacy}, name)
+
+
+def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    if len(node.output) > 1 and node.output[1]:
+        raise _unsupported(name, node.op_type, "the mask output is not supported at inference")
+    if a.get("is_test", 1) == 0:
+        raise _unsupported(name, node.op_type, "is_test=0 (training mode) is not supported")
+    if len(node.input) > 2 and node.input[2]:
+        mode = im.graph.constants.get(node.input[2])
+        if mode is None or bool(mode):
+            raise _unsupported(name, node.op_type, "training_mode must be a constant false at inference")
+    im.emit("Identity", node.input[:1], node.output[:1], {}, name)
+
+
+def _batchnorm(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    if a.get("training_mode", 0):
+        raise _unsupported(name, node.op_type, "training_mode=1 is not supported at inference")
+    if a.get("spatial", 1) != 1:
+        raise _unsupported(name, node.op_type, "spatial=0 is not supported")
+    if any(node.output[1:]):
+        raise _unsupported(name, node.op_type, "the running mean/var outputs (training) are not supported")
+    im.emit("BatchNormalization", node.input, node.output[:1], {"epsilon": float(a.get("epsilon", 1e-5))}, name)
+
+
+def _sum(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    inputs = list(node.input)
+    if len(inputs) == 1:
+        im.emit("Identity", inputs, node.output, {}, name)
+        return
+    acc = inputs[0]
+    for k, x in enumerate(inputs[1:]):
+        last = k == len(inputs) - 2
+        out = node.output[0] if last else im.graph.unique_name(f"{name}_partial{k}")
+        im.emit("Add", [acc, x], [out], {}, name if last else f"{name}_add{k}")
+        acc = out
+
+
+def _constant(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    if len(a) != 1:
+        raise ModelError("a Constant needs exactly one value attribute", node=name, op=node.op_type)
+    key, value = next(iter(a.items()))
+    if key == "value":
+        array = _tensor(value, "constant")
+    elif key in ("value_float", "value_floats"):
+        array = np.array(value, np.float32)
+    elif key in ("value_int", "value_ints"):
+        array = np.array(value, np.int64)
+    else:
+        raise _unsupported(name, node.op_type, f"attribute '{key}' is not supported")
+    im.graph.set_constant(node.output[0], array)
+    im.defined.add(node.output[0])
+
+
+def _constant_of_shape(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    attrs = {"value": _tensor(a["value"], "value")} if "value" in a else {}
+    im.emit("ConstantOfShape", node.input, node.output, attrs, name)
+
+
+def _axes_to_input(min_opset: int, arity: int) -> Converter:
+    """Squeeze/Unsqueeze (axes) and Slice (starts, ends, axes, steps): attributes before `min_opset`."""
+
+    def convert(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+        inputs = list(node.input)
+        if im.opset < min_opset:
+            keys = ("axes",) if arity == 1 else ("starts", "ends", "axes")
+            inputs = inputs[:1]
+            for key in keys:
+                inputs.append(im.const(f"{name}_{key}", np.array(a[key], np.int64)) if key in a else "")
+            while inputs and inputs[-1] == "":
+                inputs.pop()
+        im.emit(node.op_type, inputs, node.output, {}, name)
+
+    return convert
+
+
+def _cast(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    to = _ELEM_TYPES.get(a["to"])
+    if to is None:
+        raise _unsupported(name, node.op_type, f"casting to {onnx.TensorProto.DataType.Name(a['to'])} is not "
+                                               "supported")
+    im.emit("Cast", node.input, node.output, {"to": to}, name)
+
+
+def _plain(*keep: str, defaults: Mapping[str, Any] | None = None) -> Converter:
+    def convert(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+        attrs = {**(defaults or {}), **{k: a[k] for k in keep if k in a}}
+        im.emit(node.op_type, node.input, node.output, attrs, name)
+
+    return convert
+
+
+_CONVERTERS: dict[str, Converter] = {
+    "Conv": _conv,
+    "Gemm": _plain("alpha", "beta", "transA", "transB"),
+    "MatMul": _plain(),
+    "Relu": _plain(),
+    "Clip": _clip,
+    "Add": _plain(), "Sub": _plain(), "Mul": _plain(), "Div": _plain(),
+    "Sum": _sum,
+    "BatchNormalization": _batchnorm,
+    "MaxPool": _pool, "AveragePool": _pool,
+    "GlobalAveragePool": _plain(),
+    "Flatten": _plain("axis", defaults={"axis": 1}),
+    "Reshape": _plain("allowzero"),
+    "Concat": _plain("axis"),
+    "Pad": _pad,
+    "Softmax": _softmax,
+    "Dropout": _dropout,
+    "Identity": _plain(),
+    "Constant": _constant,
+    "ConstantOfShape": _constant_of_shape,
+    "Shape": _plain("start", "end"),
+    "Gather": _plain("axis"),
+    "Unsqueeze": _axes_to_input(13, 1),
+    "Squeeze": _axes_to_input(13, 1),
+    "Slice": _axes_to_input(10, 3),
+    "Cast": _cast,
+}
+
+#: Attributes each op may carry (anything else is an UnsupportedError naming the attribute).
+_ATTRS: dict[str, set[str]] = {
+    "Conv": {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"},
+    "Gemm": {"alpha", "beta", "transA", "transB"},
+    "Clip": {"min", "max"},
+    "BatchNormalization": {"epsilon", "momentum", "spatial", "training_mode"},
+    "MaxPool": {"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"},
+    "AveragePool": {"auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides"},
+    "Flatten": {"axis"},
+    "Reshape": {"allowzero"},
+    "Concat": {"axis"},
+    "Pad": {"mode", "pads", "value"},
+    "Softmax": {"axis"},
+    "Dropout": {"ratio", "is_test", "seed"},
+    "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints", "sparse_value",
+                 "value_string", "value_strings"},
+    "ConstantOfShape": {"value"},
+    "Shape": {"start", "end"},
+    "Gather": {"axis"},
+    "Unsqueeze": {"axes"},
+    "Squeeze": {"axes"},
+    "Slice": {"starts", "ends", "axes"},
+    "Cast": {"to", "saturate"},
+}
+
+SUPPORTED_OPS = frozenset(_CONVERTERS)
+
+
+def import_onnx(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                sample_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph:
+    """The IR of an ONNX model, every graph input with a static shape (see the module docstring)."""
+    opset = _opset(model)
+    declared = declared_inputs(model)
+    given = dict(input_shapes or {})
+    for name in given:
+        if name not in declared:
+            raise ModelError(f"input_shapes names '{name}', which is not a graph input "
+                             f"(inputs: {', '.join(declared) or 'none'})")
+    if not declared:
+        raise ModelError("the model has no graph inputs")
+    shapes = {}
+    for name, (dims, dtype) in declared.items():
+        if dtype != "float32":
+            raise UnsupportedError(f"graph input '{name}' is {dtype}; weft compiles models with float32 inputs")
+        shapes[name] = _fix_shape(name, dims, given.get(name), (sample_shapes or {}).get(name))
+    return _Importer(model, opset).run(shapes)

@@ -1,0 +1,108 @@
+"""The compile pipeline: named passes from graph to graph, in one visible list.
+
+``build_pipeline(target, config, calibration)`` returns the list; ``run_pipeline`` runs it, optionally
+verifying the graph after every pass (a failure names the pass); ``describe`` lists it for humans and
+tools (``weft compile --list-passes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from weft.compiler import fusion, passes
+from weft.compiler.calibrate import calibrate
+from weft.compiler.errors import GraphError
+from weft.compiler.ir import Graph
+from weft.compiler.packing import pack_layout
+from weft.compiler.partition import partition
+from weft.compiler.quantize import quantize
+from weft.compiler.verify import verify
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["TARGETS", "Pass", "build_pipeline", "describe", "run_pipeline"]
+
+TARGETS = ("accel", "cpu")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One named step of the pipeline: a function Graph -> Graph."""
+
+    name: str
+    run: Callable[[Graph], Graph]
+    doc: str
+
+
+def _first_line(fn: Callable) -> str:
+    return (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+
+
+def _p(name: str, fn: Callable[[Graph], Graph], doc: str | None = None) -> Pass:
+    return Pass(name, fn, doc or _first_line(fn))
+
+
+def float_passes() -> list[Pass]:
+    """The target-independent float passes: cleanup, then shaping into accelerator-sized layers."""
+    return [
+        _p("infer_shapes", passes.infer_shapes),
+        _p("fold_constants", passes.fold_constants),
+        _p("remove_identity", passes.remove_identity),
+        _p("remove_dead", passes.remove_dead),
+        _p("fold_pad", fusion.fold_pad),
+        _p("lower_dense", fusion.lower_dense),
+        _p("fold_batchnorm", fusion.fold_batchnorm),
+        _p("fold_affine", fusion.fold_affine),
+        _p("flatten_dense", fusion.flatten_dense),
+        _p("fuse_residual", fusion.fuse_residual),
+        _p("fuse_activation", fusion.fuse_activation),
+        _p("lower_affine", fusion.lower_affine),
+        _p("remove_dead_2", passes.remove_dead, "drop nodes and constants the fusions left unused"),
+    ]
+
+
+def build_pipeline(target: str, config: AcceleratorConfig,
+                   calibration: Sequence[Mapping[str, np.ndarray]] | None = None) -> list[Pass]:
+    """The passes for `target`: "accel" quantizes for `config` (calibration batches required), "cpu"
+    keeps the float graph for the host."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
+    pipeline = float_passes()
+    if target == "accel":
+        if calibration is None:
+            raise ValueError("the accel target needs calibration batches")
+        batches = list(calibration)
+        pipeline += [
+            _p("calibrate", lambda g: calibrate(g, batches),
+               f"record every float tensor's range on {len(batches)} calibration batches"),
+            _p("quantize", quantize(config), "int8 post-training quantization: integer layers with ALU epilogues"),
+            _p("pack_layout", pack_layout(config), "packed, block-padded layouts for the config's GEMM blocks"),
+        ]
+    pipeline.append(_p("partition", partition(target), "assign each layer to the accelerator or the host"))
+    return pipeline
+
+
+def run_pipeline(graph: Graph, pipeline: Sequence[Pass], *, verify_each: bool = True,
+                 trace: Callable[[Pass, Graph], None] | None = None) -> Graph:
+    """Run the passes in order; with `verify_each`, check the graph after each one (a broken invariant
+    is a GraphError naming the pass). `trace(pass, graph)` sees every intermediate graph."""
+    for p in pipeline:
+        graph = p.run(graph)
+        if verify_each:
+            try:
+                verify(graph)
+            except GraphError as err:
+                raise GraphError(f"after pass '{p.name}': {err}") from None
+        if trace is not None:
+            trace(p, graph)
+    return graph
+
+
+def describe(pipeline: Sequence[Pass]) -> list[dict[str, str]]:
+    """The pipeline as data: each pass's name and what it does."""
+    return [{"name": p.name, "doc": p.doc} for p in pipeline]

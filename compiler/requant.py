@@ -1,0 +1,166 @@
+"""Requantization in the accelerator's integer ALU: choosing multipliers and shifts.
+
+A real per-channel factor ``M`` (e.g. ``s_in * s_w / s_out``) is applied to an accumulator ``x`` as
+
+    ((x + r1) >> s1) * m + r2 >> s2        r1 = 2**(s1-1), r2 = 2**(s2-1) (round half up), m = round(M * 2**(s1+s2))
+
+The pre-shift ``s1`` exists because ``x * m`` must fit the accumulator: :func:`solve_rescale` searches
+the shifts for the smallest worst-case error given a bound on ``|x|`` (for a convolution, the exact worst
+case ``sum |w| * 2**(inp_width-1) + |bias|``, so no input can make it wrap) and proves the result with
+interval arithmetic. :func:`build_epilogue` assembles a layer's whole epilogue: bias, rescale, an
+optional residual input rescaled to a common fixed point with ``frac`` extra bits, an optional
+per-channel shift, and the activation's clamps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from weft.compiler.epilogue import EpilogueOverflow, Step, bounds
+
+__all__ = ["Rescale", "build_epilogue", "clamp_steps", "rescale_steps", "solve_rescale"]
+
+#: Extra fractional bits tried (largest first) when a residual or a shift is added before rounding.
+MAX_FRAC = 8
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """x -> ((x + r1) >> pre_shift) * multiplier + r2 >> post_shift, approximating x * M * 2**frac."""
+
+    pre_shift: int
+    multiplier: np.ndarray
+    post_shift: int
+    frac: int
+    error: float  # worst-case error bound, in output units (excluding the final half-unit rounding)
+
+
+def solve_rescale(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int, frac: int = 0,
+                  imm_max: int | None = None) -> Rescale:
+    """The shifts and per-channel multipliers with the smallest worst-case error that never leave the
+    acc_width range for ``|x| <= bound`` (per channel). Raises EpilogueOverflow when none exists.
+
+    With `imm_max`, the multiplier and both rounding constants stay within it, so a factor shared by all
+    channels costs ALU immediates only (at 15 bits the precision lost is far below an output unit).
+    """
+    real = np.asarray(real, dtype=np.float64).reshape(-1)
+    bound = np.broadcast_to(np.asarray(bound, dtype=np.int64), real.shape)
+    top = (1 << (acc_width - 1)) - 1
+    mags = np.abs(real)
+    live = mags > 0
+    if not live.any():
+        return Rescale(0, np.zeros(real.shape, np.int64), 0, frac, 0.0)
+    sat = (1 << (out_width - 1)) / np.where(live, mags, 1.0)
+    reach = bound.astype(np.float64) if frac else np.minimum(bound, sat)  # inputs that matter before clamping
+    best: Rescale | None = None
+    max_shift = acc_width - 2 if imm_max is None else min(acc_width - 2, imm_max.bit_length())
+    for s1 in range(max_shift + 1):
+        r1 = (1 << (s1 - 1)) if s1 else 0
+        if int(bound.max()) + r1 > top:
+            break
+        b1 = ((bound + r1) >> s1) + 1
+        m_cap = top // b1[live] if imm_max is None else np.minimum(top // b1[live], imm_max)
+        cap = np.min(m_cap / (mags[live] * 2.0 ** (s1 + frac)))
+        start = int(np.clip(np.floor(np.log2(cap)) if cap > 0 else 0, 0, max_shift))
+        for s2 in range(start, -1, -1):
+            r2 = (1 << (s2 - 1)) if s2 else 0
+            m = np.round(real * 2.0 ** (s1 + s2 + frac)).astype(np.int64)
+            if np.all(np.abs(m) * b1 + r2 <= top) and (imm_max is None or np.abs(m).max() <= imm_max):
+                break
+        else:
+            continue
+        pre = (2.0 ** (s1 - 1) if s1 else 0.0) * mags
+        mult = np.abs(m / 2.0 ** (s1 + s2 + frac) - real) * reach
+        error = float(np.max((pre + mult)[live]))
+        if best is None or error < best.error * (1 - 1e-9):
+            best = Rescale(s1, m, s2, frac, error)
+    if best is None:
+        raise EpilogueOverflow(f"no shift keeps |x| <= {int(bound.max())} times the multiplier within "
+                               f"{acc_width} bits")
+    return best
+
+
+def _uniform_or_vec(base: str, values: np.ndarray, imm_range: tuple[int, int]) -> Step:
+    """``base_imm`` when every channel has the same value and it fits the immediate, else ``base_vec``."""
+    first = int(values.reshape(-1)[0])
+    if np.all(values == first) and imm_range[0] <= first <= imm_range[1]:
+        return (f"{base}_imm", first)
+    return (f"{base}_vec", values.astype(np.int32 if values.size == 0 or np.abs(values).max() < 2**31 else np.int64))
+
+
+def rescale_steps(rs: Rescale, channels: int, imm_range: tuple[int, int], *, pre_round: bool = True) -> list[Step]:
+    """The ALU steps of a rescale; ``pre_round=False`` when r1 is already folded into a bias."""
+    steps: list[Step] = []
+    if rs.pre_shift:
+        if pre_round:
+            steps.append(_uniform_or_vec("add", np.full(channels, 1 << (rs.pre_shift - 1)), imm_range))
+        steps.append(("shr_imm", rs.pre_shift))
+    steps.append(_uniform_or_vec("mul", rs.multiplier, imm_range))
+    if rs.post_shift:
+        steps.append(_uniform_or_vec("add", np.full(channels, 1 << (rs.post_shift - 1)), imm_range))
+        steps.append(("shr_imm", rs.post_shift))
+    return steps
+
+
+def clamp_steps(lo: int, hi: int, channels: int, out_width: int) -> list[Step]:
+    """Clamps to [lo, hi] beyond what the saturating narrowing does. Bounds that would move a zero
+    (a padded channel) become vectors, which the padding makes zero there."""
+    steps: list[Step] = []
+    if lo > -(1 << (out_width - 1)):
+        steps.append(("max_imm", lo) if lo <= 0 else ("max_vec", np.full(channels, lo, np.int32)))
+    if hi < (1 << (out_width - 1)) - 1:
+        steps.append(("min_imm", hi) if hi >= 0 else ("min_vec", np.full(channels, hi, np.int32)))
+    return steps
+
+
+def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int,
+                   imm_range: tuple[int, int], lo: int, hi: int, bias: np.ndarray | None = None,
+                   shift: np.ndarray | None = None, residual_real: np.ndarray | None = None) -> tuple[Step, ...]:
+    """The epilogue of one layer, proven not to overflow for ``|acc| <= bound`` and any residual.
+
+    ``acc`` is multiplied by ``real`` (per channel) into output units after ``bias`` (acc units) is
+    added; ``residual_real`` scales the int residual input into output units; ``shift`` (output units)
+    is added before the final rounding; the result is clamped to [lo, hi].
+    """
+    real = np.asarray(real, dtype=np.float64).reshape(-1)
+    channels = real.size
+    bound = np.broadcast_to(np.asarray(bound, dtype=np.int64), (channels,))
+    bias_i = np.zeros(channels, np.int64) if bias is None else np.asarray(bias, np.int64)
+    x_bound = bound + np.abs(bias_i)
+    res_bound = 1 << (out_width - 1)
+    fracs = range(MAX_FRAC, -1, -1) if (shift is not None or residual_real is not None) else (0,)
+    failure: Exception | None = None
+    for frac in fracs:
+        try:
+            uniform = bool(np.all(real == real[0]))
+            rs = solve_rescale(real, x_bound, acc_width, out_width, frac, imm_range[1] if uniform else None)
+            steps: list[Step] = []
+            r1 = (1 << (rs.pre_shift - 1)) if rs.pre_shift else 0
+            if bias is not None and (np.any(bias_i) or r1):
+                steps.append(_uniform_or_vec("add", bias_i + r1, imm_range))
+                steps += rescale_steps(rs, channels, imm_range, pre_round=False)
+            else:
+                steps += rescale_steps(rs, channels, imm_range)
+            if residual_real is not None:
+                r_real = np.broadcast_to(np.asarray(residual_real, np.float64), (channels,))
+                r_uniform = bool(np.all(r_real == r_real[0]))
+                rr = solve_rescale(r_real, np.full(channels, res_bound), acc_width, out_width, frac,
+                                   imm_range[1] if r_uniform else None)
+                steps.append(("residual", tuple(rescale_steps(rr, channels, imm_range))))
+            if frac or shift is not None:
+                add = np.full(channels, (1 << (frac - 1)) if frac else 0, np.int64)
+                if shift is not None:
+                    add = add + np.round(np.asarray(shift, np.float64) * 2.0 ** frac).astype(np.int64)
+                if np.any(add):
+                    steps.append(_uniform_or_vec("add", add, imm_range))
+                if frac:
+                    steps.append(("shr_imm", frac))
+            steps += clamp_steps(lo, hi, channels, out_width)
+            residual_range = (np.full(channels, -res_bound), np.full(channels, res_bound - 1))
+            bounds(steps, -bound, bound, acc_width, residual=residual_range)
+            return tuple(steps)
+        except EpilogueOverflow as err:
+            failure = err
+    raise EpilogueOverflow(str(failure))

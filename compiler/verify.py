@@ -1,0 +1,150 @@
+"""The graph verifier: the invariants every pass must keep, checked after each pass on request.
+
+Structure (values defined once and before use, every value typed) for every graph; for integer layers,
+the facts the back end relies on: integer dtypes and positive scales, scales shared where the op cannot
+rescale, weights within ``wgt_width``, well-formed epilogues whose immediates fit the ALU's ``imm`` field,
+and packed shapes that match the config's blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from weft.compiler.epilogue import check_steps
+from weft.compiler.errors import GraphError
+from weft.compiler.float_ops import FLOAT_OPS
+from weft.compiler.ir import Graph, Node, Value
+from weft.compiler.layout import packed_act_shape
+from weft.compiler.partition import ACCEL_OPS, HOST_QOPS
+from weft.config import AcceleratorConfig
+from weft.isa.encoding import layout_of
+
+__all__ = ["verify"]
+
+
+class _Checker:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        cfg = graph.meta.get("config")
+        self.config = AcceleratorConfig.from_dict(cfg) if cfg else None
+        self.layout = graph.meta.get("layout")
+
+    def fail(self, node: Node, message: str) -> GraphError:
+        return GraphError(message, node=node.name, op=node.op)
+
+    def int_value(self, node: Node, name: str) -> Value:
+        v = self.g.value(name)
+        if v.dtype != "int8" or v.scale is None or not v.scale > 0:
+            raise self.fail(node, f"'{name}' must be an int8 tensor with a positive scale, got {v.dtype} "
+                                  f"scale {v.scale}")
+        if v.packed:
+            if self.layout is None:
+                raise self.fail(node, f"'{name}' is packed but the graph has no layout")
+            want = packed_act_shape(v.logical, self.layout["batch"], self.layout["block"])  # type: ignore[arg-type]
+            if v.shape != want:
+                raise self.fail(node, f"'{name}' has packed shape {list(v.shape)}, expected {list(want)} "  # type: ignore[arg-type]
+                                      f"for logical {list(v.logical)}")  # type: ignore[arg-type]
+        return v
+
+    def channels(self, value: Value) -> int:
+        return value.shape[1] * value.shape[5] if value.packed else value.shape[1]  # type: ignore[index]
+
+    def epilogue(self, node: Node, out: Value, residual: bool) -> None:
+        if self.config is None:
+            raise self.fail(node, "integer layers need the graph's config (meta['config'])")
+        imm = layout_of(self.config).formats["alu"].field("imm")
+        try:
+            check_steps(node.attrs["epilogue"], self.channels(out), self.config.acc_width, (imm.min, imm.max))
+        except (ValueError, KeyError) as err:
+            raise self.fail(node, f"bad epilogue: {err}") from None
+        has_residual = any(kind == "residual" for kind, _ in node.attrs["epilogue"])
+        if has_residual != residual:
+            raise self.fail(node, "a residual input and a residual epilogue step go together")
+
+    def same_scale(self, node: Node) -> None:
+        scales = {self.g.value(x).scale for x in [*node.inputs, *node.outputs] if x}
+        if len(scales) != 1:
+            raise self.fail(node, f"inputs and output must share one scale, got {sorted(s or 0 for s in scales)}")
+
+    # ---- per op ------------------------------------------------------------------------------------
+    def qconv2d(self, node: Node) -> None:
+        if len(node.inputs) not in (2, 3):
+            raise self.fail(node, f"takes 2 or 3 inputs, got {len(node.inputs)}")
+        x = self.int_value(node, node.inputs[0])
+        out = self.int_value(node, node.outputs[0])
+        w_name = node.inputs[1]
+        if not self.g.is_constant(w_name):
+            raise self.fail(node, "weights must be a constant")
+        w = self.g.constants[w_name]
+        bits = self.config.wgt_width if self.config else 8
+        wmax = (1 << (bits - 1)) - 1
+        if self.g.value(w_name).dtype != f"int{bits}" or w.dtype != np.int8 or (w.size and np.abs(w).max() > wmax):
+            raise self.fail(node, f"weights must be int{bits} within +-{wmax}")
+        kh, kw = node.attrs["kernel"]
+        if w.ndim == 6:
+            c = self.config
+            if c is None or w.shape[2:4] != (kh, kw) or w.shape[4:] != (c.block_out, c.block_in):
+                raise self.fail(node, f"packed weights {list(w.shape)} do not match kernel {kh}x{kw} and the blocks")
+            if w.shape[1] * w.shape[5] != self.channels(x) or w.shape[0] * w.shape[4] != self.channels(out):
+                raise self.fail(node, "packed weight channels do not match the padded activations")
+        elif w.ndim != 4 or w.shape[2:] != (kh, kw) or w.shape[:2] != (self.channels(out), self.channels(x)):
+            raise self.fail(node, f"weights {list(w.shape)} do not match the input and output channels")
+        if len(node.inputs) == 3:
+            r = self.int_value(node, node.inputs[2])
+            if r.shape != out.shape:
+                raise self.fail(node, f"residual shape {list(r.shape)} is not the output shape {list(out.shape)}")  # type: ignore[arg-type]
+        self.epilogue(node, out, len(node.inputs) == 3)
+
+    def qavgpool(self, node: Node) -> None:
+        self.int_value(node, node.inputs[0])
+        self.epilogue(node, self.int_value(node, node.outputs[0]), False)
+
+    def qalu(self, node: Node) -> None:
+        for x in node.inputs:
+            self.int_value(node, x)
+        out = self.int_value(node, node.outputs[0])
+        self.epilogue(node, out, len(node.inputs) == 2)
+
+    def qmove(self, node: Node) -> None:
+        for x in [*node.inputs, *node.outputs]:
+            self.int_value(node, x)
+        self.same_scale(node)
+
+    def quantize(self, node: Node) -> None:
+        if self.g.value(node.inputs[0]).dtype != "float32":
+            raise self.fail(node, "quantizes a float32 tensor")
+        out = self.int_value(node, node.outputs[0])
+        if node.attrs["scale"] != out.scale:
+            raise self.fail(node, f"scale {node.attrs['scale']} differs from its output's {out.scale}")
+
+    def dequantize(self, node: Node) -> None:
+        x = self.int_value(node, node.inputs[0])
+        if node.attrs["scale"] != x.scale or self.g.value(node.outputs[0]).dtype != "float32":
+            raise self.fail(node, "must map its input's scale to a float32 tensor")
+
+    def check(self) -> None:
+        self.g.check_structure()
+        checks: dict[str, Callable[[Node], None]] = {
+            "qconv2d": self.qconv2d, "qavgpool": self.qavgpool, "qalu": self.qalu, "qmaxpool": self.qmove,
+            "qconcat": self.qmove, "qreshape": self.qmove, "qpad": self.qmove, "quantize": self.quantize,
+            "dequantize": self.dequantize,
+        }
+        assert set(checks) == ACCEL_OPS | HOST_QOPS
+        for node in self.g.nodes:
+            check = checks.get(node.op)
+            if check is not None:
+                check(node)
+            elif node.op not in FLOAT_OPS:
+                raise self.fail(node, "unknown op")
+            target = node.attrs.get("target")
+            if target is not None and target not in ("accel", "host"):
+                raise self.fail(node, f"target must be 'accel' or 'host', got {target!r}")
+            if target == "accel" and node.op not in ACCEL_OPS:
+                raise self.fail(node, "only integer layers can run on the accelerator")
+
+
+def verify(graph: Graph) -> None:
+    """Raise GraphError naming the node whose invariant is broken."""
+    _Checker(graph).check()

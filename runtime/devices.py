@@ -1,0 +1,97 @@
+"""Devices a session runs an artifact on, by name, from a registry.
+
+A device is made for one accelerator config by its factory, ``factory(config, **options) -> Device``. The
+session only talks to the small :class:`Device` interface, so later issues add "fsim", "rtl", "cpu" and
+"pynq" with :func:`register_device` without touching the session. This module registers "ref": the
+numpy reference interpreter (integer layers bit-exact, host layers in numpy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from weft.errors import WeftError
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+    from weft.runtime.artifact import Artifact
+
+__all__ = ["Device", "DeviceError", "RefDevice", "available_devices", "create_device", "register_device"]
+
+
+class DeviceError(WeftError):
+    """A device that does not exist, or cannot run the artifact it was given."""
+
+
+class Device:
+    """What a session needs from a device: load an artifact once, then run it on feeds.
+
+    ``run`` returns the graph outputs by name and the run's figures: at least ``cycles`` (None when the
+    device does not count them) and ``layers``, one dict per node with name, op, target, macs, shape and
+    seconds.
+    """
+
+    name = "device"
+
+    def __init__(self, config: AcceleratorConfig):
+        self.config = config
+        self.artifact: Artifact | None = None
+
+    def load(self, artifact: Artifact) -> None:
+        """Accept `artifact`, or refuse one compiled for another config (naming both hashes)."""
+        if artifact.target == "accel" and artifact.config_hash != self.config.hash:
+            raise DeviceError(
+                f"device '{self.name}' was created for config '{self.config.name}' (hash {self.config.hash}) but the "
+                f"artifact was compiled for config '{artifact.config.name}' (hash {artifact.config_hash}); recompile "
+                "for this config or use a device with the artifact's config"
+            )
+        self.artifact = artifact
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+        """(outputs by name, figures, intermediates by value name if asked)."""
+        raise NotImplementedError
+
+
+class RefDevice(Device):
+    """The reference interpreter as a device: no cycles, the partition's layers as they would run."""
+
+    name = "ref"
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+        from weft.runtime.reference import run_reference
+
+        if self.artifact is None:
+            raise DeviceError("load an artifact before running")
+        result = run_reference(self.artifact.graph, feeds, keep_intermediates=keep_intermediates)
+        return result.outputs, {"cycles": None, "layers": result.layers}, result.values
+
+
+Factory = Callable[..., Device]
+_REGISTRY: dict[str, Factory] = {}
+
+
+def register_device(name: str, factory: Factory, *, replace: bool = False) -> None:
+    """Make `name` available to sessions: ``factory(config, **options)`` builds the device."""
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"device '{name}' is already registered")
+    _REGISTRY[name] = factory
+
+
+def available_devices() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create_device(name: str, config: AcceleratorConfig, **options: Any) -> Device:
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        known = ", ".join(available_devices())
+        raise DeviceError(f"device '{name}' is not available in this build (available: {known})")
+    return factory(config, **options)
+
+
+register_device("ref", RefDevice)
