@@ -55,10 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         if not _available(module):
             continue
+        mod = importlib.import_module(module)
+        add_arguments = getattr(mod, f"add_{name}_arguments", None)
+        if add_arguments is None:  # the module exists, but this command lands with a later issue
+            continue
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         cmd.set_defaults(_module=module)
-        mod = importlib.import_module(module)
-        getattr(mod, f"add_{name}_arguments")(cmd)
+        add_arguments(cmd)
     return parser
 
 

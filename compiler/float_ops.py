@@ -260,10 +260,16 @@ def _infer_gemm(node: Node, ins: list[Value | None], known: Known) -> list[tuple
 
 def _infer_matmul(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
     a, b = _shape(node, ins[0], "A"), _shape(node, ins[1], "B")
+    if not a or not b:
+        raise _err(node, "MatMul needs inputs of rank 1 or more")
+    a2, b2 = (1, *a) if len(a) == 1 else a, (*b, 1) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise _err(node, f"cannot multiply {list(a)} by {list(b)}")
     try:
-        out = np.matmul(np.empty(a, np.float32), np.empty(b, np.float32)).shape
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
     except ValueError:
-        raise _err(node, f"cannot multiply {list(a)} by {list(b)}") from None
+        raise _err(node, f"batch dimensions of {list(a)} and {list(b)} do not broadcast") from None
+    out = (*batch, *([a2[-2]] if len(a) > 1 else []), *([b2[-1]] if len(b) > 1 else []))
     return [(tuple(out), "float32")]
 
 

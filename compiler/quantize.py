@@ -129,7 +129,8 @@ class _Quantizer:
             return "qalu"
         if node.op in ("Relu", "Clip") and all(g.is_constant(x) for x in node.inputs[1:] if x):
             return "qalu"
-        if node.op == "Concat" and all(x in int_ready for x in node.inputs) and len(node.inputs) > 0:
+        if node.op == "Concat" and any(x in int_ready for x in node.inputs) \
+                and not any(g.is_constant(x) for x in node.inputs):
             return "qconcat"
         if node.op in ("Flatten", "Reshape") and node.inputs[0] in int_ready:
             return "qreshape"
