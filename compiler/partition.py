@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from weft.compiler.ir import Graph
 
-__all__ = ["ACCEL_OPS", "HOST_QOPS", "partition"]
+__all__ = ["ACCEL_OPS", "HOST_QOPS", "layer_summary", "partition"]
 
 #: Integer layers the accelerator runs (GEMM and ALU work); the back end lowers exactly these.
 ACCEL_OPS = frozenset({"qconv2d", "qmaxpool", "qavgpool", "qalu"})
@@ -35,3 +35,20 @@ def partition(target: str) -> Callable[[Graph], Graph]:
         return g
 
     return partition_graph
+
+
+def layer_summary(graph: Graph) -> list[dict]:
+    """One row per node: name, op, target, input and output shapes (logical), MACs."""
+    from weft.compiler.float_ops import macs_of
+
+    rows = []
+    for node in graph.nodes:
+        ins = [graph.values[x].logical_shape if x else None for x in node.inputs]
+        outs = [graph.values[o].logical_shape for o in node.outputs]
+        rows.append({
+            "name": node.name, "op": node.op, "target": node.attrs.get("target", "host"),
+            "inputs": [list(s) for s, x in zip(ins, node.inputs, strict=True)
+                       if x and s is not None and not graph.is_constant(x)],
+            "output": list(outs[0] or ()), "macs": macs_of(node, ins, outs),
+        })
+    return rows

@@ -39,12 +39,14 @@ class Pass:
     doc: str
 
 
-def _first_line(fn: Callable) -> str:
-    return (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+def _first_sentence(fn: Callable) -> str:
+    text = " ".join((fn.__doc__ or "").split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
 
 
 def _p(name: str, fn: Callable[[Graph], Graph], doc: str | None = None) -> Pass:
-    return Pass(name, fn, doc or _first_line(fn))
+    return Pass(name, fn, doc or _first_sentence(fn))
 
 
 def float_passes() -> list[Pass]:
@@ -79,7 +81,7 @@ def build_pipeline(target: str, config: AcceleratorConfig,
         batches = list(calibration)
         pipeline += [
             _p("calibrate", lambda g: calibrate(g, batches),
-               f"record every float tensor's range on {len(batches)} calibration batches"),
+               "record the range of every float tensor on the calibration batches"),
             _p("quantize", quantize(config), "int8 post-training quantization: integer layers with ALU epilogues"),
             _p("pack_layout", pack_layout(config), "packed, block-padded layouts for the config's GEMM blocks"),
         ]

@@ -20,7 +20,7 @@ import io
 import json
 import os
 import re
-import tempfile
+import secrets
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ from weft.compiler.ir import Graph, graph_from_dict, graph_to_dict
 from weft.config import AcceleratorConfig, ConfigError
 from weft.errors import WeftError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Artifact", "ArtifactError", "Section", "load_artifact"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Artifact", "ArtifactError", "Section", "load_artifact", "write_atomic"]
 
 FORMAT = "weft-artifact"
 FORMAT_VERSION = 1
@@ -43,6 +43,21 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 class ArtifactError(WeftError):
     """An artifact that cannot be read: not a weft artifact, another format version, or corrupt."""
+
+
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file in the same folder and a rename, so readers see
+    the old file or the whole new one, and a failure leaves nothing behind."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
@@ -151,17 +166,7 @@ class Artifact:
 
     def save(self, path: str | Path) -> Path:
         """Write the artifact atomically: a failed save leaves no file (and no partial one) behind."""
-        path = Path(path)
-        data = self.to_bytes()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(path, self.to_bytes())
 
     # ---- reading -----------------------------------------------------------------------------------
     @classmethod

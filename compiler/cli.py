@@ -1,0 +1,126 @@
+"""`weft compile` (ONNX -> .weft) and `weft inspect` (print a .weft's partitioned graph).
+
+Heavy imports (onnx, the compiler) happen inside the run functions so `weft --help` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_compile_arguments", "add_inspect_arguments", "run_compile", "run_inspect"]
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.partition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,... (e.g. input=1,3,224,224), got '{text}'") from None
+
+
+def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
+    from weft.commands import add_config_option
+
+    parser.add_argument("model", nargs="?", help="the ONNX model file")
+    parser.add_argument("-o", "--output", help="the .weft file to write (default: MODEL with .weft)")
+    parser.add_argument("--target", choices=("accel", "cpu"), default="accel",
+                        help="accel: int8 layers for the accelerator; cpu: the float graph on the host")
+    add_config_option(parser)
+    parser.add_argument("--calibration", metavar="FILE.npz",
+                        help="calibration inputs: one array per model input, named like it (a stack of batches, "
+                             "or samples along the batch axis); default: seeded random inputs, with a warning")
+    parser.add_argument("--input-shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
+                        help="fix the shape of an input with dynamic dimensions (repeatable)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the default random calibration inputs")
+    parser.add_argument("--no-verify", action="store_true", help="skip the graph verifier between passes")
+    parser.add_argument("--list-passes", action="store_true", help="print the pass pipeline and exit")
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    from weft.config import load_config
+
+    config = load_config(args.config)
+    if args.list_passes:
+        from weft.compiler.pipeline import build_pipeline, describe
+
+        for p in describe(build_pipeline(args.target, config, [] if args.target == "accel" else None)):
+            print(f"{p['name']:<18} {p['doc']}")
+        return 0
+    if not args.model:
+        raise ValueError("give the ONNX model to compile")
+    import numpy as np
+
+    from weft.compiler.driver import compile_model
+    from weft.compiler.partition import layer_summary
+
+    calibration: Any = None
+    if args.calibration:
+        path = Path(args.calibration)
+        if not path.is_file():
+            raise ValueError(f"{path}: no such calibration file")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                calibration = {k: npz[k] for k in npz.files}
+        except (ValueError, OSError) as err:
+            raise ValueError(f"{path}: not a readable .npz file ({err})") from None
+    output = Path(args.output) if args.output else Path(args.model).with_suffix(".weft")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        artifact = compile_model(args.model, target=args.target, config=config, calibration=calibration,
+                                 input_shapes=dict(args.input_shape), verify=not args.no_verify, seed=args.seed)
+    for w in caught:
+        print(f"weft compile: warning: {w.message}", file=sys.stderr)
+    artifact.save(output)
+    rows = layer_summary(artifact.graph)
+    macs = sum(r["macs"] for r in rows)
+    accel = sum(r["macs"] for r in rows if r["target"] == "accel")
+    n_accel = sum(r["target"] == "accel" for r in rows)
+    print(f"wrote {output}: {len(rows)} layers ({n_accel} on the accelerator, {len(rows) - n_accel} on the host), "
+          f"{macs:,} MACs ({100 * accel / macs if macs else 0:.1f}% on the accelerator), config "
+          f"'{config.name}' ({config.hash}), target {args.target}")
+    return 0
+
+
+def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("artifact", help="a .weft file")
+    parser.add_argument("--json", action="store_true", help="print the layer table as JSON")
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from weft.compiler.partition import layer_summary
+    from weft.runtime.artifact import Artifact
+
+    artifact = Artifact.load(args.artifact)
+    rows = layer_summary(artifact.graph)
+    macs = sum(r["macs"] for r in rows)
+    accel = sum(r["macs"] for r in rows if r["target"] == "accel")
+    summary = {
+        "model": artifact.graph.name, "target": artifact.target, "config": artifact.config.name,
+        "config_hash": artifact.config_hash, "inputs": {n: list(artifact.graph.values[n].shape or ())
+                                                        for n in artifact.graph.inputs},
+        "outputs": list(artifact.graph.outputs), "macs": macs,
+        "accel_mac_fraction": accel / macs if macs else 0.0, "sections": sorted(artifact.sections),
+        "layers": rows,
+    }
+    if args.json:
+        from weft.cli import print_json
+
+        print_json(summary)
+        return 0
+    print(f"{artifact.graph.name}: target {artifact.target}, config '{artifact.config.name}' "
+          f"({artifact.config_hash}), inputs {summary['inputs']}, outputs {summary['outputs']}")
+    width = max([len(r["name"]) for r in rows] + [5])
+    print(f"{'#':>3}  {'layer':<{width}}  {'op':<12} {'where':<6} {'inputs':<28} {'output':<20} {'MACs':>14}")
+    for k, r in enumerate(rows):
+        shapes = " ".join("x".join(map(str, s)) for s in r["inputs"])
+        out = "x".join(map(str, r["output"]))
+        print(f"{k:>3}  {r['name']:<{width}}  {r['op']:<12} {r['target']:<6} {shapes:<28} {out:<20} {r['macs']:>14,}")
+    print(f"total {macs:,} MACs, {100 * summary['accel_mac_fraction']:.1f}% on the accelerator; "
+          f"sections: {', '.join(summary['sections']) or 'none'}")
+    return 0
