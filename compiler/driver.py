@@ -31,17 +31,17 @@ if TYPE_CHECKING:
 __all__ = ["compile_model"]
 
 
-def _source(model: Any) -> tuple[Any, dict[str, Any]]:
-    """The model as load_model takes it, and what the artifact records about where it came from."""
+def _source(model: Any) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """The parsed model, and what the artifact records about where it came from."""
     if isinstance(model, (str, Path)):
         path = Path(model)
         if path.is_file():
             data = path.read_bytes()
-            return data, {"name": path.name, "sha256": hashlib.sha256(data).hexdigest()}
-        return path, {"name": path.name}
+            return load_model(data, str(path)), {"name": path.name, "sha256": hashlib.sha256(data).hexdigest()}
+        return load_model(path), {"name": path.name}
     if isinstance(model, (bytes, bytearray)):
-        return bytes(model), {"name": None, "sha256": hashlib.sha256(model).hexdigest()}
-    return model, {"name": getattr(getattr(model, "graph", None), "name", None)}
+        return load_model(bytes(model)), {"name": None, "sha256": hashlib.sha256(model).hexdigest()}
+    return load_model(model), {"name": getattr(getattr(model, "graph", None), "name", None)}
 
 
 def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = "accel",
@@ -57,8 +57,7 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
     cfg = load_config(config)  # type: ignore[arg-type]
-    data, source = _source(model)
-    proto = load_model(data)
+    proto, source = _source(model)
     declared = declared_inputs(proto)
     samples = sample_shapes(calibration, {n: (len(d), d) for n, (d, _) in declared.items()}) \
         if calibration is not None else {}

@@ -36,12 +36,13 @@ _ELEM_TYPES = {
 }
 
 
-def load_model(source: str | Path | bytes | onnx.ModelProto) -> onnx.ModelProto:
-    """Read an ONNX model; unreadable, truncated or empty files raise ModelError naming the file."""
+def load_model(source: str | Path | bytes | onnx.ModelProto, what: str | None = None) -> onnx.ModelProto:
+    """Read an ONNX model; unreadable, truncated or empty files raise ModelError naming the file (or
+    `what`, for bytes read elsewhere)."""
     if isinstance(source, onnx.ModelProto):
         return source
     if isinstance(source, (bytes, bytearray)):
-        what, data = "the model bytes", bytes(source)
+        what, data = what or "the model bytes", bytes(source)
     else:
         path = Path(source)
         what = str(path)

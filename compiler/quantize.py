@@ -273,7 +273,7 @@ class _Quantizer:
         worst = np.abs(w_q.reshape(w_q.shape[0], -1).astype(np.int64)).sum(axis=1) << (self.act_bits - 1)
         if int((worst + np.abs(bias_q)).max()) <= top // 2:
             return worst
-        seen = self.acc_absmax.get(node.outputs[0])
+        seen = self.acc_absmax.get(node.name)
         if seen is None:
             raise QuantizationError(f"the worst-case accumulator {int(worst.max())} exceeds {self.acc_bits} bits and "
                                     "no calibrated range is known", node=node.name, op=node.op)
