@@ -277,12 +277,14 @@ class _Quantizer:
         if seen is None:
             raise QuantizationError(f"the worst-case accumulator {int(worst.max())} exceeds {self.acc_bits} bits and "
                                     "no calibrated range is known", node=node.name, op=node.op)
-        calibrated = np.ceil(2 * np.asarray(seen) / acc_scale).astype(np.int64)
-        if int((calibrated // 2 + np.abs(bias_q)).max()) > top:
+        calibrated = np.ceil(np.asarray(seen) / acc_scale).astype(np.int64)
+        if int((calibrated + np.abs(bias_q)).max()) > top:
             raise QuantizationError(
-                f"calibrated accumulator values reach {int((calibrated // 2).max())}, beyond the {self.acc_bits}-bit "
+                f"calibrated accumulator values reach {int(calibrated.max())}, beyond the {self.acc_bits}-bit "
                 f"accumulator of config '{self.config.name}'", node=node.name, op=node.op)
-        return np.minimum(worst, calibrated)
+        # Headroom for inputs beyond the calibration data: up to twice the range, as far as it fits.
+        room = np.maximum(calibrated, (top - np.abs(bias_q)) * 3 // 4)
+        return np.minimum(worst, np.minimum(2 * calibrated, room))
 
     def _emit_qmaxpool(self, node: Node) -> None:
         x, y = node.inputs[0], node.outputs[0]

@@ -1,0 +1,211 @@
+"""Integer quantization: ALU epilogue semantics (checked against the functional simulator's ALU), the
+multiplier/shift solver (accurate, and provably never wrapping), weights and scales, config widths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import weft
+from weft.compiler import models
+from weft.compiler.epilogue import EpilogueOverflow, bounds, check_steps, narrow, run_steps
+from weft.compiler.layout import act_block, unpack_weights
+from weft.compiler.requant import build_epilogue, solve_rescale
+from weft.config import PRESETS
+from weft.isa import AluOp, layout_of
+from weft.sim.kernels import alu_apply
+
+from .test_frontend_util import make_model, rand
+
+CFG = PRESETS["default"]
+IMM = layout_of(CFG).formats["alu"].field("imm")
+IMM_RANGE = (IMM.min, IMM.max)
+_OPS = {"add": AluOp.ADD, "mul": AluOp.MUL, "shr": AluOp.SHR, "max": AluOp.MAX, "min": AluOp.MIN}
+
+
+def _on_fsim_alu(acc: np.ndarray, steps, acc_width: int, residual: np.ndarray | None = None) -> np.ndarray:
+    """Run an epilogue with the functional simulator's ALU kernel, the way the back end will: the
+    accumulator rows, vectors in extra rows used as src, residual rows transformed then added."""
+    rows, lanes = acc.shape
+    work = np.zeros((rows * 2 + 1, lanes), np.int64)
+    work[:rows] = acc
+    dst, vec_row = np.arange(rows), rows * 2
+
+    def apply(target: np.ndarray, steps_) -> None:
+        for kind, operand in steps_:
+            if kind == "residual":
+                work[rows:2 * rows] = residual
+                apply(np.arange(rows, 2 * rows), operand)
+                alu_apply(work, AluOp.ADD, target, np.arange(rows, 2 * rows), 0, acc_width, work.shape[0])
+                continue
+            op = _OPS[kind.split("_")[0]]
+            if kind.endswith("_imm"):
+                alu_apply(work, op, target, None, operand, acc_width, work.shape[0])
+            else:
+                work[vec_row] = operand
+                alu_apply(work, op, target, np.full(rows, vec_row), 0, acc_width, work.shape[0])
+
+    apply(dst, steps)
+    return work[:rows]
+
+
+def _random_steps(rng: np.random.Generator, lanes: int, depth: int = 0) -> tuple:
+    steps = []
+    for _ in range(8):
+        kind = str(rng.choice(["add_imm", "mul_imm", "shr_imm", "max_imm", "min_imm", "add_vec", "mul_vec",
+                               "max_vec", "min_vec"] + (["residual"] if depth == 0 else [])))
+        if kind == "residual":
+            steps.append((kind, _random_steps(rng, lanes, 1)))
+        elif kind == "shr_imm":
+            steps.append((kind, int(rng.integers(0, 32))))
+        elif kind.endswith("_imm"):
+            steps.append((kind, int(rng.integers(IMM.min, IMM.max + 1))))
+        else:
+            steps.append((kind, rng.integers(-(2**31), 2**31, lanes)))
+    return tuple(steps)
+
+
+def test_epilogue_semantics_equal_the_simulator_alu():
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        lanes = 16
+        acc = rng.integers(-(2**31), 2**31, (5, lanes))
+        residual = rng.integers(-128, 128, (5, lanes))
+        steps = _random_steps(rng, lanes)
+        want = _on_fsim_alu(acc, steps, 32, residual)
+        np.testing.assert_array_equal(run_steps(acc, steps, 32, residual), want, err_msg=f"trial {trial}: {steps}")
+
+
+def _exact(x: np.ndarray, steps, residual: np.ndarray | None = None) -> np.ndarray:
+    """The epilogue in unbounded integers (no wrap): equal to run_steps exactly when nothing overflows."""
+    acc = x.astype(object)
+    for kind, v in steps:
+        op = kind.split("_")[0]
+        if kind == "residual":
+            acc = acc + _exact(residual, v)
+            continue
+        v = v.astype(object) if isinstance(v, np.ndarray) else v
+        acc = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "shr": lambda a, b: a >> b,
+               "max": np.maximum, "min": np.minimum}[op](acc, v)
+    return acc
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_requantization_is_accurate_and_never_wraps(seed):
+    rng = np.random.default_rng(seed)
+    channels = 24
+    bound = rng.integers(1 << 8, 1 << 24, channels)
+    real = rng.uniform(0.3, 3.0, channels) * 127 / bound * rng.uniform(1, 8)  # output range a few times 127
+    bias = rng.integers(-1000, 1000, channels)
+    kwargs = {"residual_real": rng.uniform(0.2, 2.0, channels)} if seed % 2 else {}
+    steps = build_epilogue(real=real, bound=bound, acc_width=32, out_width=8, imm_range=IMM_RANGE, lo=0, hi=127,
+                           bias=bias, **kwargs)
+    check_steps(steps, channels, 32, IMM_RANGE)
+    x = np.concatenate([rng.integers(-bound, bound + 1, (2000, channels)), bound[None], -bound[None]])
+    residual = rng.integers(-128, 128, x.shape) if seed % 2 else None
+    got = run_steps(x, steps, 32, residual)
+    np.testing.assert_array_equal(got, _exact(x, steps, residual).astype(np.int64))  # no wrap anywhere
+    want = (x + bias) * real + (residual * kwargs["residual_real"] if seed % 2 else 0)
+    err = np.abs(narrow(got, 8).astype(np.int64) - np.clip(np.round(want), 0, 127))
+    assert err.max() <= 1 and err.mean() < 0.01
+
+
+def test_solver_uses_immediates_for_shared_factors():
+    rs = solve_rescale(np.full(4, 1 / 49), np.full(4, 49 * 128), 32, 8, imm_max=IMM.max)
+    assert np.all(rs.multiplier == rs.multiplier[0]) and rs.multiplier[0] <= IMM.max
+    steps = build_epilogue(real=np.full(4, 1 / 49), bound=np.full(4, 49 * 128), acc_width=32, out_width=8,
+                           imm_range=IMM_RANGE, lo=-128, hi=127)
+    assert all(kind.endswith("_imm") for kind, _ in steps)
+
+
+def test_overflow_is_detected_and_reported():
+    with pytest.raises(EpilogueOverflow, match=r"step 1 \(mul_imm\) may reach"):
+        bounds((("add_imm", 5), ("mul_imm", 30000)), np.array([-(2**20)]), np.array([2**20]), 32)
+    with pytest.raises(EpilogueOverflow):
+        solve_rescale(np.array([1e6]), np.array([2**30]), 32, 8)
+    with pytest.raises(ValueError, match=r"step 0 \(add_imm\) immediate 40000 is outside"):
+        check_steps((("add_imm", 40000),), 4, 32, IMM_RANGE)
+    with pytest.raises(ValueError, match="needs an integer vector of 4 channels"):
+        check_steps((("mul_vec", np.ones(3, np.int32)),), 4, 32, IMM_RANGE)
+
+
+def _compiled(model, config=CFG, shape=(1, 3, 32, 32), batches=4):
+    cal = {model.graph.input[0].name: rand(batches, *shape, seed=11)}
+    return weft.compile(model, config=config, calibration=cal)
+
+
+def test_weights_are_per_channel_symmetric_at_the_config_width():
+    for config, wmax in ((CFG, 127), (PRESETS["int4w"], 7)):
+        art = _compiled(models.small_resnet(), config)
+        for node in art.graph.nodes:
+            if node.op != "qconv2d":
+                continue
+            assert art.graph.values[node.inputs[1]].dtype == f"int{config.wgt_width}"
+            w = unpack_weights(art.graph.constants[node.inputs[1]], *node.attrs["channels"][::-1])
+            per_channel = np.abs(w.reshape(w.shape[0], -1)).max(axis=1)
+            assert per_channel.max() == wmax and np.all(per_channel[per_channel > 0] >= wmax - 1)
+
+
+def test_int4_weights_still_track_the_float_model():
+    from .test_frontend_util import cosine, ort_run
+
+    model = models.small_resnet()
+    art = _compiled(model, PRESETS["int4w"], batches=8)
+    sess = weft.InferenceSession(art)
+    x = rand(1, 3, 32, 32, seed=5)
+    assert cosine(sess.run(None, {"input": x})[0], ort_run(model, {"input": x})[0]) > 0.95
+
+
+def test_epilogues_are_proven_for_every_input():
+    """Recheck the quantizer's proof from the artifact alone: with the worst-case accumulator of each
+    conv's int8 weights, no epilogue step can leave the 32-bit accumulator."""
+    art = _compiled(models.small_resnet())
+    for node in art.graph.nodes:
+        if node.op != "qconv2d":
+            continue
+        w = unpack_weights(art.graph.constants[node.inputs[1]]).astype(np.int64)
+        worst = np.abs(w.reshape(w.shape[0], -1)).sum(axis=1) * 128
+        bounds(node.attrs["epilogue"], -worst, worst, 32, residual=(np.full(w.shape[0], -128), np.full(w.shape[0], 127)))
+
+
+def test_scales_are_shared_where_values_only_move():
+    art = _compiled(models.awkward_cnn(), shape=(1, 3, 29, 29))
+    g = art.graph
+    for node in g.nodes:
+        if node.op in ("qmaxpool", "qconcat", "qreshape", "qpad"):
+            scales = {g.values[x].scale for x in [*node.inputs, *node.outputs]}
+            assert len(scales) == 1, node
+    concat = next(n for n in g.nodes if n.op == "qconcat")
+    assert len(concat.inputs) == 3
+
+
+def test_padded_channels_stay_zero_through_every_layer():
+    art = _compiled(models.awkward_cnn(), shape=(1, 3, 29, 29))
+    sess = weft.InferenceSession(art)
+    sess.run(None, {"input": rand(1, 3, 29, 29, seed=2)}, keep_intermediates=True)
+    block = act_block(CFG)
+    checked = 0
+    for name, value in art.graph.values.items():
+        if not value.packed or name in art.graph.constants:
+            continue
+        packed = sess.intermediate(name)
+        c = value.logical[1]
+        lanes = packed.transpose(0, 4, 2, 3, 1, 5).reshape(-1, packed.shape[1] * block)
+        assert not np.any(lanes[:, c:]), name
+        checked += c % block != 0
+    assert checked >= 3  # the model has channel counts 5, 24, 69... that are not block multiples
+
+
+def test_sixteen_bit_accumulator_falls_back_to_calibrated_ranges():
+    """acc_width=16 cannot hold a worst-case 1x1 conv sum of 8 channels; calibrated sums fit, so the
+    quantizer uses twice their range and the model still runs."""
+    config = PRESETS["default"].replace(name="acc16", acc_width=16)
+    w = rand(4, 8, 1, 1, seed=1) * 0.3
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], name="c")], {"x": [1, 8, 4, 4]}, {"y": None},
+                       {"w": w})
+    art = weft.compile(model, config=config, calibration={"x": rand(8, 1, 8, 4, 4, seed=3)})
+    x = rand(1, 8, 4, 4, seed=9)
+    y = weft.InferenceSession(art).run(None, {"x": x})[0]
+    want = np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0])
+    assert np.corrcoef(y.ravel(), want.ravel())[0, 1] > 0.99
