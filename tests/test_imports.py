@@ -33,3 +33,35 @@ def test_core_packages_import_with_numpy_alone():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_artifact_runs_on_the_reference_device_without_onnx(tmp_path):
+    """A board loads a .weft and runs it with numpy alone: the compiler's IR, layouts and integer
+    kernels that the runtime uses must not pull in onnx."""
+    import numpy as np
+
+    import weft
+    from weft.compiler import models
+
+    model = models.small_resnet(widths=(8, 16, 24))
+    rng = np.random.default_rng(0)
+    art = weft.compile(model, calibration={"input": rng.standard_normal((2, 1, 3, 32, 32)).astype(np.float32)})
+    path = art.save(tmp_path / "net.weft")
+    x = rng.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    expected = weft.InferenceSession(art).run(None, {"input": x})[0]
+    np.save(tmp_path / "expected.npy", expected)
+    code = BLOCKER + textwrap.dedent(f"""
+        import numpy as np
+        import weft
+        sess = weft.InferenceSession({str(path)!r}, device="ref")
+        out = sess.run(None, {{"input": np.load({str(tmp_path / "x.npy")!r})}})[0]
+        assert np.array_equal(out, np.load({str(tmp_path / "expected.npy")!r}))
+        assert sess.stats["accel_mac_fraction"] == 1.0
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("onnx", "onnxruntime", "google"))
+        assert not leaked, leaked
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

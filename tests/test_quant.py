@@ -166,7 +166,8 @@ def test_epilogues_are_proven_for_every_input():
             continue
         w = unpack_weights(art.graph.constants[node.inputs[1]]).astype(np.int64)
         worst = np.abs(w.reshape(w.shape[0], -1)).sum(axis=1) * 128
-        bounds(node.attrs["epilogue"], -worst, worst, 32, residual=(np.full(w.shape[0], -128), np.full(w.shape[0], 127)))
+        residual = (np.full(w.shape[0], -128), np.full(w.shape[0], 127))
+        bounds(node.attrs["epilogue"], -worst, worst, 32, residual=residual)
 
 
 def test_scales_are_shared_where_values_only_move():
