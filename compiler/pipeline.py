@@ -19,7 +19,7 @@ from weft.compiler.errors import GraphError
 from weft.compiler.ir import Graph
 from weft.compiler.packing import pack_layout
 from weft.compiler.partition import partition
-from weft.compiler.quantize import quantize
+from weft.compiler.quantize import fuse_clamps, quantize
 from weft.compiler.verify import verify
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ def build_pipeline(target: str, config: AcceleratorConfig,
             _p("calibrate", lambda g: calibrate(g, batches),
                "record the range of every float tensor on the calibration batches"),
             _p("quantize", quantize(config), "int8 post-training quantization: integer layers with ALU epilogues"),
+            _p("fuse_clamps", fuse_clamps),
             _p("pack_layout", pack_layout(config), "packed, block-padded layouts for the config's GEMM blocks"),
         ]
     pipeline.append(_p("partition", partition(target), "assign each layer to the accelerator or the host"))

@@ -36,7 +36,7 @@ from weft.isa.encoding import layout_of
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["quantize"]
+__all__ = ["fuse_clamps", "quantize"]
 
 
 class _Ties:
@@ -127,7 +127,8 @@ class _Quantizer:
             return "qalu"
         if node.op == "ChannelAffine":
             return "qalu"
-        if node.op in ("Relu", "Clip") and all(g.is_constant(x) for x in node.inputs[1:] if x):
+        if node.op in ("Relu", "Clip") and node.inputs[0] in int_ready \
+                and all(g.is_constant(x) for x in node.inputs[1:] if x):
             return "qalu"
         if node.op == "Concat" and any(x in int_ready for x in node.inputs) \
                 and not any(g.is_constant(x) for x in node.inputs):
@@ -371,3 +372,33 @@ def quantize(config: AcceleratorConfig) -> Callable[[Graph], Graph]:
         return _Quantizer(graph, config).run()
 
     return quantize_graph
+
+
+_CLAMPS = ("max_imm", "min_imm", "max_vec", "min_vec")
+_EPILOGUE_LAYERS = ("qconv2d", "qalu", "qavgpool")
+
+
+def fuse_clamps(graph: Graph) -> Graph:
+    """A clamp-only qalu (a ReLU or Clip that could not fuse in float, e.g. after a residual Add of two
+    tensors) joins the epilogue of the integer layer before it, when it is that layer's only reader.
+    Clamps commute with the saturating narrowing, so the result is bit-identical, one layer shorter."""
+    g = graph.copy()
+    producers, uses = g.producers(), g.consumers()
+    dropped: set[str] = set()
+    for node in g.nodes:
+        steps = node.attrs.get("epilogue", ())
+        if node.op != "qalu" or len(node.inputs) != 1 or not all(kind in _CLAMPS for kind, _ in steps):
+            continue
+        x = node.inputs[0]
+        producer = producers.get(x)
+        if producer is None or producer.op not in _EPILOGUE_LAYERS or x in g.outputs or len(uses.get(x, [])) != 1:
+            continue
+        if g.values[x].scale != g.values[node.outputs[0]].scale:
+            continue
+        producer.attrs["epilogue"] = (*producer.attrs["epilogue"], *steps)
+        producer.outputs = list(node.outputs)
+        producers[node.outputs[0]] = producer
+        dropped.add(node.name)
+    g.nodes = [n for n in g.nodes if n.name not in dropped]
+    g.prune_values()
+    return g

@@ -71,7 +71,7 @@ def test_cpu_target_and_pass_list(model_path, tmp_path, capsys):
     capsys.readouterr()
     assert main(["compile", "--list-passes"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert names[0] == "infer_shapes" and names[-3:] == ["quantize", "pack_layout", "partition"]
+    assert names[0] == "infer_shapes" and names[-4:] == ["quantize", "fuse_clamps", "pack_layout", "partition"]
 
 
 def _fails(args, capsys, *needles):

@@ -11,9 +11,12 @@ import weft
 from weft.compiler import models
 from weft.compiler.epilogue import EpilogueOverflow, bounds, check_steps, narrow, run_steps
 from weft.compiler.layout import act_block, unpack_weights
+from weft.compiler.onnx_import import import_onnx
+from weft.compiler.pipeline import build_pipeline, run_pipeline
 from weft.compiler.requant import build_epilogue, solve_rescale
 from weft.config import PRESETS
 from weft.isa import AluOp, layout_of
+from weft.runtime.reference import run_reference
 from weft.sim.kernels import alu_apply
 
 from .test_frontend_util import make_model, rand
@@ -210,3 +213,20 @@ def test_sixteen_bit_accumulator_falls_back_to_calibrated_ranges():
     y = weft.InferenceSession(art).run(None, {"x": x})[0]
     want = np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0])
     assert np.corrcoef(y.ravel(), want.ravel())[0, 1] > 0.99
+
+
+def test_a_relu_after_a_tensor_add_joins_its_epilogue():
+    """Add of two convs that both have other readers cannot fuse in float; its ReLU then folds into the
+    integer Add's epilogue, with the same integers as the separate layer."""
+    nodes = [helper.make_node(op, ins, [out], name=name) for op, ins, out, name in (
+        ("Conv", ["x", "w1"], "a", "c1"), ("Conv", ["x", "w2"], "b", "c2"), ("Add", ["a", "b"], "s", "add"),
+        ("Relu", ["s"], "r", "relu"), ("Add", ["r", "a"], "t", "add2"), ("Add", ["t", "b"], "y", "add3"))]
+    weights = {"w1": rand(4, 3, 1, 1, seed=1), "w2": rand(4, 3, 1, 1, seed=2)}
+    model = make_model(nodes, {"x": [1, 3, 5, 5]}, {"y": None}, weights)
+    kept: dict = {}
+    pipeline = build_pipeline("accel", CFG, [{"x": rand(1, 3, 5, 5, seed=k)} for k in range(3)])
+    final = run_pipeline(import_onnx(model), pipeline, trace=lambda p, g: kept.setdefault(p.name, g))
+    assert [n.name for n in kept["quantize"].nodes if n.op == "qalu"] == ["add", "relu", "add2", "add3"]
+    assert final.node("add").attrs["epilogue"][-1] == ("max_imm", 0) and "relu" not in [n.name for n in final.nodes]
+    x = {"x": rand(1, 3, 5, 5, seed=9)}
+    np.testing.assert_array_equal(run_reference(final, x).outputs["y"], run_reference(kept["quantize"], x).outputs["y"])
