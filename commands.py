@@ -120,13 +120,16 @@ def run_bench(args: argparse.Namespace) -> int:
             raise ValueError(f"benchmark '{args.name}' is not available in this build ({err.name} missing)") \
                 from None
         raise
+    func = getattr(module, func_name, None)
+    if func is None:  # the module exists, but this benchmark lands with a later issue
+        raise ValueError(f"benchmark '{args.name}' is not available in this build ({module_name}.{func_name} missing)")
     options: dict[str, object] = {}
     if args.model:
         options["model"] = args.model
     if args.repeat is not None:
         options["repeat"] = args.repeat
     # Benchmarks take the config (preset name or file) first, then keyword options.
-    figures = getattr(module, func_name)(args.config, **options)
+    figures = func(args.config, **options)
     print_json(figures)
     if args.output:
         Path(args.output).write_text(json.dumps(figures, indent=2, default=str) + "\n")
