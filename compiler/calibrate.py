@@ -1,6 +1,6 @@
 """Calibration: the ranges of every float tensor on sample inputs, for post-training quantization.
 
-Calibration data comes as a mapping ``input name -> array`` (an ``.npz`` file reads as one), a list of
+Calibration data comes as a mapping ``input name -> array`` (or the path of an ``.npz`` file), a list of
 such mappings (one per batch), or a single array for a single-input model. An array may hold one batch
 (the input's shape), a stack of batches (one more leading axis), or samples along the batch axis (a
 multiple of the input's batch size); each is split into batches of the model's input shape.
@@ -9,6 +9,7 @@ multiple of the input's batch size); each is split into batches of the model's i
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,22 @@ import numpy as np
 from weft.compiler.errors import QuantizationError
 from weft.compiler.ir import Graph, Node
 
-__all__ = ["DEFAULT_SAMPLES", "calibrate", "random_batches", "sample_shapes", "split_batches"]
+__all__ = ["DEFAULT_SAMPLES", "calibrate", "load_calibration", "random_batches", "sample_shapes", "split_batches"]
 
 #: Batches of seeded random inputs used when no calibration data is given.
 DEFAULT_SAMPLES = 4
+
+
+def load_calibration(path: str | Path) -> dict[str, np.ndarray]:
+    """An .npz file of calibration inputs (one array per model input, named like it), without pickle."""
+    path = Path(path)
+    if not path.is_file():
+        raise QuantizationError(f"{path}: no such calibration file")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (ValueError, OSError, AttributeError) as err:
+        raise QuantizationError(f"{path}: not a readable .npz file of arrays ({err})") from None
 
 
 def _as_mappings(data: Any, names: Sequence[str]) -> list[Mapping[str, Any]]:

@@ -54,21 +54,11 @@ def run_compile(args: argparse.Namespace) -> int:
         return 0
     if not args.model:
         raise ValueError("give the ONNX model to compile")
-    import numpy as np
-
+    from weft.compiler.calibrate import load_calibration
     from weft.compiler.driver import compile_model
     from weft.compiler.partition import layer_summary
 
-    calibration: Any = None
-    if args.calibration:
-        path = Path(args.calibration)
-        if not path.is_file():
-            raise ValueError(f"{path}: no such calibration file")
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                calibration = {k: npz[k] for k in npz.files}
-        except (ValueError, OSError) as err:
-            raise ValueError(f"{path}: not a readable .npz file ({err})") from None
+    calibration: Any = load_calibration(args.calibration) if args.calibration else None
     output = Path(args.output) if args.output else Path(args.model).with_suffix(".weft")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

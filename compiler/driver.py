@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weft.compiler.calibrate import DEFAULT_SAMPLES, random_batches, sample_shapes, split_batches
+from weft.compiler.calibrate import DEFAULT_SAMPLES, load_calibration, random_batches, sample_shapes, split_batches
 from weft.compiler.errors import CalibrationWarning
 from weft.compiler.onnx_import import declared_inputs, import_onnx, load_model
 from weft.compiler.pipeline import TARGETS, Pass, build_pipeline, run_pipeline
@@ -58,6 +58,8 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
     cfg = load_config(config)  # type: ignore[arg-type]
     proto, source = _source(model)
+    if isinstance(calibration, (str, Path)):
+        calibration = load_calibration(calibration)
     declared = declared_inputs(proto)
     samples = sample_shapes(calibration, {n: (len(d), d) for n, (d, _) in declared.items()}) \
         if calibration is not None else {}

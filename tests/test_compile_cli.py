@@ -115,3 +115,14 @@ def test_run_errors_exit_2(model_path, tmp_path, capsys):
     assert not (tmp_path / "y.npz").exists()
     (tmp_path / "broken.weft").write_bytes(out.read_bytes()[:1000])
     _fails(["inspect", str(tmp_path / "broken.weft")], capsys, "not a weft artifact")
+
+
+def test_calibration_file_path_works_from_python_and_bad_files_are_named(model_path, tmp_path, capsys):
+    cal = tmp_path / "cal.npz"
+    np.savez(cal, input=rand(2, 1, 3, 32, 32))
+    assert weft.compile(model_path, calibration=cal).meta["calibration"]["batches"] == 2
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    _fails(["compile", str(model_path), "-o", str(tmp_path / "o.weft"), "--calibration", str(tmp_path / "bad.npz")],
+           capsys, "bad.npz: not a readable .npz file")
+    _fails(["compile", str(model_path), "--calibration", str(tmp_path / "none.npz")], capsys,
+           "no such calibration file")
