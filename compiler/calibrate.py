@@ -3,7 +3,9 @@
 Calibration data comes as a mapping ``input name -> array`` (or the path of an ``.npz`` file), a list of
 such mappings (one per batch), or a single array for a single-input model. An array may hold one batch
 (the input's shape), a stack of batches (one more leading axis), or samples along the batch axis (a
-multiple of the input's batch size); each is split into batches of the model's input shape.
+multiple of the input's batch size); each is split into batches of the model's input shape. Only a
+stack of batches can fix a dynamic batch dimension (to its batches' size); samples along the batch axis
+leave it at 1.
 """
 
 from __future__ import annotations
@@ -63,12 +65,10 @@ def sample_shapes(data: Any, ranks: Mapping[str, tuple[int, Sequence[Any]]]) -> 
                 continue
             shape = np.shape(array)
             rank, dims = ranks[name]
-            if len(shape) == rank + 1:
+            if len(shape) == rank + 1:  # a stack of batches: each has the model's batch shape
                 shapes[name] = tuple(shape[1:])
-            elif len(shape) == rank and rank and isinstance(dims[0], int) and shape[0] % dims[0] == 0:
-                shapes[name] = (dims[0], *shape[1:])
-            elif len(shape) == rank:
-                shapes[name] = tuple(shape)
+            elif len(shape) == rank and rank:  # samples along the batch axis: the batch stays as declared, or 1
+                shapes[name] = (dims[0] if isinstance(dims[0], int) else 1, *shape[1:])
     return shapes
 
 

@@ -6,8 +6,9 @@ attributes normalized across opsets 9 to current: optional inputs that older ops
 records whether it has the pre-13 "coerce to 2-D" meaning, Dropout becomes Identity, Sum becomes a chain
 of Add, and Constant nodes become constants.
 
-Dynamic input dimensions are fixed from, in order: ``input_shapes``, the shape of the calibration data,
-and for the leading (batch) dimension only, 1. Anything else is a :class:`ModelError` naming the input.
+Dynamic input dimensions are fixed from, in order: ``input_shapes``, the shape of the calibration data
+(see :func:`weft.compiler.calibrate.sample_shapes`), and for the leading (batch) dimension only, 1.
+Anything else is a :class:`ModelError` naming the input.
 """
 
 from __future__ import annotations

@@ -122,3 +122,10 @@ def test_import_names_nodes_uniquely_and_keeps_graph_names():
     graph = import_onnx(make_model(nodes, {"x": [1, 4]}, {"c": None}))
     assert [n.name for n in graph.nodes] == ["Relu_0", "Relu_1", "r"]
     assert graph.inputs == ["x"] and graph.outputs == ["c"]
+
+
+def test_samples_along_the_batch_axis_leave_a_dynamic_batch_at_one():
+    w = rand(8, 4, seed=1)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": ["N", 8]}, {"y": None}, {"w": w})
+    art = weft.compile(model, calibration={"x": rand(40, 8)})
+    assert art.graph.values["x"].shape == (1, 8) and art.meta["calibration"]["batches"] == 40
