@@ -230,3 +230,37 @@ def test_a_relu_after_a_tensor_add_joins_its_epilogue():
     assert final.node("add").attrs["epilogue"][-1] == ("max_imm", 0) and "relu" not in [n.name for n in final.nodes]
     x = {"x": rand(1, 3, 5, 5, seed=9)}
     np.testing.assert_array_equal(run_reference(final, x).outputs["y"], run_reference(kept["quantize"], x).outputs["y"])
+
+
+def test_data_movement_and_affine_layers_stay_integer():
+    """Pad before a max-pool (not foldable), a 4-D reshape between convolutions, and `k - x` (an affine
+    layer with negative scale) run as integer layers and still track onnxruntime."""
+    from .test_frontend_util import cosine, ort_run
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="c1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="r1"),
+        helper.make_node("Pad", ["r1", "pads", "pv"], ["p"], name="pad"),
+        helper.make_node("MaxPool", ["p"], ["m"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Reshape", ["m", "shape"], ["rs"], name="reshape"),
+        helper.make_node("Conv", ["rs", "w2"], ["c2"], name="c2"),
+        helper.make_node("Sub", ["k", "c2"], ["y"], name="flip"),
+    ]
+    inits = {"w1": rand(8, 3, 3, 3, seed=1), "w2": rand(5, 4, 1, 1, seed=2), "shape": np.array([1, 4, 8, 4], np.int64),
+             "pads": np.array([0, 0, 1, 0, 0, 0, 1, 2], np.int64), "pv": np.float32(0.25),
+             "k": np.float32(0.5)}
+    model = make_model(nodes, {"x": [1, 3, 6, 6]}, {"y": None}, inits)
+    art = weft.compile(model, calibration={"x": rand(8, 1, 3, 6, 6, seed=3)})
+    ops = {n.name: n.op for n in art.graph.nodes}
+    assert (ops["pad"], ops["reshape"], ops["pool"]) == ("qpad", "qreshape", "qmaxpool")
+    assert art.graph.node("c2").op == "qconv2d"  # Sub(k, conv) folded into the conv as a negative scale
+    x = rand(1, 3, 6, 6, seed=4)
+    assert cosine(weft.InferenceSession(art).run(None, {"x": x})[0], ort_run(model, {"x": x})[0]) > 0.99
+
+    nodes = [helper.make_node("MaxPool", ["x"], ["m"], kernel_shape=[2, 2], name="pool"),
+             helper.make_node("Sub", ["k", "m"], ["y"], name="flip")]
+    k = np.array([0.5, -1, 2], np.float32).reshape(3, 1, 1)
+    model = make_model(nodes, {"x": [1, 3, 6, 6]}, {"y": None}, {"k": k})
+    art = weft.compile(model, calibration={"x": rand(8, 1, 3, 6, 6, seed=3)})
+    assert art.graph.node("flip").op == "qalu" and art.graph.node("flip").attrs["source_op"] == "ChannelAffine"
+    assert cosine(weft.InferenceSession(art).run(None, {"x": x})[0], ort_run(model, {"x": x})[0]) > 0.99
