@@ -122,11 +122,14 @@ def _pool(node: Node, x: np.ndarray, reduce: str) -> np.ndarray:
         y = cols.max(axis=(3, 4))
     else:
         total = cols.sum(axis=(3, 4), dtype=np.float64)
+        # Divisors: the window's cells inside the input, or inside the padded input with
+        # count_include_pad (never the extra cells ceil mode adds past the pads).
+        t, l, b, r = pads
         if node.attrs.get("count_include_pad", 0):
-            counts = np.full(out_hw, kernel[0] * kernel[1], dtype=np.float64)
+            ones, where = np.ones((1, x.shape[2] + t + b, x.shape[3] + l + r, 1)), (0, 0, 0, 0)
         else:
-            ones = np.ones((1, *x.shape[2:], 1), dtype=np.float64)
-            counts = im2col(ones, kernel, strides, pads, out_hw).sum(axis=(3, 4, 5))[0]
+            ones, where = np.ones((1, *x.shape[2:], 1)), pads
+        counts = im2col(ones, kernel, strides, where, out_hw).sum(axis=(3, 4, 5))[0]
         y = total / counts[None, :, :, None]
     return np.ascontiguousarray(y.transpose(0, 3, 1, 2)).astype(x.dtype)
 

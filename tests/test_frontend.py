@@ -129,3 +129,19 @@ def test_samples_along_the_batch_axis_leave_a_dynamic_batch_at_one():
     model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": ["N", 8]}, {"y": None}, {"w": w})
     art = weft.compile(model, calibration={"x": rand(40, 8)})
     assert art.graph.values["x"].shape == (1, 8) and art.meta["calibration"]["batches"] == 40
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+@pytest.mark.parametrize("pads", [(0, 0, 0, 0), (1, 1, 1, 1), (0, 1, 1, 0)])
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+def test_average_pool_divisors_match_onnxruntime(count_include_pad, pads, ceil_mode):
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=list(pads),
+                            ceil_mode=ceil_mode, count_include_pad=count_include_pad, name="pool")
+    model = make_model([node], {"x": [1, 2, 8, 7]}, {"y": None})
+    x = rand(1, 2, 8, 7)
+    want = ort_run(model, {"x": x})[0]
+    np.testing.assert_allclose(_run(weft.compile(model, target="cpu"), {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+    art = weft.compile(model, calibration={"x": rand(4, 1, 2, 8, 7, seed=1)})
+    uniform = (count_include_pad or not any(pads)) and not ceil_mode
+    assert art.graph.node("pool").op == ("qavgpool" if uniform else "AveragePool")
+    assert cosine(_run(art, {"x": x})[0], want) > 0.99
