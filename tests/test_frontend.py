@@ -145,3 +145,14 @@ def test_average_pool_divisors_match_onnxruntime(count_include_pad, pads, ceil_m
     uniform = (count_include_pad or not any(pads)) and not ceil_mode
     assert art.graph.node("pool").op == ("qavgpool" if uniform else "AveragePool")
     assert cosine(_run(art, {"x": x})[0], want) > 0.99
+
+
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+@pytest.mark.parametrize("op", ["Conv", "MaxPool", "AveragePool"])
+def test_auto_pad_matches_onnxruntime(mode, op):
+    inputs = ["x", "w"] if op == "Conv" else ["x"]
+    node = helper.make_node(op, inputs, ["y"], auto_pad=mode, strides=[2, 2], kernel_shape=[4, 4])
+    model = make_model([node], {"x": [1, 2, 9, 8]}, {"y": None}, {"w": rand(3, 2, 4, 4)} if op == "Conv" else {})
+    x = rand(1, 2, 9, 8)
+    np.testing.assert_allclose(_run(weft.compile(model, target="cpu"), {"x": x})[0], ort_run(model, {"x": x})[0],
+                               rtol=1e-5, atol=1e-5)
