@@ -129,10 +129,14 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
     bound = np.broadcast_to(np.asarray(bound, dtype=np.int64), (channels,))
     bias_i = np.zeros(channels, np.int64) if bias is None else np.asarray(bias, np.int64)
     x_bound = bound + np.abs(bias_i)
+    if shift is None and residual_real is None:
+        try:
+            return _direct(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
+        except EpilogueOverflow:
+            return _saturating(real, bound, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
     res_bound = 1 << (out_width - 1)
-    fracs = range(MAX_FRAC, -1, -1) if (shift is not None or residual_real is not None) else (0,)
     failure: Exception | None = None
-    for frac in fracs:
+    for frac in range(MAX_FRAC, -1, -1):
         try:
             uniform = bool(np.all(real == real[0]))
             rs = solve_rescale(real, x_bound, acc_width, out_width, frac, imm_range[1] if uniform else None)
@@ -164,3 +168,41 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
         except EpilogueOverflow as err:
             failure = err
     raise EpilogueOverflow(str(failure))
+
+
+def _direct(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray, x_bound: np.ndarray,
+            acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int, hi: int) -> tuple[Step, ...]:
+    """bias, rescale, clamps: the pre-shift's rounding constant folds into the bias."""
+    channels = real.size
+    uniform = bool(np.all(real == real[0]))
+    rs = solve_rescale(real, x_bound, acc_width, out_width, 0, imm_range[1] if uniform else None)
+    r1 = (1 << (rs.pre_shift - 1)) if rs.pre_shift else 0
+    steps: list[Step] = []
+    if bias is not None and (np.any(bias_i) or r1):
+        steps.append(_uniform_or_vec("add", bias_i + r1, imm_range))
+        steps += rescale_steps(rs, channels, imm_range, pre_round=False)
+    else:
+        steps += rescale_steps(rs, channels, imm_range)
+    steps += clamp_steps(lo, hi, channels, out_width)
+    bounds(steps, -bound, bound, acc_width)
+    return tuple(steps)
+
+
+def _saturating(real: np.ndarray, bound: np.ndarray, bias_i: np.ndarray, x_bound: np.ndarray, acc_width: int,
+                out_width: int, imm_range: tuple[int, int], lo: int, hi: int) -> tuple[Step, ...]:
+    """For factors too large to rescale the whole accumulator range: clamp the accumulator first to
+    +-L, where |x| >= L already saturates the output (the mapping is monotonic, so this is exact), then
+    rescale the small range that is left."""
+    channels = real.size
+    limit = np.where(real != 0, np.ceil((1 << (out_width - 1)) / np.maximum(np.abs(real), 1e-300)) + 1, 0)
+    limit = np.minimum(limit, x_bound).astype(np.int64)
+    steps: list[Step] = []
+    if np.any(bias_i):
+        steps.append(_uniform_or_vec("add", bias_i, imm_range))
+    steps += [_uniform_or_vec("max", -limit, imm_range), _uniform_or_vec("min", limit, imm_range)]
+    uniform = bool(np.all(real == real[0]))
+    rs = solve_rescale(real, limit, acc_width, out_width, 0, imm_range[1] if uniform else None)
+    steps += rescale_steps(rs, channels, imm_range)
+    steps += clamp_steps(lo, hi, channels, out_width)
+    bounds(steps, -bound, bound, acc_width)
+    return tuple(steps)

@@ -264,3 +264,20 @@ def test_data_movement_and_affine_layers_stay_integer():
     art = weft.compile(model, calibration={"x": rand(8, 1, 3, 6, 6, seed=3)})
     assert art.graph.node("flip").op == "qalu" and art.graph.node("flip").attrs["source_op"] == "ChannelAffine"
     assert cosine(weft.InferenceSession(art).run(None, {"x": x})[0], ort_run(model, {"x": x})[0]) > 0.99
+
+
+def test_huge_factors_clamp_the_accumulator_before_rescaling():
+    """A factor so large that no shift can multiply the whole accumulator range: the epilogue first
+    clamps to where the output saturates anyway, and stays exact to rounding."""
+    real = np.array([40.0, 3.5, 0.0, 1000.0])
+    bound = np.full(4, 1 << 28)
+    bias = np.array([5, -7, 3, 0])
+    steps = build_epilogue(real=real, bound=bound, acc_width=32, out_width=8, imm_range=IMM_RANGE, lo=-128, hi=127,
+                           bias=bias)
+    assert steps[1][0].startswith("max") and steps[2][0].startswith("min")
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.integers(-(1 << 28), 1 << 28, (500, 4)), rng.integers(-200, 200, (500, 4)),
+                        bound[None], -bound[None]])
+    got = narrow(run_steps(x, steps, 32), 8).astype(np.int64)
+    np.testing.assert_array_equal(got, _exact(x, steps).astype(np.int64).clip(-128, 127))
+    assert np.abs(got - np.clip(np.round((x + bias) * real), -128, 127)).max() <= 1
