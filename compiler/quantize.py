@@ -10,7 +10,11 @@ scale: the tensors they connect are tied together and share the largest calibrat
 
 Quantized ops (integer tensors named ``<float name>_q``; all in logical layout until ``pack_layout``):
 
-* ``qconv2d`` (accel): conv or dense + bias + optional residual + activation + requantization.
+* ``qconv2d`` (accel): conv or dense + bias + optional residual + activation + requantization. Inputs:
+  the int8 activation, the weights (``int{wgt_width}`` in int8 storage; packed by ``pack_layout``), and
+  optionally the residual. Attributes: ``kernel``, ``strides``, ``pads`` (top, left, bottom, right),
+  ``channels`` (in, out), ``epilogue`` (see :mod:`weft.compiler.epilogue`; its first ``add`` step is the
+  int32 bias, with the pre-shift's rounding constant folded in), ``act`` and ``weight_scales``.
 * ``qmaxpool``, ``qavgpool`` (accel): int max / int sum then requantization.
 * ``qalu`` (accel): the epilogue alone on a loaded input: residual Add, ChannelAffine, ReLU/Clip.
 * ``quantize``, ``dequantize``, ``qconcat``, ``qreshape``, ``qpad`` (host): the edges and data movement.
