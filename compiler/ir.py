@@ -23,8 +23,8 @@ import numpy as np
 from weft.compiler.errors import GraphError
 
 __all__ = [
-    "DTYPES", "Graph", "Node", "Value", "attr_from_json", "attr_to_json", "graph_from_dict",
-    "graph_to_dict", "numpy_dtype", "onnx_type_string",
+    "DTYPES", "Graph", "Node", "Value", "act_dtype_name", "attr_from_json", "attr_to_json", "graph_from_dict",
+    "graph_to_dict", "int_dtype_name", "numpy_dtype", "onnx_type_string",
 ]
 
 #: IR dtype name -> numpy storage dtype. Sub-byte integers are stored one per int8 element.
@@ -45,6 +45,18 @@ _ONNX_TYPES = {
     "float32": "tensor(float)", "float64": "tensor(double)", "int8": "tensor(int8)", "uint8": "tensor(uint8)",
     "int16": "tensor(int16)", "int32": "tensor(int32)", "int64": "tensor(int64)", "bool": "tensor(bool)",
 }
+
+
+def int_dtype_name(bits: int) -> str:
+    """The IR dtype of `bits`-wide signed integers: int2/int4 (stored in int8), int8, int16 or int32."""
+    if bits in (2, 4, 8, 16, 32):
+        return f"int{bits}"
+    raise GraphError(f"no integer dtype of {bits} bits")
+
+
+def act_dtype_name(bits: int) -> str:
+    """The storage dtype of `bits`-wide activations: whole bytes (int8 up to 8 bits, int16 up to 16)."""
+    return "int8" if bits <= 8 else "int16" if bits <= 16 else "int32"
 
 
 def numpy_dtype(dtype: str) -> np.dtype:

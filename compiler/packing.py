@@ -29,7 +29,7 @@ def pack_layout(config: AcceleratorConfig) -> Callable[[Graph], Graph]:
     def pack_graph(graph: Graph) -> Graph:
         g = graph.copy()
         for name, value in list(g.values.items()):
-            if value.dtype == "int8" and name not in g.constants and value.logical is None:
+            if value.scale is not None and name not in g.constants and value.logical is None:
                 g.values[name] = Value(name, packed_act_shape(value.shape, batch, block), value.dtype,  # type: ignore[arg-type]
                                        value.scale, value.shape)
         for node in g.nodes:

@@ -33,7 +33,7 @@ import numpy as np
 from weft.compiler.epilogue import EpilogueOverflow, Step
 from weft.compiler.errors import QuantizationError
 from weft.compiler.float_ops import pool_geometry
-from weft.compiler.ir import Graph, Node, Value
+from weft.compiler.ir import Graph, Node, Value, act_dtype_name, int_dtype_name, numpy_dtype
 from weft.compiler.requant import build_epilogue, clamp_steps
 from weft.isa.encoding import layout_of
 
@@ -76,6 +76,7 @@ class _Quantizer:
                                     f"and read back with inp_width={c.inp_width}; weft needs them equal")
         self.act_bits, self.wgt_bits, self.acc_bits = c.inp_width, c.wgt_width, c.acc_width
         self.qmax = (1 << (self.act_bits - 1)) - 1
+        self.act_dtype = act_dtype_name(self.act_bits)
         self.wmax = (1 << (self.wgt_bits - 1)) - 1
         imm = layout_of(config).formats["alu"].field("imm")
         self.imm_range = (imm.min, imm.max)
@@ -166,7 +167,7 @@ class _Quantizer:
         value = self.src.value(x)
         self.emit(Node("quantize", [x], [name], {"scale": self._scale(x), "bits": self.act_bits},
                        self.out.unique_name(f"quantize_{x}")))
-        self.out.values[name] = Value(name, value.shape, "int8", self._scale(x))
+        self.out.values[name] = Value(name, value.shape, self.act_dtype, self._scale(x))
         self.int_of[x] = name
         return name
 
@@ -189,7 +190,7 @@ class _Quantizer:
 
     def new_int(self, x: str) -> str:
         name = self.out.unique_name(f"{x}_q")
-        self.out.values[name] = Value(name, self.src.value(x).shape, "int8", self._scale(x))
+        self.out.values[name] = Value(name, self.src.value(x).shape, self.act_dtype, self._scale(x))
         self.int_of[x] = name
         return name
 
@@ -249,14 +250,15 @@ class _Quantizer:
         o = w.shape[0]
         w_abs = np.abs(w.reshape(o, -1)).max(axis=1)
         s_w = np.where(w_abs > 0, w_abs / self.wmax, 1.0)
-        w_q = np.clip(np.round(w / s_w[:, None, None, None]), -self.wmax, self.wmax).astype(np.int8)
+        w_q = np.clip(np.round(w / s_w[:, None, None, None]), -self.wmax, self.wmax)
+        w_q = w_q.astype(numpy_dtype(int_dtype_name(self.wgt_bits)))
         s_x, s_y = self._scale(x), self._scale(y)
         acc_scale = s_x * s_w
         bias_q = np.round(b / acc_scale).astype(np.int64)
         bound = self._acc_bound(node, w_q, bias_q, acc_scale)
         lo, hi = self._clamp(node, s_y)
         inputs = [self.need_int(x)]
-        w_const = self.out.set_constant(self.out.unique_name(f"{node.name}_wq"), w_q, f"int{self.wgt_bits}")
+        w_const = self.out.set_constant(self.out.unique_name(f"{node.name}_wq"), w_q, int_dtype_name(self.wgt_bits))
         inputs.append(w_const)
         extra = {}
         if residual:

@@ -15,7 +15,7 @@ import numpy as np
 from weft.compiler.epilogue import check_steps
 from weft.compiler.errors import GraphError
 from weft.compiler.float_ops import FLOAT_OPS
-from weft.compiler.ir import Graph, Node, Value
+from weft.compiler.ir import Graph, Node, Value, act_dtype_name, int_dtype_name, numpy_dtype
 from weft.compiler.layout import packed_act_shape
 from weft.compiler.partition import ACCEL_OPS, HOST_QOPS
 from weft.config import AcceleratorConfig
@@ -36,8 +36,9 @@ class _Checker:
 
     def int_value(self, node: Node, name: str) -> Value:
         v = self.g.value(name)
-        if v.dtype != "int8" or v.scale is None or not v.scale > 0:
-            raise self.fail(node, f"'{name}' must be an int8 tensor with a positive scale, got {v.dtype} "
+        want = act_dtype_name(self.config.inp_width) if self.config else "int8"
+        if v.dtype != want or v.scale is None or not v.scale > 0:
+            raise self.fail(node, f"'{name}' must be an {want} tensor with a positive scale, got {v.dtype} "
                                   f"scale {v.scale}")
         if v.packed:
             if self.layout is None:
@@ -80,7 +81,8 @@ class _Checker:
         w = self.g.constants[w_name]
         bits = self.config.wgt_width if self.config else 8
         wmax = (1 << (bits - 1)) - 1
-        if self.g.value(w_name).dtype != f"int{bits}" or w.dtype != np.int8 or (w.size and np.abs(w).max() > wmax):
+        dtype = int_dtype_name(bits)
+        if self.g.value(w_name).dtype != dtype or w.dtype != numpy_dtype(dtype) or (w.size and np.abs(w).max() > wmax):
             raise self.fail(node, f"weights must be int{bits} within +-{wmax}")
         kh, kw = node.attrs["kernel"]
         if w.ndim == 6:

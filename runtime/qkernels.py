@@ -20,7 +20,7 @@ import numpy as np
 
 from weft.compiler.epilogue import narrow, run_steps
 from weft.compiler.float_ops import im2col
-from weft.compiler.ir import Node, Value
+from weft.compiler.ir import Node, Value, numpy_dtype
 from weft.compiler.layout import from_nhwc, pack_act, to_nhwc, unpack_act, unpack_weights
 from weft.sim.bits import wrap
 from weft.sim.kernels import float_dtype_for
@@ -63,9 +63,8 @@ def _logical(array: np.ndarray, value: Value) -> np.ndarray:
 
 def _store(x: np.ndarray, value: Value) -> np.ndarray:
     """A logical integer tensor in the layout of `value`."""
-    if value.packed:
-        return pack_act(x.astype(np.int8, copy=False), value.shape[4], value.shape[5])  # type: ignore[index]
-    return x.astype(np.int8, copy=False)
+    x = x.astype(numpy_dtype(value.dtype), copy=False)
+    return pack_act(x, value.shape[4], value.shape[5]) if value.packed else x  # type: ignore[index]
 
 
 def _int_matmul(cols: np.ndarray, w: np.ndarray, widths: Widths) -> np.ndarray:

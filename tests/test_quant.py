@@ -10,6 +10,7 @@ from onnx import helper
 import weft
 from weft.compiler import models
 from weft.compiler.epilogue import EpilogueOverflow, bounds, check_steps, narrow, run_steps
+from weft.compiler.errors import QuantizationError
 from weft.compiler.layout import act_block, unpack_weights
 from weft.compiler.onnx_import import import_onnx
 from weft.compiler.pipeline import build_pipeline, run_pipeline
@@ -281,3 +282,19 @@ def test_huge_factors_clamp_the_accumulator_before_rescaling():
     got = narrow(run_steps(x, steps, 32), 8).astype(np.int64)
     np.testing.assert_array_equal(got, _exact(x, steps).astype(np.int64).clip(-128, 127))
     assert np.abs(got - np.clip(np.round((x + bias) * real), -128, 127)).max() <= 1
+
+
+def test_sixteen_bit_activations_are_stored_as_int16():
+    model = models.small_resnet(widths=(8, 16, 24))
+    config = PRESETS["default"].replace(name="a16", inp_width=16, out_width=16)
+    art = _compiled(model, config)
+    g = art.graph
+    conv = g.node("conv1")
+    assert g.values[conv.outputs[0]].dtype == "int16" and g.constants[conv.inputs[1]].dtype == np.int8
+    from .test_frontend_util import cosine, ort_run
+
+    x = rand(1, 3, 32, 32, seed=5)
+    assert cosine(weft.InferenceSession(art).run(None, {"input": x})[0], ort_run(model, {"input": x})[0]) > 0.999
+    # 16-bit weights too: 16 x 16-bit products overflow a 32-bit accumulator after two terms.
+    with pytest.raises(QuantizationError, match=r"node 'conv1' \(FusedConv\): calibrated accumulator values"):
+        _compiled(model, config.replace(name="w16", wgt_width=16))
