@@ -62,7 +62,7 @@ class _Ties:
             self.parent[r] = roots[0]
 
 
-#: Float ops that become integer layers, and whether their output shares the input's scale.
+#: Ops whose integer form only moves or selects values: their inputs and output share one scale.
 _MOVES = ("MaxPool", "Relu", "Clip", "Concat", "Flatten", "Reshape", "Pad")
 
 
