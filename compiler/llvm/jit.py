@@ -1,0 +1,231 @@
+"""Compile LLVM IR (cached by its hash) and call the result: JIT for the host, object files for boards.
+
+Code generation is three steps (render, compile, run) and only the middle one is slow, so it is keyed by
+``sha256(LLVM version, target, optimization level, IR text)``: an in-memory cache per process, and, when
+a ``cache_dir`` is passed explicitly, object files on disk that a later process loads without running
+LLVM's optimizer or code generator. Nothing is ever cached in a default location.
+
+Each compiled module gets its own MCJIT engine (an engine owns its target machine), so two modules may
+define the same symbol names without clashing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from weft.compiler.llvm.codegen_cpu import render_module
+from weft.compiler.llvm.expr import Buffer, np_dtype
+from weft.compiler.llvm.target import Target, host_target, resolve_target
+from weft.compiler.llvm.te import Kernel
+
+__all__ = [
+    "CompiledKernel", "CompiledModule", "build", "cache_info", "clear_cache", "compile_ir", "compile_object",
+    "init_llvm", "optimize",
+]
+
+OPT_LEVEL = 3
+_lock = threading.RLock()
+_initialized = False
+_MEMORY: dict[str, CompiledModule] = {}
+_OBJECTS: dict[str, bytes] = {}
+_STATS = {"hits": 0, "disk_hits": 0, "misses": 0}
+#: the C signature every kernel shares: void kernel(void **buffers, int32_t nthreads)
+KERNEL_PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)
+
+
+def init_llvm() -> None:
+    """Register every target LLVM was built with (host JIT, ARM, AArch64, NVPTX); idempotent."""
+    global _initialized
+    with _lock:
+        if not _initialized:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            llvm.initialize_all_targets()
+            llvm.initialize_all_asmprinters()
+            _initialized = True
+
+
+def _target_machine(target: Target, opt: int = OPT_LEVEL, jit: bool = False) -> Any:
+    init_llvm()
+    t = llvm.Target.from_triple(target.triple)
+    reloc = "default" if jit else "pic"
+    return t.create_target_machine(cpu=target.cpu, features=target.features, opt=opt, reloc=reloc,
+                                   codemodel="jitdefault" if jit else "default")
+
+
+def optimize(ir_text: str, target: Target, opt: int = OPT_LEVEL) -> Any:
+    """Parse, verify and optimize `ir_text` for `target`; returns the llvmlite module."""
+    init_llvm()
+    module = llvm.parse_assembly(ir_text)
+    module.triple = target.triple
+    tm = _target_machine(target, opt)
+    module.data_layout = str(tm.target_data)
+    module.verify()
+    pto = llvm.create_pipeline_tuning_options(opt)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(module, pb)
+    return module
+
+
+def cache_key(ir_text: str, target: Target, opt: int = OPT_LEVEL, kind: str = "jit") -> str:
+    h = hashlib.sha256()
+    for part in (kind, str(llvm.llvm_version_info), target.key, str(opt), ir_text):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def compile_object(ir_text: str, target: str | Target, opt: int = OPT_LEVEL, cache_dir: str | Path | None = None
+                   ) -> bytes:
+    """An ELF object file of `ir_text` for `target` (cross-compilation: armv7, aarch64, or the host)."""
+    target = resolve_target(target)
+    key = cache_key(ir_text, target, opt, "object")
+    with _lock:
+        if key in _OBJECTS:
+            _STATS["hits"] += 1
+            return _OBJECTS[key]
+    path = Path(cache_dir) / f"{key}.o" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        data = path.read_bytes()
+        _STATS["disk_hits"] += 1
+    else:
+        _STATS["misses"] += 1
+        module = optimize(ir_text, target, opt)
+        data = _target_machine(target, opt).emit_object(module)
+        if path is not None:
+            _write(path, data)
+    with _lock:
+        _OBJECTS[key] = data
+    return data
+
+
+def _write(path: Path, data: bytes) -> None:
+    from weft.runtime.artifact import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, data)
+
+
+@dataclass(eq=False)
+class CompiledModule:
+    """A JIT-compiled module: symbol addresses, and the engine that keeps the code alive."""
+
+    key: str
+    engine: Any
+    addresses: dict[str, int] = field(default_factory=dict)
+
+    def address(self, name: str) -> int:
+        if name not in self.addresses:
+            addr = self.engine.get_function_address(name)
+            if not addr:
+                raise KeyError(f"compiled module has no function '{name}'")
+            self.addresses[name] = addr
+        return self.addresses[name]
+
+
+def compile_ir(ir_text: str, target: Target | None = None, opt: int = OPT_LEVEL,
+               cache_dir: str | Path | None = None) -> CompiledModule:
+    """JIT-compile `ir_text` for the host (cached by the hash of the IR, see the module docstring)."""
+    target = target or host_target()
+    key = cache_key(ir_text, target, opt)
+    with _lock:
+        hit = _MEMORY.get(key)
+        if hit is not None:
+            _STATS["hits"] += 1
+            return hit
+    path = Path(cache_dir) / f"{key}.o" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        data = path.read_bytes()
+        _STATS["disk_hits"] += 1
+    else:
+        _STATS["misses"] += 1
+        module = optimize(ir_text, target, opt)
+        data = _target_machine(target, opt, jit=True).emit_object(module)
+        if path is not None:
+            _write(path, data)
+    with _lock:
+        if key in _MEMORY:  # another thread compiled it meanwhile
+            return _MEMORY[key]
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine(target, opt, jit=True))
+        engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+        engine.finalize_object()
+        compiled = CompiledModule(key, engine)
+        _MEMORY[key] = compiled
+        return compiled
+
+
+def cache_info() -> dict[str, int]:
+    """Compile-cache counters of this process: hits, disk_hits, misses, and modules held."""
+    return {**_STATS, "modules": len(_MEMORY), "objects": len(_OBJECTS)}
+
+
+def clear_cache() -> None:
+    """Forget every compiled module of this process (code still referenced stays alive)."""
+    with _lock:
+        _MEMORY.clear()
+        _OBJECTS.clear()
+        for k in _STATS:
+            _STATS[k] = 0
+
+
+class CompiledKernel:
+    """A kernel compiled for the host, callable on numpy arrays::
+
+        fn = build(kernel)
+        fn(a, b, out, nthreads=2)     # arrays in Kernel.params order (temps allocated when omitted)
+    """
+
+    def __init__(self, kernel: Kernel, module: CompiledModule):
+        self.name = kernel.name
+        self.params: list[Buffer] = kernel.params
+        self.n_inputs = len(kernel.inputs) + len(kernel.outputs)
+        self.module = module
+        self.address = module.address(kernel.name)
+        self._fn = KERNEL_PROTO(self.address)
+
+    def check(self, k: int, array: np.ndarray) -> None:
+        p = self.params[k]
+        if array.shape != p.shape or array.dtype != np_dtype(p.dtype):
+            raise ValueError(f"kernel '{self.name}': buffer '{p.name}' must be {p.dtype}{list(p.shape)}, got "
+                             f"{array.dtype}{list(array.shape)}")
+        if not array.flags.c_contiguous:
+            raise ValueError(f"kernel '{self.name}': buffer '{p.name}' must be C-contiguous")
+
+    def __call__(self, *arrays: np.ndarray, nthreads: int = 1) -> None:
+        arrays_l = list(arrays)
+        if len(arrays_l) == self.n_inputs:
+            arrays_l += [np.empty(p.shape, np_dtype(p.dtype)) for p in self.params[self.n_inputs:]]
+        if len(arrays_l) != len(self.params):
+            raise ValueError(f"kernel '{self.name}' takes {len(self.params)} buffers "
+                             f"({', '.join(p.name for p in self.params)}), got {len(arrays)}")
+        for k, a in enumerate(arrays_l):
+            self.check(k, a)
+        ptrs = (ctypes.c_void_p * len(arrays_l))(*[a.ctypes.data for a in arrays_l])
+        self._fn(ctypes.cast(ptrs, ctypes.c_void_p), int(nthreads))
+
+    def raw(self, pointers: ctypes.Array, nthreads: int) -> None:
+        """Call with a prepared ``(c_void_p * n)`` array of buffer addresses (no checks: the fast path)."""
+        self._fn(ctypes.cast(pointers, ctypes.c_void_p), nthreads)
+
+
+def build(kernels: Kernel | Sequence[Kernel], target: Target | None = None,
+          cache_dir: str | Path | None = None) -> Any:
+    """Render, compile (cached) and load `kernels` for the host: one :class:`CompiledKernel`, or a list."""
+    single = isinstance(kernels, Kernel)
+    ks = [kernels] if single else list(kernels)  # type: ignore[list-item]
+    target = target or host_target()
+    text = render_module(ks, target, ks[0].name if single else "weft")
+    module = compile_ir(text, target, cache_dir=cache_dir)
+    out = [CompiledKernel(k, module) for k in ks]
+    return out[0] if single else out
