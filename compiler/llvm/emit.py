@@ -105,7 +105,7 @@ class Emitter:
             self.env[s.var] = self.b.sext(self.bind_thread(kind), I64)
             self.stmt(s.body)
             return
-        if kind == "unroll" and begin is None:
+        if (kind == "unroll" or (kind == "vectorize" and s.extent == 1)) and begin is None:
             for i in range(s.extent):
                 self.env[s.var] = ir.Constant(I64, i)
                 self.stmt(s.body)
@@ -310,8 +310,19 @@ class Emitter:
             x = args[0].value
             two = self.widen(Val(ir.Constant(ir_type(e.dtype), 2.0), 1, e.dtype), lanes).value
             one = self.widen(Val(ir.Constant(ir_type(e.dtype), 1.0), 1, e.dtype), lanes).value
-            ex = b.call(self.module.declare_intrinsic("llvm.exp", [t]), [b.fmul(x, two)])
+            ex = b.call(self.intrinsic("llvm.exp", t), [b.fmul(x, two)])
             return Val(b.fsub(one, b.fdiv(two, b.fadd(ex, one))), lanes, e.dtype)
         name = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "fabs": "llvm.fabs"}[e.fn]
-        fn = self.module.declare_intrinsic(name, [t])
-        return Val(b.call(fn, [a.value for a in args]), lanes, e.dtype)
+        return Val(b.call(self.intrinsic(name, t), [a.value for a in args]), lanes, e.dtype)
+
+    def intrinsic(self, base: str, t: ir.Type) -> ir.Function:
+        """The overload of a unary float intrinsic for scalar or vector type `t` (``llvm.exp.v16f32``)."""
+        elem = t.element if isinstance(t, ir.VectorType) else t
+        suffix = "f64" if isinstance(elem, ir.DoubleType) else "f32"
+        if isinstance(t, ir.VectorType):
+            suffix = f"v{t.count}{suffix}"
+        name = f"{base}.{suffix}"
+        try:
+            return self.module.get_global(name)
+        except KeyError:
+            return ir.Function(self.module, ir.FunctionType(t, [t]), name)

@@ -1,0 +1,331 @@
+"""Neural-network kernels: convolution and dense layers with fused epilogues, pooling, softmax, matmul.
+
+The convolution is the one that matters for speed. Its definition is the textbook one on blocked layouts
+(input (N, C/bi, H, W, bi), weights pre-packed (O/bo, C/bi, KH, KW, bi, bo), output (N, O/bo, OH, OW, bo))
+and its schedule builds the register-blocked micro-kernel::
+
+    parallel for (n, oc.o, oh):                 # fused: enough iterations for every thread
+      for ow.o:
+        acc[ocb][r][bo] = 0                      # ocb * r SIMD registers
+        for ic.o, kh, kw, ic.i:                  # the reduction
+          for r (unrolled), ocb (unrolled):      # r broadcasts of one input channel,
+            acc[ocb][r][:] += x[...] * w[...]    # ocb vector loads of weights: r * ocb FMAs
+        y = act(acc + bias (+ residual))         # the epilogue, once per output element
+
+Tile sizes come from the target: ``bo`` is the SIMD width in floats, and ``r * ocb`` accumulators plus
+``ocb`` weight registers stay well inside the register file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from weft.compiler.llvm.elementwise import Operand, read, schedule_elementwise
+from weft.compiler.llvm.expr import Buffer, Expr, Var, cast, exp, maximum, minimum, select
+from weft.compiler.llvm.layout import Layout
+from weft.compiler.llvm.target import Target
+from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, reduce_sum
+
+__all__ = [
+    "ConvSpec", "conv_kernel", "conv_tiles", "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights",
+    "pack_dense_weights", "pool_kernel", "softmax_kernel",
+]
+
+Epilogue = Callable[[Expr, list[Expr]], Expr]
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A 2-D convolution on blocked layouts; `pads` are applied by a separate pad kernel beforehand."""
+
+    n: int
+    cin: int
+    h: int  # input height and width, already padded
+    w: int
+    cout: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    bi: int  # input channel block (1: a plain NCHW input)
+    bo: int  # output channel block
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        return ((self.h - self.kh) // self.stride[0] + 1, (self.w - self.kw) // self.stride[1] + 1)
+
+    @property
+    def flops(self) -> int:
+        oh, ow = self.out_hw
+        return 2 * self.n * self.cout * oh * ow * self.cin * self.kh * self.kw
+
+
+def pack_conv_weights(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
+    """(O, C, KH, KW) float weights -> (O/bo, C/bi, KH, KW, bi, bo), the order the micro-kernel reads."""
+    o, c, kh, kw = w.shape
+    return np.ascontiguousarray(
+        w.reshape(o // bo, bo, c // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1), dtype=np.float32)
+
+
+def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:
+    """(r, ocb): output pixels per tile along W, and output channel blocks per tile.
+
+    ``r * ocb`` accumulators and ``ocb`` weight vectors must fit the register file with room to spare
+    (LLVM spills beyond about half of it in this loop); r divides OW so that no tile needs a guard.
+    """
+    budget = max(4, target.vector_registers // 2 - 2)
+    co_blocks = spec.cout // spec.bo
+    _, ow = spec.out_hw
+    best = (1, 1)
+    best_score = -1.0
+    for ocb in (4, 2, 1):
+        if co_blocks % ocb:
+            continue
+        for r in range(min(ow, budget // ocb), 0, -1):
+            if ow % r:
+                continue
+            # more accumulators hide FMA latency; several channel blocks reuse each broadcast; tall,
+            # narrow tiles reuse each weight vector
+            score = r * ocb + 0.5 * min(ocb, 2) + (0.25 if r >= 4 else 0)
+            if score > best_score:
+                best, best_score = (r, ocb), score
+            break
+    return best
+
+
+def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,
+                residual: Operand | None = None, tiles: tuple[int, int] | None = None) -> Kernel:
+    """Convolution + bias (+ residual) (+ ReLU or clip), blocked layouts. Parameters: x, w (packed), bias
+    (O/bo, bo), [residual], y."""
+    s = spec
+    oh_, ow_ = s.out_hw
+    x = Buffer("x", (s.n, s.cin // s.bi, s.h, s.w, s.bi))
+    w = Buffer("w", (s.cout // s.bo, s.cin // s.bi, s.kh, s.kw, s.bi, s.bo))
+    b = Buffer("bias", (s.cout // s.bo, s.bo))
+    rco = reduce_axis(s.cin // s.bi, "rc.o")
+    rkh = reduce_axis(s.kh, "rkh")
+    rkw = reduce_axis(s.kw, "rkw")
+    rci = reduce_axis(s.bi, "rc.i")
+    sh, sw = s.stride
+    out_layout = Layout(s.bo)
+
+    def body(n: Var, co: Var, oh: Var, ow: Var, c: Var):
+        return reduce_sum(x[n, rco, oh * sh + rkh, ow * sw + rkw, rci] * w[co, rco, rkh, rkw, rci, c],
+                          [rco, rkh, rkw, rci])
+
+    def epilogue(acc: Expr, n: Var, co: Var, oh: Var, ow: Var, c: Var) -> Expr:
+        y = acc + b[co, c]
+        if residual is not None:
+            phys = [n, co, oh, ow, c]
+            y = y + read(residual, (s.n, s.cout, oh_, ow_), out_layout, phys, out_layout.logical_index(phys))
+        return activation(y, act, clip)
+
+    y = compute("y", (s.n, s.cout // s.bo, oh_, ow_, s.bo), body, epilogue=epilogue)
+    r, ocb = tiles or conv_tiles(s, target)
+    n, co, oh, ow, c = y.axes
+    owo, owi = y.split(ow, r)
+    coo, coi = y.split(co, ocb)
+    y.reorder(n, coo, oh, owo, rco, rkh, rkw, rci, owi, coi, c)
+    y.cache_write()
+    y.vectorize(c)
+    y.unroll(owi)
+    y.unroll(coi)
+    outer = y.fuse(n, coo, oh)
+    y.parallel(outer)
+    inputs = [x, w, b] + ([residual.buffer] if residual is not None else [])
+    return Kernel(name, inputs, [y.out], [y])
+
+
+def activation(y: Expr, act: str, clip: tuple | None = None) -> Expr:
+    if act == "relu":
+        return maximum(y, 0.0)
+    if act == "clip":
+        lo, hi = clip if clip is not None else (None, None)
+        if lo is not None:
+            y = maximum(y, float(lo))
+        if hi is not None:
+            y = minimum(y, float(hi))
+        return y
+    if act != "none":
+        raise ValueError(f"unknown activation '{act}'")
+    return y
+
+
+def pack_dense_weights(w: np.ndarray, bo: int) -> np.ndarray:
+    """(O, K) weights -> (O/bo, K, bo)."""
+    o, k = w.shape
+    return np.ascontiguousarray(w.reshape(o // bo, bo, k).transpose(0, 2, 1), dtype=np.float32)
+
+
+def dense_kernel(name: str, n: int, k: int, o: int, bo: int, target: Target, *, act: str = "none",
+                 clip: tuple | None = None, residual: bool = False, rows: int | None = None,
+                 ocb: int | None = None) -> Kernel:
+    """``y = act(x @ w.T + bias (+ residual))`` on plain (N, K) -> (N, O) tensors; weights packed
+    (O/bo, K, bo), bias (O/bo, bo). Tiles of `rows` x `ocb` vectors accumulate in registers."""
+    x = Buffer("x", (n, k))
+    w = Buffer("w", (o // bo, k, bo))
+    b = Buffer("bias", (o // bo, bo))
+    res = Buffer("residual", (n, o // bo, bo)) if residual else None
+    rk = reduce_axis(k, "rk")
+
+    def epilogue(acc: Expr, i: Var, oo: Var, oi: Var) -> Expr:
+        y = acc + b[oo, oi]
+        if res is not None:
+            y = y + res[i, oo, oi]
+        return activation(y, act, clip)
+
+    y = compute("y", (n, o // bo, bo), lambda i, oo, oi: reduce_sum(x[i, rk] * w[oo, rk, oi], [rk]),
+                epilogue=epilogue)
+    budget = max(4, target.vector_registers // 2 - 2)
+    blocks = o // bo
+    if ocb is None:
+        ocb = next(c for c in (4, 2, 1) if blocks % c == 0)
+    if rows is None:
+        rows = max((r for r in range(1, min(n, budget // ocb) + 1) if n % r == 0), default=1)
+    i, oo, oi = y.axes
+    io, ii = y.split(i, rows)
+    ooo, ooi = y.split(oo, ocb)
+    y.reorder(ooo, io, rk, ii, ooi, oi)
+    y.cache_write()
+    y.vectorize(oi)
+    y.unroll(ii)
+    y.unroll(ooi)
+    outer = y.fuse(ooo, io)
+    if n * o * k >= 1 << 18:
+        y.parallel(outer)
+    inputs = [x, w, b] + ([res] if res is not None else [])
+    return Kernel(name, inputs, [y.out], [y])
+
+
+def matmul_kernel(name: str, batch: int, m: int, k: int, n: int, target: Target) -> Kernel:
+    """``c = a @ b`` for two runtime tensors (batch, M, K) x (batch, K, N): a first stage packs b into
+    (batch, N/bn, K, bn) panels, the second is the register-tiled product."""
+    lanes = target.lanes(4)
+    bn = lanes if n % lanes == 0 else 1
+    a = Buffer("a", (batch, m, k))
+    bb = Buffer("b", (batch, k, n))
+    packed = compute("b_packed", (batch, n // bn, k, bn), lambda z, jo, kk, ji: bb[z, kk, jo * bn + ji])
+    schedule_elementwise(packed, target)
+    rk = reduce_axis(k, "rk")
+    c = compute("c", (batch, m, n // bn, bn),
+                lambda z, i, jo, ji: reduce_sum(a[z, i, rk] * packed.out[z, jo, rk, ji], [rk]))
+    budget = max(4, target.vector_registers // 2 - 2)
+    blocks = n // bn
+    ocb = next(cb for cb in (2, 1) if blocks % cb == 0) if bn > 1 else 1
+    rows = max((r for r in range(1, min(m, budget // ocb) + 1) if m % r == 0), default=1)
+    z, i, jo, ji = c.axes
+    io, ii = c.split(i, rows)
+    joo, joi = c.split(jo, ocb)
+    c.reorder(z, joo, io, rk, ii, joi, ji)
+    c.cache_write()
+    if bn > 1:
+        c.vectorize(ji)
+    c.unroll(ii)
+    c.unroll(joi)
+    outer = c.fuse(z, joo, io)
+    if batch * m * n * k >= 1 << 18:
+        c.parallel(outer)
+    return Kernel(name, [a, bb], [c.out], [packed, c])
+
+
+def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], strides: tuple[int, int],
+                pads: tuple[int, int, int, int], out_hw: tuple[int, int], target: Target, *,
+                count_include_pad: bool = False) -> Kernel:
+    """Max or average pooling on a plain or blocked NCHW tensor, pads and ceil mode included.
+
+    Windows are clamped to the input; the average divides by the number of cells inside the input (or
+    inside the padded input with `count_include_pad`), never counting the cells ceil mode adds."""
+    n_, c_, h_, w_ = src.shape
+    layout = src.layout
+    kh, kw = kernel
+    (sh, sw), (pt, pl, pb, pr) = strides, pads
+    rh, rw = reduce_axis(kh, "rkh"), reduce_axis(kw, "rkw")
+    out_shape = (n_, c_, *out_hw)
+
+    def body(*phys: Var):
+        logical = layout.logical_index(phys)
+        n, c, oh, ow = logical
+        ih, iw = oh * sh + rh - pt, ow * sw + rw - pl
+        inside = ih.ge(0).logical_and(ih.lt(h_)).logical_and(iw.ge(0)).logical_and(iw.lt(w_))
+        ihc, iwc = minimum(maximum(ih, 0), h_ - 1), minimum(maximum(iw, 0), w_ - 1)
+        if layout.blocked:
+            xv = src.buffer[phys[0], phys[1], ihc, iwc, phys[4]]
+        else:
+            xv = src.buffer[n, c, ihc, iwc]
+        if kind == "max":
+            return reduce_max(select(inside, xv, float("-inf")), [rh, rw])
+        return reduce_sum(select(inside, xv, 0.0), [rh, rw])
+
+    def epilogue(acc: Expr, *phys: Var) -> Expr:
+        if kind == "max":
+            return acc
+        _, _, oh, ow = layout.logical_index(phys)
+        lo_h, lo_w = (-pt, -pl) if count_include_pad else (0, 0)
+        hi_h, hi_w = (h_ + pb, w_ + pr) if count_include_pad else (h_, w_)
+        h0, w0 = oh * sh - pt, ow * sw - pl
+        count_h = minimum(h0 + kh, hi_h) - maximum(h0, lo_h)
+        count_w = minimum(w0 + kw, hi_w) - maximum(w0, lo_w)
+        return acc / cast("f32", count_h * count_w)
+
+    y = compute("y", layout.physical(out_shape), body, epilogue=epilogue)
+    _schedule_pool(y, layout, target)
+    return Kernel(name, [src.buffer], [y.out], [y])
+
+
+def _schedule_pool(y, layout: Layout, target: Target) -> None:
+    spatial = [a for a in y.leaves if not a.reduce]
+    red = [a for a in y.leaves if a.reduce]
+    if layout.blocked:
+        *outer, c = spatial
+        y.reorder(*outer, *red, c)
+        if c.extent > 1:
+            y.vectorize(c)
+        fused = y.fuse(*outer)
+        if y.out.size >= 1 << 14:
+            y.parallel(fused)
+    else:
+        fused = y.fuse(*spatial)
+        if y.out.size >= 1 << 14:
+            y.parallel(fused)
+
+
+def global_pool_kernel(name: str, src: Operand, target: Target) -> Kernel:
+    """GlobalAveragePool: the mean over H and W, keeping the layout ((N, C/b, 1, 1, b) when blocked)."""
+    n_, c_, h_, w_ = src.shape
+    layout = src.layout
+    rh, rw = reduce_axis(h_, "rh"), reduce_axis(w_, "rw")
+    scale = 1.0 / (h_ * w_)
+
+    def body(*phys: Var):
+        if layout.blocked:
+            return reduce_sum(src.buffer[phys[0], phys[1], rh, rw, phys[4]], [rh, rw])
+        return reduce_sum(src.buffer[phys[0], phys[1], rh, rw], [rh, rw])
+
+    y = compute("y", layout.physical((n_, c_, 1, 1)), body, epilogue=lambda acc, *phys: acc * scale)
+    _schedule_pool(y, layout, target)
+    return Kernel(name, [src.buffer], [y.out], [y])
+
+
+def softmax_kernel(name: str, shape: tuple[int, ...], axis: int, target: Target) -> Kernel:
+    """Softmax along `axis` of a plain tensor: row max, sum of exp(x - max), then exp(x - max) / sum.
+    The tensor is viewed as (outer, axis, inner)."""
+    axis %= len(shape)
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    mid = shape[axis]
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    x = Buffer("x", (outer, mid, inner))
+    r1, r2 = reduce_axis(mid, "r1"), reduce_axis(mid, "r2")
+    mx = compute("row_max", (outer, inner), lambda i, j: reduce_max(x[i, r1, j], [r1]))
+    total = compute("row_sum", (outer, inner), lambda i, j: reduce_sum(exp(x[i, r2, j] - mx[i, j]), [r2]))
+    y = compute("y", (outer, mid, inner), lambda i, k, j: exp(x[i, k, j] - mx[i, j]) / total[i, j])
+    for st in (mx, total):
+        i, j, r = st.leaves
+        st.reorder(i, r, j)
+        if j.extent > 1:
+            st.vectorize(j)
+        if st.out.size * mid >= 1 << 16:
+            st.parallel(i)
+    schedule_elementwise(y, target)
+    return Kernel(name, [x], [y.out], [mx, total, y])

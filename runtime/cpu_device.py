@@ -1,0 +1,105 @@
+"""The "cpu" and "cuda" devices: artifacts run through code that weft generates with LLVM.
+
+"cpu" JIT-compiles every node of the artifact's graph for this machine (:mod:`weft.compiler.llvm.graph`)
+and runs the kernels on ``threads`` threads. "cuda" lowers the same graph to PTX and runs it through the
+CUDA driver API on an NVIDIA GPU. Importing this module (which ``import weft.runtime`` does, to register
+both names) loads neither llvmlite nor CUDA: a board runtime without them still imports, and only
+creating one of these devices needs them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from weft.runtime.devices import Device, DeviceError, register_device
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+    from weft.runtime.artifact import Artifact
+
+__all__ = ["CpuDevice", "CudaDevice", "default_threads"]
+
+
+def default_threads() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class CpuDevice(Device):
+    """Generated host code: float graphs (``target="cpu"``) and the integer layers of quantized ones.
+
+    `threads`: threads per kernel (default: every core this process may use); `cache_dir`: a folder for
+    compiled object files shared between processes (none by default: compiling is cached in memory only).
+    """
+
+    name = "cpu"
+
+    def __init__(self, config: AcceleratorConfig, *, threads: int | None = None, cache_dir: str | Path | None = None):
+        super().__init__(config)
+        if threads is not None and int(threads) < 1:
+            raise DeviceError(f"device 'cpu': threads must be at least 1, got {threads}")
+        self.threads = int(threads) if threads is not None else default_threads()
+        self.cache_dir = cache_dir
+        self.plan: Any = None
+
+    def load(self, artifact: Artifact) -> None:
+        super().load(artifact)
+        try:
+            from weft.compiler.llvm.graph import plan_graph
+        except ModuleNotFoundError as err:
+            raise DeviceError(f"device 'cpu' needs llvmlite ({err}); install weft[compiler]") from None
+        self.plan = plan_graph(artifact.graph, cache_dir=self.cache_dir)
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+        from weft.runtime.reference import check_feeds
+
+        if self.plan is None or self.artifact is None:
+            raise DeviceError("load an artifact before running")
+        arrays = check_feeds(self.artifact.graph, feeds)
+        outputs, layers = self.plan.run(arrays, self.threads, timings=True)
+        values = self.plan.values() if keep_intermediates else {}
+        figures = {"cycles": None, "layers": layers, "threads": self.threads, "kernels": self.plan.kernels,
+                   "compile_seconds": self.plan.compile_seconds}
+        return outputs, figures, values
+
+
+class CudaDevice(Device):
+    """Float graphs lowered to PTX and run on an NVIDIA GPU through the CUDA driver API."""
+
+    name = "cuda"
+
+    def __init__(self, config: AcceleratorConfig, *, device_index: int = 0):
+        super().__init__(config)
+        self.device_index = device_index
+        self.plan: Any = None
+
+    def load(self, artifact: Artifact) -> None:
+        super().load(artifact)
+        from weft.compiler.llvm.cuda import CudaError, plan_cuda
+
+        try:
+            self.plan = plan_cuda(artifact.graph, device_index=self.device_index)
+        except CudaError as err:
+            raise DeviceError(f"device 'cuda': {err}") from None
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+        from weft.runtime.reference import check_feeds
+
+        if self.plan is None or self.artifact is None:
+            raise DeviceError("load an artifact before running")
+        outputs, layers = self.plan.run(check_feeds(self.artifact.graph, feeds))
+        return outputs, {"cycles": None, "layers": layers}, {}
+
+
+register_device("cpu", CpuDevice)
+register_device("cuda", CudaDevice)
