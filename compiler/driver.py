@@ -47,7 +47,8 @@ def _source(model: Any) -> tuple[onnx.ModelProto, dict[str, Any]]:
 def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = "accel",
                   config: str | Path | AcceleratorConfig | Mapping[str, Any] = "default", calibration: Any = None,
                   input_shapes: Mapping[str, Sequence[int]] | None = None, verify: bool = True, seed: int = 0,
-                  trace: Callable[[Pass, Graph], None] | None = None) -> Artifact:
+                  trace: Callable[[Pass, Graph], None] | None = None, latency_hiding: bool = True,
+                  schedules: Mapping[str, Any] | None = None) -> Artifact:
     """Compile `model` for `target` ("accel": integer layers for `config`; "cpu": the float graph).
 
     `calibration`: a mapping input name -> array (or a list of them, or an array for a one-input model),
@@ -84,4 +85,9 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
             {n: list(graph.values[n].shape or ()) for n in graph.inputs}}
     if calibration_info:
         meta["calibration"] = calibration_info
-    return Artifact(graph, cfg, target, meta=meta)
+    artifact = Artifact(graph, cfg, target, meta=meta)
+    if target == "accel":
+        from weft.compiler.backend import generate
+
+        generate(artifact, latency_hiding=latency_hiding, schedules=schedules)
+    return artifact

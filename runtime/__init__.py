@@ -4,11 +4,12 @@ works on a board; devices come from a registry (:mod:`weft.runtime.devices`)."""
 from weft.runtime.artifact import Artifact, ArtifactError, Section, load_artifact
 from weft.runtime.cpu_device import CpuDevice, CudaDevice  # registers the "cpu" and "cuda" devices
 from weft.runtime.devices import Device, DeviceError, available_devices, create_device, register_device
+from weft.runtime.fsim_device import FsimDevice  # registers the "fsim" device
 from weft.runtime.reference import FeedError, RunResult, run_reference
 from weft.runtime.session import InferenceSession, NodeArg
 
 __all__ = [
-    "Artifact", "ArtifactError", "CpuDevice", "CudaDevice", "Device", "DeviceError", "FeedError", "InferenceSession",
-    "NodeArg", "RunResult",
-    "Section", "available_devices", "create_device", "load_artifact", "register_device", "run_reference",
+    "Artifact", "ArtifactError", "CpuDevice", "CudaDevice", "Device", "DeviceError", "FeedError", "FsimDevice",
+    "InferenceSession", "NodeArg", "RunResult", "Section", "available_devices", "create_device", "load_artifact",
+    "register_device", "run_reference",
 ]

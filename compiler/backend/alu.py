@@ -1,0 +1,129 @@
+"""Epilogues on the tensor ALU: each step of a layer's epilogue (:mod:`weft.compiler.epilogue`) becomes
+one ALU instruction over the accumulator rows of an output tile.
+
+* ``*_imm`` steps: the op with its immediate, one micro-op looping over every row of the tile;
+* ``*_vec`` steps: the op with a per-channel vector as the source operand; vectors sit in acc rows (one
+  per GEMM output block: the channel values repeated over the batch), loaded once per output-channel tile;
+* ``residual``: the residual tile (loaded as sign-extended ``acc_narrow`` rows) runs its own steps, then
+  is added to the output tile.
+
+The narrowing to ``out_width`` is what the accelerator does whenever it writes an accumulator row, so
+after the last step the out rows hold the layer's output. Destinations are one-to-one on the tile's rows
+and sources live in other regions, so no instruction here has the consecutive-execution hazard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from weft.compiler.backend.te import Axis, Expr, Kernel, Nest, fold, split_single_row
+from weft.compiler.epilogue import KINDS
+from weft.isa.constants import AluOp
+from weft.isa.encoding import UOP_DTYPE, layout_of
+
+if TYPE_CHECKING:
+    from weft.compiler.backend.program import Stream
+    from weft.compiler.epilogue import Step
+    from weft.config import AcceleratorConfig
+
+__all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "rows_kernel", "vectors_of"]
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Accumulator rows of an output tile, ``[n][oB][pixel][so]`` from `base`."""
+
+    base: int
+    tn: int
+    toc: int
+    pix: int
+    ro: int
+
+    @property
+    def rows(self) -> int:
+        return self.tn * self.toc * self.pix * self.ro
+
+    def at(self, base: int) -> Tile:
+        return Tile(base, self.tn, self.toc, self.pix, self.ro)
+
+
+def vectors_of(steps: Sequence[Step]) -> list[np.ndarray]:
+    """The per-channel vectors of an epilogue, in the order the steps (and residual sub-steps) use them."""
+    out: list[np.ndarray] = []
+    for kind, operand in steps:
+        if kind == "residual":
+            out += vectors_of(operand)
+        elif kind.endswith("_vec"):
+            out.append(operand)
+    return out
+
+
+def _uop(dst: int, src: int = 0) -> np.ndarray:
+    u = np.zeros(1, dtype=UOP_DTYPE)
+    u["dst"], u["src"] = dst, src
+    return u
+
+
+def rows_kernel(dst: int, rows: int, src: int | None = None) -> Kernel:
+    """One micro-op stepping through `rows` consecutive rows (and, with `src`, a source run beside)."""
+    return Kernel(_uop(dst, dst if src is None else src), rows, 1, (1, 0), (1 if src is not None else 0, 0), (0, 0))
+
+
+def _vec_kernel(tile: Tile, vec: int) -> Kernel:
+    n, o, p, s = (Axis(k, e) for k, e in (("n", tile.tn), ("oB", tile.toc), ("p", tile.pix), ("so", tile.ro)))
+    dst = Expr((("n", tile.toc * tile.pix * tile.ro), ("oB", tile.pix * tile.ro), ("p", tile.ro), ("so", 1)), tile.base)
+    src = Expr((("oB", tile.ro), ("so", 1)), vec)
+    return fold(Nest((n, o, p, s), dst, src))
+
+
+def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_base: int, vec_rows: int,
+             kernel: Callable[[tuple, Callable[[], Kernel]], Kernel], thread: int) -> None:
+    """Emit `steps` on `tile`; `res` holds the residual tile, vector k sits at ``vec_base + k*vec_rows``."""
+    counter = iter(range(1 << 30))
+
+    def run(steps: Sequence[Step], target: Tile, nested: bool) -> None:
+        for kind, operand in steps:
+            if kind == "residual":
+                if nested:
+                    raise ValueError("a residual step inside a residual step has no accumulator region")
+                run(operand, res, True)
+                stream.alu(AluOp.ADD, kernel(("pair", thread, target.base, res.base),
+                                             lambda: rows_kernel(target.base, target.rows, res.base)),
+                           note="add the residual")
+                continue
+            op = AluOp[KINDS[kind]]
+            if kind.endswith("_imm"):
+                k = kernel(("rows", thread, target.base), lambda: rows_kernel(target.base, target.rows))
+                stream.alu(op, k, imm=int(operand), note=f"epilogue {kind} {int(operand)}")
+            else:
+                vec = vec_base + next(counter) * vec_rows
+                k = kernel(("vec", thread, target.base, vec), lambda vec=vec: _vec_kernel(target, vec))
+                stream.alu(op, k, note=f"epilogue {kind}")
+
+    run(steps, tile, False)
+
+
+def add_imm(stream: Stream, config: AcceleratorConfig, kernel: Kernel, value: int, note: str) -> None:
+    """acc += value, in as many ALU instructions as the signed immediate field needs."""
+    imm = layout_of(config).formats["alu"].field("imm")
+    while value:
+        step = max(imm.min, min(imm.max, value))
+        stream.alu(AluOp.ADD, kernel, imm=step, note=note)
+        value -= step
+
+
+def fold_body(nest: Nest, config: AcceleratorConfig) -> Kernel:
+    return fold(nest, max_uops=config.uop_rows)
+
+
+def alternate(nest: Nest, spare: int) -> Kernel:
+    """A reduction into a single row as executions alternating between the row and `spare`."""
+    return split_single_row(nest, spare)[0]
+
+
+def combine_kernel(row: int, spare: int) -> Kernel:
+    return Kernel(_uop(row, spare), 1, 1, (0, 0), (0, 0), (0, 0))

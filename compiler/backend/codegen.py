@@ -1,0 +1,249 @@
+"""The back end's driver: a partitioned, packed graph -> one program per accelerator layer + a DRAM image.
+
+For each accelerator node (in graph order): its geometry in blocks, its schedule (the default choice, or
+one given per layer), its lowering (:mod:`conv` / :mod:`pool`) into a program, the micro-op loads and
+FINISH, the dependency tokens (:mod:`vthread`), then the static checks (:mod:`check`): every stream's
+token protocol and micro-op hazards are verified before anything is written. The result goes into the
+artifact's ``accel`` section: the constant part of the DRAM image and, as JSON, where every value,
+program and micro-op block lives, with each layer's schedule and static figures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from weft.compiler.backend import alu, check, memory
+from weft.compiler.backend.conv import ConvLowering
+from weft.compiler.backend.pool import EltwiseLowering, PoolLowering
+from weft.compiler.backend.program import Stream
+from weft.compiler.backend.schedule import LayerGeom, Schedule, ranked
+from weft.compiler.backend.te import tensorize
+from weft.compiler.backend.tiles import Addresses, Lowering
+from weft.compiler.backend.vthread import inject_sync
+from weft.compiler.errors import CompileError
+from weft.compiler.ir import Graph, Node
+from weft.compiler.layout import act_block
+from weft.compiler.partition import ACCEL_OPS
+from weft.isa.encoding import EncodeError, encode_insns, encode_uops
+from weft.isa.spec import intrinsic
+from weft.sim.bits import pack
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+    from weft.runtime.artifact import Artifact
+
+__all__ = ["SECTION", "BackendError", "generate", "layer_geometry"]
+
+#: Name of the artifact section the back end writes.
+SECTION = "accel"
+SECTION_VERSION = 1
+_KIND = {"qconv2d": "conv", "qmaxpool": "maxpool", "qavgpool": "avgpool", "qalu": "eltwise"}
+_LOWERING: dict[str, type[Lowering]] = {"conv": ConvLowering, "maxpool": PoolLowering, "avgpool": PoolLowering,
+                                       "eltwise": EltwiseLowering}
+
+
+class BackendError(CompileError):
+    """An accelerator layer the back end cannot lower for the config; names the node."""
+
+
+def _steps(node: Node) -> tuple:
+    return tuple(node.attrs.get("epilogue", ()))
+
+
+def _count_alu(steps: tuple) -> int:
+    return sum(_count_alu(op) + 1 if kind == "residual" else 1 for kind, op in steps)
+
+
+def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> LayerGeom:
+    """The geometry of an accelerator node, or a BackendError saying why the config cannot run it."""
+    c = config
+    kind = _KIND.get(node.op)
+    if kind is None:
+        raise BackendError(f"the accelerator does not run {node.op}", node=node.name, op=node.op)
+    x, y = graph.values[node.inputs[0]], graph.values[node.outputs[0]]
+    block = act_block(c)
+    for value in (x, y):
+        if not value.packed or value.shape[4:] != (c.batch, block):  # type: ignore[index]
+            raise BackendError(f"'{value.name}' is not in the packed layout of config '{c.name}'",
+                               node=node.name, op=node.op)
+    if c.batch > 1 and c.block_in != c.block_out:
+        raise BackendError(f"config '{c.name}' has batch {c.batch} with block_in {c.block_in} != block_out "
+                           f"{c.block_out}: one GEMM row is not contiguous in the packed layout, so the DMA "
+                           "cannot move it", node=node.name, op=node.op)
+    if c.inp_width != c.out_width:
+        raise BackendError(f"config '{c.name}' reads activations with inp_width {c.inp_width} but writes "
+                           f"them with out_width {c.out_width}", node=node.name, op=node.op)
+    nb, icb, h, w = x.shape[:4]  # type: ignore[misc]
+    _, ocb, ho, wo = y.shape[:4]  # type: ignore[misc]
+    steps = _steps(node)
+    vectors = len(alu.vectors_of(steps))
+    residual = any(kind_ == "residual" for kind_, _ in steps)
+    common = dict(name=node.name, kind=kind, nb=nb, icb=icb, ocb=ocb, ri=block // c.block_in,
+                  ro=block // c.block_out, h=h, w=w, ho=ho, wo=wo, residual=residual, vectors=vectors,
+                  alu_steps=_count_alu(steps))
+    if kind == "eltwise":
+        if (nb, icb, h, w) != (y.shape[0], ocb, ho, wo):  # type: ignore[index]
+            raise BackendError("element-wise layers keep their shape", node=node.name, op=node.op)
+        return LayerGeom(**common)
+    kh, kw = node.attrs["kernel"]
+    sh, sw = node.attrs["strides"]
+    pads = tuple(int(p) for p in node.attrs["pads"])
+    if kind != "conv" and icb != ocb:
+        raise BackendError("pooling keeps the channel count", node=node.name, op=node.op)
+    return LayerGeom(**common, kh=kh, kw=kw, sh=sh, sw=sw, pads=pads)  # type: ignore[arg-type]
+
+
+def _nonnegative(graph: Graph) -> set[str]:
+    """Values proven >= 0: outputs of layers whose epilogue ends clamping at >= 0 (and max-pools of them)."""
+    out: set[str] = set()
+    for node in graph.nodes:
+        if node.op == "qmaxpool":
+            if node.inputs[0] in out:
+                out.add(node.outputs[0])
+            continue
+        nonneg = False
+        for kind, operand in node.attrs.get("epilogue", ()):
+            if kind in ("max_imm", "max_vec"):
+                nonneg = nonneg or bool(np.min(operand) >= 0)
+            elif kind in ("min_imm", "min_vec", "shr_imm"):
+                nonneg = nonneg and bool(np.min(operand) >= 0)
+            else:
+                nonneg = False
+        if nonneg and node.op in _KIND:
+            out.add(node.outputs[0])
+    return out
+
+
+def _value_bytes(graph: Graph, name: str, config: AcceleratorConfig) -> int:
+    return int(np.prod(graph.values[name].shape)) * config.out_width // 8
+
+
+def _schedule_for(geom: LayerGeom, config: AcceleratorConfig, given: Any, latency_hiding: bool) -> list[Schedule]:
+    if given is not None:
+        sched = given if isinstance(given, Schedule) else Schedule.from_dict(given)
+        return [sched if latency_hiding else sched.without_latency_hiding()]
+    candidates = ranked(geom, config)
+    return candidates if latency_hiding else [s.without_latency_hiding() for s in candidates]
+
+
+def generate(artifact: Artifact, *, latency_hiding: bool = True,
+             schedules: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Lower every accelerator layer of `artifact` and add the ``accel`` section; returns its meta.
+
+    `schedules` maps layer names to a :class:`Schedule` (or its dict) to use instead of the default;
+    ``latency_hiding=False`` runs every layer with one virtual thread (same tiles)."""
+    started = time.perf_counter()
+    graph, c = artifact.graph, artifact.config
+    tensorize(c, intrinsic(c))
+    schedules = dict(schedules or {})
+    unknown = sorted(set(schedules) - {n.name for n in graph.nodes if n.op in ACCEL_OPS})
+    if unknown:
+        raise ValueError(f"schedules given for '{unknown[0]}', which is not an accelerator layer of the model")
+    plan = memory.DramPlan(c)
+    accel = [n for n in graph.nodes if n.attrs.get("target") == "accel"]
+    values: dict[str, dict[str, Any]] = {}
+    for node in accel:
+        for name in [node.inputs[0], *node.inputs[2:3], node.outputs[0]] if node.op == "qconv2d" else \
+                [*node.inputs, node.outputs[0]]:
+            if name and name not in values and name not in graph.constants:
+                addr = plan.alloc(f"value:{name}", _value_bytes(graph, name, c))
+                values[name] = {"addr": addr, "bytes": _value_bytes(graph, name, c),
+                                "shape": list(graph.values[name].shape), "dtype": graph.values[name].dtype}
+    const_base = plan.size
+    nonneg = _nonnegative(graph)
+    layers = []
+    for node in accel:
+        layers.append(_lower_layer(node, graph, c, plan, values, schedules.get(node.name), latency_hiding,
+                                   node.inputs[0] in nonneg))
+    meta = {
+        "version": SECTION_VERSION, "dram_bytes": plan.size, "const_base": const_base,
+        "latency_hiding": latency_hiding, "values": values, "layers": layers,
+        "compile_seconds": time.perf_counter() - started,
+    }
+    section = artifact.add_section(SECTION, meta)
+    section.add_array("const", plan.image(const_base))
+    return meta
+
+
+def _lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.DramPlan,
+                 values: dict[str, dict[str, Any]], given: Any, latency_hiding: bool, nonneg: bool) -> dict[str, Any]:
+    geom = layer_geometry(node, graph, c)
+    rb = memory.row_bytes(c)
+    steps = _steps(node)
+    kind = geom.kind
+    in_mem = "inp" if kind == "conv" else "out"
+    addrs = {"inp": plan.element(values[node.inputs[0]]["addr"], in_mem),
+             "out": plan.element(values[node.outputs[0]]["addr"], "out")}
+    residual_input = node.inputs[2] if node.op == "qconv2d" and len(node.inputs) > 2 else \
+        node.inputs[1] if node.op == "qalu" and len(node.inputs) > 1 else ""
+    if residual_input:
+        addrs["residual"] = plan.element(values[residual_input]["addr"], "out")
+    if kind == "conv":
+        w = graph.constants[node.inputs[1]]
+        want = (geom.ocb * geom.ro, geom.icb * geom.ri, geom.kh, geom.kw, c.block_out, c.block_in)
+        if w.shape != want:
+            raise BackendError(f"packed weights are {list(w.shape)}, expected {list(want)}", node=node.name,
+                               op=node.op)
+        addrs["wgt"] = plan.element(plan.constant(f"wgt:{node.name}", memory.weight_bytes(w, c)), "wgt")
+    vectors = alu.vectors_of(steps)
+    if vectors:
+        vec_addr = plan.constant(f"vec:{node.name}", memory.vector_bytes(vectors, c), share=True)
+        addrs["vec"] = plan.element(vec_addr, "acc")
+    lowering_cls = _LOWERING[kind]
+    errors = []
+    for sched in _schedule_for(geom, c, given, latency_hiding):
+        try:
+            lowering = lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {"nonnegative": nonneg})
+            stream = lowering.lower()
+        except ValueError as err:  # the exact micro-op or row count did not fit: try the next schedule
+            errors.append(f"{sched}: {err}")
+            continue
+        if stream.uop_count <= c.uop_rows:
+            break
+        errors.append(f"{sched}: {stream.uop_count} micro-ops exceed the {c.uop_rows} of the buffer")
+    else:
+        raise BackendError(f"no schedule lowers onto config '{c.name}' ({'; '.join(errors[:3])})",
+                           node=node.name, op=node.op)
+    uops = stream.uop_table()
+    try:
+        uop_words = encode_uops(c, uops)
+    except EncodeError as err:
+        raise BackendError(f"micro-op {err.index}: {err}", node=node.name, op=node.op) from None
+    uop_addr = plan.constant(f"uop:{node.name}", uop_words, share=True)
+    program = Stream(c)
+    program.uops = stream.uops
+    program._uop_count = stream.uop_count  # the block is already placed; only its load comes first
+    program.load_uops(plan.element(uop_addr, "uop"))
+    program.insns += stream.insns
+    program.finish()
+    inject_sync(program.insns, c)
+    insns = program.array()
+    figures = check.check_stream(node.name, insns, uops, c)
+    try:
+        words = encode_insns(c, insns)
+    except EncodeError as err:
+        raise BackendError(f"instruction {err.index} ({program.insns[err.index].note}): {err}", node=node.name,
+                           op=node.op) from None
+    insn_addr = plan.constant(f"insns:{node.name}", words)
+    kinds: dict[str, int] = {}
+    for insn in program.insns:
+        key = insn.note or "other"
+        kinds[key] = kinds.get(key, 0) + 1
+    return {
+        "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),
+        "inputs": [x for x in node.inputs if x in values], "output": node.outputs[0],
+        "insn_addr": insn_addr, "insn_count": len(insns), "insn_bytes": rb["insn"],
+        "uop_addr": uop_addr, "uop_count": int(stream.uop_count), "tasks": len(lowering.tasks()),
+        "stages": lowering.stages(), "tokens_peak": {k: figures[k] for k in ("l2g", "g2l", "g2s", "s2g")},
+        "checked_executions": figures["executions"], "instructions_by_role": kinds,
+    }
+
+
+def pack_value(array: np.ndarray, config: AcceleratorConfig) -> bytes:
+    """A packed activation as the bytes its DRAM buffer holds."""
+    return pack(np.asarray(array).reshape(-1, config.block_out).astype(np.int64), config.out_width).tobytes()

@@ -1,0 +1,65 @@
+"""Convolutions and dense layers on the GEMM core.
+
+The compute, in rows (see :mod:`weft.compiler.backend.te`; a dense layer is a convolution whose kernel
+covers its 1x1 or flattened image)::
+
+    out[n, oB, oh, ow, so] += inp[n, iB, oh*sh + ky - pt, ow*sw + kx - pl, si]
+                              * wgt[oB*ro + so, iB*ri + si, ky, kx]
+
+with ``n`` batch blocks, ``oB``/``iB`` channel blocks of the packed layout and ``so``/``si`` the GEMM
+blocks inside one (``ro = block / block_out``, ``ri = block / block_in``). The element loops inside each
+row are the GEMM intrinsic itself. After the schedule's splits, one stage of a task loads the input
+window of its tile (the DMA pads the borders, asymmetric pads included) and the weights of its channel
+tiles, and runs the tile body as a single GEMM instruction: the folder puts the two largest axes into the
+instruction's loops and enumerates the rest as micro-ops with a spatial axis innermost.
+"""
+
+from __future__ import annotations
+
+from weft.compiler.backend.program import Stream
+from weft.compiler.backend.te import Access as A
+from weft.compiler.backend.te import Axis, Compute, Nest, tile_box
+from weft.compiler.backend.te import var as v
+from weft.compiler.backend.tiles import Lowering
+from weft.isa.constants import AluOp, MemId
+
+__all__ = ["ConvLowering"]
+
+
+class ConvLowering(Lowering):
+    kind = "conv"
+
+    def declare(self) -> Compute:
+        g = self.g
+        top, left = g.pads[0], g.pads[1]
+        axes = (Axis("n", g.nb), Axis("oB", g.ocb), Axis("so", g.ro), Axis("oh", g.ho), Axis("ow", g.wo),
+                Axis("iB", g.icb, True), Axis("si", g.ri, True), Axis("ky", g.kh, True), Axis("kx", g.kw, True))
+        accesses = {
+            "out": A("out", (v("n"), v("oB"), v("oh"), v("ow"), v("so"))),
+            "inp": A("inp", (v("n"), v("iB"), v("oh") * g.sh + v("ky") - top, v("ow") * g.sw + v("kx") - left,
+                             v("si"))),
+            "wgt": A("wgt", (v("oB") * g.ro + v("so"), v("iB") * g.ri + v("si"), v("ky"), v("kx"))),
+        }
+        shapes = {"out": (g.nb, g.ocb, g.ho, g.wo, g.ro), "inp": (g.nb, g.icb, g.h, g.w, g.ri),
+                  "wgt": (g.ocb * g.ro, g.icb * g.ri, g.kh, g.kw)}
+        return Compute(self.name, axes, accesses, shapes)
+
+    def reduce_axes(self) -> list[str]:
+        return ["iB.i", "si", "ky", "kx"]
+
+    def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
+        r = self.regions(thread)
+        point = {**point, "iB.o": stage}
+        inp_box = tile_box(self.compute, "inp", self.inner)
+        wgt_box = tile_box(self.compute, "wgt", self.inner)
+        self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, r.inp, thread, "input window")
+        assert self.addrs.wgt is not None
+        self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, r.wgt, thread, "weights")
+        if stage == 0:
+            self.reset(stream, thread)
+        axes = tuple(a for a in self.compute.axes if a.name in self.inner)
+        nest = Nest(axes, self.out_box.sram(r.tile), inp_box.sram(r.inp), wgt_box.sram(r.wgt))
+        self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
+
+    def finish_body(self, stream: Stream, h: int) -> None:
+        self.combine(stream, h, AluOp.ADD)

@@ -1,0 +1,134 @@
+"""Pooling and element-wise layers on the tensor ALU.
+
+Pooling, in rows of the accumulator (the input is loaded as sign-extended ``acc_narrow`` rows)::
+
+    out[n, oB, oh, ow, so] = max or sum over ky, kx of win[n, oB, oh*sh + ky - pt, ow*sw + kx - pl, so]
+
+Each task loads the input window of its tile, zeroes the output tile and runs the body as one ALU
+instruction (MAX or ADD over shifted windows), then the epilogue (average pooling: the requantization).
+
+Max-pooling pads must never win, but the DMA pads with zeros. When the input is proven non-negative (the
+layer that makes it ends in a ReLU-like clamp) and every window holds a real element, zeros cannot win.
+Otherwise the tile runs in an offset domain, exactly: the window's real rows get ``+2**(w-1)`` (so every
+value is >= 0 and the padding's 0 stands for the smallest int), and the result gets ``-2**(w-1)`` back.
+
+Element-wise layers (residual adds, channel affines, clamps) load their input tile straight into the
+output tile and run the epilogue.
+"""
+
+from __future__ import annotations
+
+from weft.compiler.backend import alu
+from weft.compiler.backend.program import Stream
+from weft.compiler.backend.te import Access as A
+from weft.compiler.backend.te import Axis, Box, Compute, Expr, Kernel, Nest, fold, tile_box
+from weft.compiler.backend.te import var as v
+from weft.compiler.backend.tiles import Lowering
+from weft.isa.constants import AluOp, MemId
+
+__all__ = ["EltwiseLowering", "PoolLowering", "windows_all_real"]
+
+
+def windows_all_real(size: int, out: int, kernel: int, stride: int, pad_before: int) -> bool:
+    """True when every window of one axis holds at least one element of the input."""
+    return all(o * stride - pad_before + kernel > 0 and o * stride - pad_before < size for o in range(out))
+
+
+class PoolLowering(Lowering):
+    kind = "pool"
+
+    def declare(self) -> Compute:
+        g = self.g
+        top, left = g.pads[0], g.pads[1]
+        axes = (Axis("n", g.nb), Axis("oB", g.ocb), Axis("so", g.ro), Axis("oh", g.ho), Axis("ow", g.wo),
+                Axis("ky", g.kh, True), Axis("kx", g.kw, True))
+        accesses = {
+            "out": A("out", (v("n"), v("oB"), v("oh"), v("ow"), v("so"))),
+            "win": A("in", (v("n"), v("oB"), v("oh") * g.sh + v("ky") - top, v("ow") * g.sw + v("kx") - left,
+                            v("so"))),
+        }
+        shapes = {"out": (g.nb, g.ocb, g.ho, g.wo, g.ro), "in": (g.nb, g.icb, g.h, g.w, g.ro)}
+        return Compute(self.name, axes, accesses, shapes)
+
+    def reduce_axes(self) -> list[str]:
+        return ["ky", "kx"]
+
+    @property
+    def win_box(self) -> Box:
+        return tile_box(self.compute, "win", self.inner)
+
+    def window_rows(self) -> int:
+        return self.win_box.rows
+
+    @property
+    def is_max(self) -> bool:
+        return self.g.kind == "maxpool"
+
+    @property
+    def offset(self) -> int:
+        """The shift into the domain where zero padding is the smallest value (0 when not needed)."""
+        g = self.g
+        if not self.is_max:
+            return 0
+        real = windows_all_real(g.h, g.ho, g.kh, g.sh, g.pads[0]) and windows_all_real(g.w, g.wo, g.kw, g.sw, g.pads[1])
+        if real and self.options.get("nonnegative"):
+            return 0
+        return 1 << (self.config.out_width - 1)
+
+    def _valid_kernel(self, box: Box, origin: tuple[int, ...], base: int) -> Kernel | None:
+        """The rows of the loaded window that hold input values (not padding), as one ALU kernel."""
+        shape = self.compute.shapes["in"]
+        lo = [max(0, -o) for o in origin]
+        hi = [min(e, s - o) for o, e, s in zip(origin, box.extent, shape, strict=True)]
+        counts = [h - lw for lw, h in zip(lo, hi, strict=True)]
+        if min(counts) <= 0:
+            return None
+        names = ["n", "c", "y", "x", "s"]
+        strides = box.strides()
+        axes = tuple(Axis(nm, ct) for nm, ct in zip(names, counts, strict=True))
+        start = base + sum(lw * st for lw, st in zip(lo, strides, strict=True))
+        dst = Expr(tuple((nm, st) for nm, st in zip(names, strides, strict=True)), start)
+        return fold(Nest(axes, dst), max_uops=self.config.uop_rows)
+
+    def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
+        r = self.regions(thread)
+        box = self.win_box
+        self.load_box(stream, "win", MemId.ACC_NARROW, self.addrs.inp, box, point, r.win, thread, "input window",
+                      reuse=False)  # the offset changes the window in place
+        if self.offset:
+            origin = box.origin_at(point)
+            k = self.kernel(("valid", thread, origin), lambda: self._valid_kernel(box, origin, r.win))
+            if k is not None:
+                alu.add_imm(stream, self.config, k, self.offset, "offset the window's real rows")
+        self.reset(stream, thread)
+        axes = tuple(a for a in self.compute.axes if a.name in self.inner)
+        nest = Nest(axes, self.out_box.sram(r.tile), box.sram(r.win))
+        op = AluOp.MAX if self.is_max else AluOp.ADD
+        self.body(stream, nest, thread, lambda k: stream.alu(op, k, note="pool over the window"))
+
+    def finish_body(self, stream: Stream, h: int) -> None:
+        self.combine(stream, h, AluOp.MAX if self.is_max else AluOp.ADD)
+        if self.offset:
+            r = self.regions(h)
+            k = self.kernel(("rows", h, r.tile), lambda: alu.rows_kernel(r.tile, self.tile_rows))
+            alu.add_imm(stream, self.config, k, -self.offset, "undo the offset")
+
+
+class EltwiseLowering(Lowering):
+    kind = "eltwise"
+
+    def declare(self) -> Compute:
+        g = self.g
+        idx = (v("n"), v("oB"), v("oh"), v("ow"), v("so"))
+        axes = (Axis("n", g.nb), Axis("oB", g.ocb), Axis("so", g.ro), Axis("oh", g.ho), Axis("ow", g.wo))
+        shape = (g.nb, g.ocb, g.ho, g.wo, g.ro)
+        return Compute(self.name, axes, {"out": A("out", idx), "x": A("in", idx)}, {"out": shape, "in": shape})
+
+    def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
+        r = self.regions(thread)
+        box = tile_box(self.compute, "x", self.inner)
+        self.load_box(stream, "x", MemId.ACC_NARROW, self.addrs.inp, box, point, r.tile, thread, "input tile",
+                      reuse=False)  # the epilogue works in place
+        if not self.steps:  # the out rows are written by ALU ops only: write them once
+            k = self.kernel(("rows", thread, r.tile), lambda: alu.rows_kernel(r.tile, self.tile_rows))
+            stream.alu(AluOp.ADD, k, imm=0, note="narrow the tile")

@@ -1,0 +1,237 @@
+"""Lowering one accelerator layer: the scheduled loop nest over tiles, virtual threads, buffer regions.
+
+Every layer kind (:mod:`~weft.compiler.backend.conv` for convolutions and dense layers,
+:mod:`~weft.compiler.backend.alu` for pooling and element-wise layers) declares its computation as a
+:class:`~weft.compiler.backend.te.Compute` over axes ``n, oB, so, oh, ow`` (batch blocks, output channel
+blocks, GEMM output blocks inside a channel block, output rows and columns) plus its reduction axes. The
+schedule splits ``n``, ``oB``, ``oh``, ``ow`` (and ``iB``) into tile loops (``.o``) and tile bodies
+(``.i``); the outer loops enumerate *tasks*, one output tile each, which alternate between virtual threads.
+A task runs a few *stages* (loads and the body's GEMM/ALU work; several when a convolution's input
+channels are split), then its epilogue on the ALU and the stores of its output tile.
+
+Each thread owns ``1/vthreads`` of the inp, wgt and acc buffers; its acc slice holds, in order, the output
+tile, the residual tile (layers with a residual input), the per-channel vectors of the epilogue, a
+spare row for one-row reductions, and (pooling) the input window. Tiles already in a thread's slice are
+not loaded again (weights of the same output channels, inputs of the same pixels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from weft.compiler.backend import alu
+from weft.compiler.backend.dma import box_transfers, merge
+from weft.compiler.backend.program import Stream
+from weft.compiler.backend.schedule import LayerGeom, Schedule
+from weft.compiler.backend.te import Box, Compute, Kernel, Nest, split, tile_box
+from weft.compiler.backend.vthread import interleave
+from weft.isa.constants import AluOp, MemId
+from weft.isa.encoding import UOP_DTYPE
+
+if TYPE_CHECKING:
+    from weft.compiler.epilogue import Step
+    from weft.config import AcceleratorConfig
+
+__all__ = ["Addresses", "Lowering", "Regions"]
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """DRAM rows of the layer's tensors, each in the row size of the memory that moves it: the input in
+    inp rows (GEMM) or out rows (ALU layers, loaded as acc_narrow), the output and residual in out rows,
+    weights in wgt rows, epilogue vectors in acc rows."""
+
+    inp: int
+    out: int
+    residual: int | None = None
+    wgt: int | None = None
+    vec: int | None = None
+
+
+@dataclass(frozen=True)
+class Regions:
+    """First rows of one thread's buffer slices."""
+
+    inp: int
+    wgt: int
+    tile: int
+    res: int
+    vec: int
+    spare: int
+    win: int
+
+
+class Lowering:
+    """Common machinery; subclasses define :meth:`declare`, :meth:`reduce_axes` and :meth:`emit_stage`."""
+
+    kind = "layer"
+
+    def __init__(self, name: str, geom: LayerGeom, sched: Schedule, config: AcceleratorConfig,
+                 addrs: Addresses, steps: tuple[Step, ...], options: dict[str, Any] | None = None):
+        self.name, self.g, self.s, self.config, self.addrs = name, geom, sched, config, addrs
+        self.steps = steps
+        self.options = dict(options or {})
+        self.vectors = alu.vectors_of(steps)
+        g, s = geom, sched
+        c = self.declare()
+        for axis, factor in (("n", s.tile_n), ("oB", s.tile_oc), ("oh", s.tile_h), ("ow", s.tile_w)):
+            c = split(c, axis, factor)
+        self.stage_axes: tuple[str, ...] = ()
+        if g.kind == "conv":
+            c = split(c, "iB", s.tile_ic)
+            self.stage_axes = ("iB.o",)
+        self.compute: Compute = c
+        self.inner = ["n.i", "oB.i", "so", "oh.i", "ow.i", *self.reduce_axes()]
+        pix = ["n.o", "oh.o", "ow.o"]
+        self.task_axes = ["oB.o", *pix] if s.order == "oc_outer" else [*pix, "oB.o"]
+        self.out_box: Box = tile_box(c, "out", self.inner)
+        self.tile_rows = self.out_box.rows
+        self.single = self.tile_rows == 1
+        self.v = s.vthreads
+        self._regions = [self._layout(h) for h in range(self.v)]
+        self._kernels: dict[tuple, Kernel] = {}
+        self.alternated = False
+
+    # ---- to be defined by layer kinds -------------------------------------------------------------------
+    def declare(self) -> Compute:
+        raise NotImplementedError
+
+    def reduce_axes(self) -> list[str]:
+        return []
+
+    def window_rows(self) -> int:
+        return 0
+
+    def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
+        raise NotImplementedError
+
+    # ---- regions -----------------------------------------------------------------------------------------
+    def _layout(self, h: int) -> Regions:
+        c, v = self.config, self.s.vthreads
+        acc0 = h * (c.acc_rows // v)
+        tile = acc0
+        res = tile + self.tile_rows
+        vec = res + (self.tile_rows if self.g.residual else 0)
+        spare = vec + len(self.vectors) * self.s.tile_oc * self.g.ro
+        win = spare + (1 if self.single else 0)
+        end = win + self.window_rows()
+        limit = acc0 + c.acc_rows // v
+        if end > limit:
+            raise ValueError(f"layer '{self.name}': the tile needs {end - acc0} accumulator rows, the thread has "
+                             f"{c.acc_rows // v}")
+        return Regions(h * (c.inp_rows // v), h * (c.wgt_rows // v), tile, res, vec, spare, win)
+
+    def regions(self, h: int) -> Regions:
+        return self._regions[h]
+
+    def out_tile(self, h: int) -> alu.Tile:
+        s, g = self.s, self.g
+        return alu.Tile(self.regions(h).tile, s.tile_n, s.tile_oc, s.tile_h * s.tile_w, g.ro)
+
+    # ---- the task loop -------------------------------------------------------------------------------
+    def tasks(self) -> list[dict[str, int]]:
+        extents = {a.name: a.extent for a in self.compute.axes}
+        grid = np.indices([extents[a] for a in self.task_axes]).reshape(len(self.task_axes), -1).T
+        return [dict(zip(self.task_axes, map(int, p), strict=True)) for p in grid]
+
+    def stages(self) -> int:
+        extents = {a.name: a.extent for a in self.compute.axes}
+        return int(np.prod([extents[a] for a in self.stage_axes])) if self.stage_axes else 1
+
+    def lower(self) -> Stream:
+        """The layer's program (without its micro-op loads and FINISH, which the code generator adds)."""
+        stream = Stream(self.config)
+        self.resident: list[dict[str, Any]] = [{} for _ in range(self.v)]
+        per_thread: list[list[tuple]] = [[] for _ in range(self.v)]
+        for k, point in enumerate(self.tasks()):
+            h = k % self.v
+            for j in range(self.stages()):
+                per_thread[h].append(("stage", point, j, h))
+            per_thread[h].append(("epilogue", point, 0, h))
+        for what, point, j, h in interleave(per_thread):
+            if what == "stage":
+                self.emit_stage(stream, point, j, h)
+            else:
+                self.emit_epilogue(stream, point, h)
+        return stream
+
+    # ---- shared emitters -----------------------------------------------------------------------------
+    def kernel(self, key: tuple, build: Any) -> Kernel:
+        if key not in self._kernels:
+            self._kernels[key] = build()
+        return self._kernels[key]
+
+    def load_box(self, stream: Stream, key: str, mem: MemId, dram_base: int, box: Box, point: dict[str, int],
+                 sram: int, thread: int, note: str, reuse: bool = True) -> None:
+        """Load a box unless the thread's slice already holds it (`reuse`)."""
+        origin = box.origin_at(point)
+        if reuse and self.resident[thread].get(key) == origin:
+            return
+        self.resident[thread][key] = origin
+        shape = self.compute.shapes[box.tensor]
+        moves = merge(self.config, box_transfers(self.config, mem, shape, dram_base, origin, box.extent, sram))
+        for t in moves:
+            stream.transfer(t, note=note)
+
+    def reset(self, stream: Stream, h: int) -> None:
+        """Zero the output tile (and the spare row of a one-row reduction)."""
+        r = self.regions(h)
+
+        def build() -> Kernel:
+            if self.single:  # the tile row and its spare row
+                uops = np.zeros(2, dtype=UOP_DTYPE)
+                uops["dst"] = (r.tile, r.spare)
+                return Kernel(uops, 1, 1, (0, 0), (0, 0), (0, 0))
+            return alu.rows_kernel(r.tile, self.tile_rows)
+
+        stream.gemm(self.kernel(("reset", h), build), reset=True, note="reset the output tile")
+
+    def body(self, stream: Stream, nest: Nest, h: int, emit: Callable[[Kernel], object]) -> None:
+        """Emit a tile body: one folded instruction; for a one-row tile, executions alternating between
+        the row and its spare row (folded in by :meth:`combine` once the reduction is complete)."""
+        r = self.regions(h)
+        if self.single:
+            kernel = self.kernel(("body", h), lambda: alu.alternate(nest, r.spare))
+            self.alternated = self.alternated or len(kernel.uops) > 1
+        else:
+            kernel = self.kernel(("body", h), lambda: alu.fold_body(nest, self.config))
+        emit(kernel)
+
+    def combine(self, stream: Stream, h: int, op: AluOp) -> None:
+        """row op= spare row, after a one-row reduction that alternated between them."""
+        if self.single and self.alternated:
+            r = self.regions(h)
+            stream.alu(op, self.kernel(("combine", h), lambda: alu.combine_kernel(r.tile, r.spare)),
+                       note="fold the spare row into the output row")
+
+    def finish_body(self, stream: Stream, h: int) -> None:
+        """What completes a tile's body before its epilogue (layer kinds add to it)."""
+
+    def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        g, s, r = self.g, self.s, self.regions(h)
+        self.finish_body(stream, h)
+        if self.vectors and self.resident[h].get("vec") != point["oB.o"]:
+            self.resident[h]["vec"] = point["oB.o"]
+            assert self.addrs.vec is not None
+            shape = (len(self.vectors), g.ocb * g.ro)
+            origin = (0, point["oB.o"] * s.tile_oc * g.ro)
+            for t in merge(self.config, box_transfers(self.config, MemId.ACC, shape, self.addrs.vec, origin,
+                                                      (len(self.vectors), s.tile_oc * g.ro), r.vec)):
+                stream.transfer(t, note="epilogue vectors")
+        if g.residual:
+            assert self.addrs.residual is not None
+            moves = box_transfers(self.config, MemId.ACC_NARROW, self.compute.shapes["out"], self.addrs.residual,
+                                  self.out_box.origin_at(point), self.out_box.extent, r.res)
+            for t in merge(self.config, moves):
+                stream.transfer(t, note="residual tile")
+        tile = self.out_tile(h)
+        alu.epilogue(stream, self.steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h)
+        moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out,
+                              self.out_box.origin_at(point), self.out_box.extent, r.tile)
+        for t in merge(self.config, moves):
+            stream.transfer(t, note="store the output tile")
+
