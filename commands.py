@@ -17,7 +17,7 @@ BENCHES: dict[str, str] = {
     "fsim": "weft.sim.bench:bench_fsim",
     "rtl": "weft.sim.bench_rtl:bench_rtl",
     "compile": "weft.compiler.bench:bench_compile",
-    "cpu": "weft.compiler.bench:bench_cpu",
+    "cpu": "weft.compiler.llvm.bench:bench_cpu",
 }
 
 
@@ -106,6 +106,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_option(parser)
     parser.add_argument("--model", help="model name for model benchmarks (e.g. resnet18)")
     parser.add_argument("--repeat", type=int, default=None, help="repetitions (median is reported)")
+    parser.add_argument("--threads", type=int, default=None, help="threads for benchmarks that use them (cpu)")
     parser.add_argument("-o", "--output", help="also write the JSON figures to this file")
 
 
@@ -128,6 +129,8 @@ def run_bench(args: argparse.Namespace) -> int:
         options["model"] = args.model
     if args.repeat is not None:
         options["repeat"] = args.repeat
+    if args.threads is not None:
+        options["threads"] = args.threads
     # Benchmarks take the config (preset name or file) first, then keyword options.
     figures = func(args.config, **options)
     print_json(figures)
