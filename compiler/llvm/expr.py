@@ -311,11 +311,12 @@ def children(e: Expr) -> tuple[Expr, ...]:
 
 
 def walk(e: Expr) -> Iterable[Expr]:
+    """Every node of `e`, pre-order, left to right."""
     stack = [e]
     while stack:
         node = stack.pop()
         yield node
-        stack.extend(children(node))
+        stack.extend(reversed(children(node)))
 
 
 def free_vars(e: Expr) -> set[Var]:

@@ -191,13 +191,14 @@ def lower_stage(stage: Stage) -> LoweredStage:
     init = substitute(stage.reduce.init, roots)
     acc_load = Load(acc_buf, acc_idx)
     main = Store(acc_buf, acc_idx, _combine(stage.reduce.combiner, acc_load, value))
+    inner_caches = [c for c in caches if any(c.spec.at is a for a in inner)]
     parts: list[Stmt] = [
         _nest(inner_spatial, stage, _guarded(spatial_guards, Store(acc_buf, acc_idx, init))),
-        _with_caches(stage, inner, caches, _guarded(all_guards, main)),
+        _with_caches(stage, inner, inner_caches, _guarded(all_guards, main)),
     ]
     if stage.cached or stage.epilogue is not None:
         parts.append(_nest(inner_spatial, stage, _guarded(spatial_guards, Store(stage.out, out_idx, epi(acc_load)))))
-    body = _nest(outer, stage, Seq(parts))
+    body = _with_caches(stage, outer, [c for c in caches if c not in inner_caches], Seq(parts))
     return LoweredStage(stage.name, body, scratch, launch)
 
 
@@ -304,6 +305,6 @@ def _with_caches(stage: Stage, loops: Sequence[Axis], caches: Sequence[_Cache], 
     placed = {id(a) for a in loops}
     for c in caches:
         if id(c.spec.at) not in placed:
-            raise ScheduleError(f"stage '{stage.name}': cache_read of '{c.spec.buffer.name}' at '{c.spec.at.name}' "
-                                "must be at a loop inside the first reduce loop (or any loop without a reduction)")
+            raise ScheduleError(f"stage '{stage.name}': cache_read of '{c.spec.buffer.name}' at '{c.spec.at.name}', "
+                                "which is not one of its loops")
     return body
