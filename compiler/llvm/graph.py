@@ -210,6 +210,10 @@ class _Planner:
 
     # ---- nodes -------------------------------------------------------------------------------------
     def node(self, node: Node) -> None:
+        for name in node.outputs:
+            if name and 0 in (self.g.values[name].shape or ()):
+                raise UnsupportedError(f"output '{name}' is empty (shape {list(self.g.values[name].shape)})",
+                                       node=node.name, op=node.op)
         handler = _HANDLERS.get(node.op)
         if handler is None:
             if node.op in FLOAT_OPS and all(self.g.is_constant(x) for x in node.inputs if x):
@@ -473,8 +477,9 @@ def _slice(p: _Planner, node: Node) -> None:
 
     extra = [p.g.constants[node.inputs[k]] if len(node.inputs) > k and node.inputs[k] else None for k in (3, 4)]
     index = _slices(node, src.shape, p.g.constants[node.inputs[1]], p.g.constants[node.inputs[2]], *extra)
-    starts = [s.start for s in index]
-    steps = [s.step for s in index]
+    bounds = [s.indices(d) for s, d in zip(index, src.shape, strict=True)]
+    starts = [b[0] for b in bounds]
+    steps = [b[2] for b in bounds]
     out_shape = p.out_shape(node)
     if any(d == 0 for d in out_shape):
         raise UnsupportedError("empty slices are not supported", node=node.name, op=node.op)
