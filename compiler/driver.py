@@ -47,8 +47,8 @@ def _source(model: Any) -> tuple[onnx.ModelProto, dict[str, Any]]:
 def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = "accel",
                   config: str | Path | AcceleratorConfig | Mapping[str, Any] = "default", calibration: Any = None,
                   input_shapes: Mapping[str, Sequence[int]] | None = None, verify: bool = True, seed: int = 0,
-                  trace: Callable[[Pass, Graph], None] | None = None, latency_hiding: bool = True,
-                  schedules: Mapping[str, Any] | None = None) -> Artifact:
+                  trace: Callable[[Pass, Graph], None] | None = None, codegen: bool = True,
+                  latency_hiding: bool = True, schedules: Mapping[str, Any] | None = None) -> Artifact:
     """Compile `model` for `target` ("accel": integer layers for `config`; "cpu": the float graph).
 
     `calibration`: a mapping input name -> array (or a list of them, or an array for a one-input model),
@@ -86,7 +86,7 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
     if calibration_info:
         meta["calibration"] = calibration_info
     artifact = Artifact(graph, cfg, target, meta=meta)
-    if target == "accel":
+    if target == "accel" and codegen:
         from weft.compiler.backend import generate
 
         generate(artifact, latency_hiding=latency_hiding, schedules=schedules)

@@ -13,6 +13,7 @@ Cycles come from the timing model (:mod:`weft.sim.timing`) when this build has o
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import time
@@ -37,6 +38,16 @@ if TYPE_CHECKING:
 __all__ = ["FsimDevice", "timing_model"]
 
 SECTION = "accel"
+
+
+def _one_blas_thread() -> contextlib.AbstractContextManager:
+    """The simulator's matmuls are small (one instruction each): BLAS threads cost more than they save,
+    and on a busy machine their spin-waits cost a hundredfold. Limited when threadpoolctl is installed."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
 
 
 def timing_model() -> Any | None:
@@ -100,6 +111,12 @@ class FsimDevice(Device):
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
         if self.artifact is None:
             raise DeviceError("load an artifact before running")
+        with _one_blas_thread():
+            return self._run(feeds, keep_intermediates)
+
+    def _run(self, feeds: Mapping[str, np.ndarray], keep_intermediates: bool
+             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+        assert self.artifact is not None
         graph = self.artifact.graph
         env: dict[str, Any] = dict(graph.constants)
         env.update(check_feeds(graph, feeds))

@@ -16,9 +16,11 @@ instruction's loops and enumerates the rest as micro-ops with a spatial axis inn
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from weft.compiler.backend.program import Stream
 from weft.compiler.backend.te import Access as A
-from weft.compiler.backend.te import Axis, Compute, Nest, tile_box
+from weft.compiler.backend.te import Axis, Box, Compute, Nest, tile_box
 from weft.compiler.backend.te import var as v
 from weft.compiler.backend.tiles import Lowering
 from weft.isa.constants import AluOp, MemId
@@ -47,18 +49,25 @@ class ConvLowering(Lowering):
     def reduce_axes(self) -> list[str]:
         return ["iB.i", "si", "ky", "kx"]
 
+    @cached_property
+    def boxes(self) -> tuple[Box, Box]:
+        """The input window and the weights one stage loads."""
+        return tile_box(self.compute, "inp", self.inner), tile_box(self.compute, "wgt", self.inner)
+
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         point = {**point, "iB.o": stage}
-        inp_box = tile_box(self.compute, "inp", self.inner)
-        wgt_box = tile_box(self.compute, "wgt", self.inner)
+        inp_box, wgt_box = self.boxes
         self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, r.inp, thread, "input window")
         assert self.addrs.wgt is not None
         self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, r.wgt, thread, "weights")
         if stage == 0:
             self.reset(stream, thread)
-        axes = tuple(a for a in self.compute.axes if a.name in self.inner)
-        nest = Nest(axes, self.out_box.sram(r.tile), inp_box.sram(r.inp), wgt_box.sram(r.wgt))
+
+        def nest() -> Nest:
+            axes = tuple(a for a in self.compute.axes if a.name in self.inner)
+            return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(r.inp), wgt_box.sram(r.wgt))
+
         self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
 
     def finish_body(self, stream: Stream, h: int) -> None:

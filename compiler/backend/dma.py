@@ -15,6 +15,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from weft.isa.constants import MemId
@@ -51,6 +52,7 @@ class Transfer:
         return any(self.pads)
 
 
+@lru_cache(maxsize=32)
 def _limits(config: AcceleratorConfig) -> tuple[int, int, int]:
     """(widest pad, largest x_size and y_size, widest stride) the mem format can encode."""
     fmt = layout_of(config).formats["mem"]

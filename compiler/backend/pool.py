@@ -18,6 +18,8 @@ output tile and run the epilogue.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from weft.compiler.backend import alu
 from weft.compiler.backend.program import Stream
 from weft.compiler.backend.te import Access as A
@@ -53,7 +55,7 @@ class PoolLowering(Lowering):
     def reduce_axes(self) -> list[str]:
         return ["ky", "kx"]
 
-    @property
+    @cached_property
     def win_box(self) -> Box:
         return tile_box(self.compute, "win", self.inner)
 
@@ -101,8 +103,11 @@ class PoolLowering(Lowering):
             if k is not None:
                 alu.add_imm(stream, self.config, k, self.offset, "offset the window's real rows")
         self.reset(stream, thread)
-        axes = tuple(a for a in self.compute.axes if a.name in self.inner)
-        nest = Nest(axes, self.out_box.sram(r.tile), box.sram(r.win))
+
+        def nest() -> Nest:
+            axes = tuple(a for a in self.compute.axes if a.name in self.inner)
+            return Nest(axes, self.out_box.sram(r.tile), box.sram(r.win))
+
         op = AluOp.MAX if self.is_max else AluOp.ADD
         self.body(stream, nest, thread, lambda k: stream.alu(op, k, note="pool over the window"))
 
@@ -126,7 +131,7 @@ class EltwiseLowering(Lowering):
 
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
-        box = tile_box(self.compute, "x", self.inner)
+        box = self.out_box  # the input tile has the output tile's shape and place
         self.load_box(stream, "x", MemId.ACC_NARROW, self.addrs.inp, box, point, r.tile, thread, "input tile",
                       reuse=False)  # the epilogue works in place
         if not self.steps:  # the out rows are written by ALU ops only: write them once

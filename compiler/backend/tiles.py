@@ -190,15 +190,16 @@ class Lowering:
 
         stream.gemm(self.kernel(("reset", h), build), reset=True, note="reset the output tile")
 
-    def body(self, stream: Stream, nest: Nest, h: int, emit: Callable[[Kernel], object]) -> None:
-        """Emit a tile body: one folded instruction; for a one-row tile, executions alternating between
-        the row and its spare row (folded in by :meth:`combine` once the reduction is complete)."""
+    def body(self, stream: Stream, nest: Callable[[], Nest], h: int, emit: Callable[[Kernel], object]) -> None:
+        """Emit a tile body (`nest` builds it when this thread has no kernel for it yet): one folded
+        instruction; for a one-row tile, executions alternating between the row and its spare row (folded
+        in by :meth:`combine` once the reduction is complete)."""
         r = self.regions(h)
         if self.single:
-            kernel = self.kernel(("body", h), lambda: alu.alternate(nest, r.spare))
+            kernel = self.kernel(("body", h), lambda: alu.alternate(nest(), r.spare))
             self.alternated = self.alternated or len(kernel.uops) > 1
         else:
-            kernel = self.kernel(("body", h), lambda: alu.fold_body(nest, self.config))
+            kernel = self.kernel(("body", h), lambda: alu.fold_body(nest(), self.config))
         emit(kernel)
 
     def combine(self, stream: Stream, h: int, op: AluOp) -> None:
