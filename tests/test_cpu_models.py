@@ -1,0 +1,104 @@
+"""Whole float models on the "cpu" device against onnxruntime, and the device's session behaviour: threads,
+stats, intermediates, saved artifacts, errors, and no llvmlite at ``import weft.runtime``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import weft
+from weft.compiler import models
+from weft.runtime import DeviceError, InferenceSession, available_devices
+
+from .test_frontend_util import ort_run, rand
+
+#: relative error bound against onnxruntime for whole networks (float32, different summation orders)
+RTOL = 3e-5
+
+
+def _input(model):
+    inp = model.graph.input[0]
+    return inp.name, [d.dim_value for d in inp.type.tensor_type.shape.dim]
+
+
+def _compare(model, threads: int = 2, seed: int = 0) -> InferenceSession:
+    name, shape = _input(model)
+    x = {name: rand(*shape, seed=seed)}
+    sess = InferenceSession(weft.compile(model, target="cpu"), device="cpu", threads=threads)
+    got = sess.run(None, x)[0]
+    want = ort_run(model, x)[0]
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    assert got.shape == want.shape and err <= RTOL, f"relative error {err:.3g}"
+    return sess
+
+
+@pytest.mark.parametrize("name", ["mlp", "small_resnet", "vgg_small", "awkward_cnn", "reshape_net"])
+def test_project_models_match_onnxruntime(name):
+    sess = _compare(models.MODELS[name]())
+    stats = sess.stats
+    assert stats["device"] == "cpu" and stats["target"] == "cpu" and stats["threads"] == 2
+    assert stats["macs"] == models.count_macs(models.MODELS[name]())
+    assert all(layer["target"] == "host" for layer in stats["layers"])
+
+
+def test_trained_digits_cnn_keeps_its_accuracy():
+    model = models.train_digits_cnn()
+    _, _, x_test, y_test = models.digits_data()
+    sess = InferenceSession(weft.compile(model, target="cpu"), device="cpu")
+    name, _ = _input(model)
+    scores = np.concatenate([sess.run(None, {name: x[None]})[0] for x in x_test[:120]])
+    ours = float(np.mean(scores.argmax(axis=1) == y_test[:120]))
+    theirs = models.accuracy(model, x_test[:120], y_test[:120])
+    assert ours == theirs and ours > 0.85
+
+
+def test_resnet18_matches_onnxruntime():
+    sess = _compare(models.resnet18())
+    assert sess.stats["kernels"] <= 45  # one kernel per layer, plus the pads of the padded convolutions
+
+
+def test_thread_counts_agree_to_the_bit():
+    model = models.small_resnet()
+    art = weft.compile(model, target="cpu")
+    name, shape = _input(model)
+    x = {name: rand(*shape, seed=3)}
+    outs = [InferenceSession(art, device="cpu", threads=t).run(None, x)[0] for t in (1, 2, 5)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+
+
+def test_intermediates_saved_artifacts_and_repeated_runs(tmp_path):
+    model = models.vgg_small()
+    path = weft.compile(model, target="cpu").save(tmp_path / "vgg.weft")
+    sess = InferenceSession(str(path), device="cpu", threads=1)
+    name, shape = _input(model)
+    x1, x2 = rand(*shape, seed=1), rand(*shape, seed=2)
+    y1 = sess.run(None, {name: x1}, keep_intermediates=True)[0]
+    y2 = sess.run(None, {name: x2})[0]
+    np.testing.assert_array_equal(sess.run(None, {name: x1})[0], y1)  # buffers are reused, results are not
+    assert not np.array_equal(y1, y2)
+    ref = InferenceSession(str(path), device="ref")
+    ref.run(None, {name: x1}, keep_intermediates=True)
+    sess.run(None, {name: x1}, keep_intermediates=True)
+    for node in sess.artifact.graph.nodes:  # every layer's output, in its logical (plain) layout
+        out = node.outputs[0]
+        np.testing.assert_allclose(sess.intermediate(out), ref.intermediate(out), rtol=1e-4, atol=1e-4)
+
+
+def test_device_options_and_errors():
+    assert {"cpu", "cuda"} <= set(available_devices())
+    art = weft.compile(models.mlp(), target="cpu")
+    with pytest.raises(DeviceError, match="threads must be at least 1"):
+        InferenceSession(art, device="cpu", threads=0)
+    sess = InferenceSession(art, device="cpu")
+    with pytest.raises(weft.runtime.FeedError, match="input 'input' must have shape"):
+        sess.run(None, {"input": np.zeros((1, 2), np.float32)})
+
+
+def test_runtime_import_does_not_load_llvmlite():
+    code = "import sys, weft.runtime; print('llvmlite' in sys.modules, 'cpu' in weft.runtime.available_devices())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
