@@ -93,12 +93,13 @@ def run_asm(args: argparse.Namespace) -> int:
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_option(parser)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="resnet18", help="the model to build, compile and run (default resnet18)")
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from weft.demo import run_demo as demo
 
-    return demo(load_config(args.config), seed=args.seed)
+    return demo(load_config(args.config), seed=args.seed, model=args.model)
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:

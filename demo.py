@@ -1,132 +1,124 @@
-"""The main demo job.
+"""The main demo job (`make demo`, `weft demo`): ResNet-18 from ONNX to the accelerator, end to end.
 
-Until the compiler lands, it assembles a small GEMM + ALU program (a tiled int8 matrix multiply followed
-by a requantizing ReLU on the ALU), runs it on the functional simulator, checks it against numpy and
-prints what it did.
+It builds the ResNet-18 ONNX model (seeded weights, nothing downloaded), compiles it for a config
+(default: VTA's PYNQ design), runs it on the functional simulator and prints, per layer, where it ran, its
+MACs, its instructions and DRAM traffic, and its cycles when the timing model is present; then the share
+of MACs the accelerator ran, the check that every accelerator layer's output equals the reference
+interpreter's to the bit, and how close the int8 result stays to float onnxruntime.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from weft.config import AcceleratorConfig
-from weft.isa import MemId, ProgramBuilder, disassemble, encode_uops, uops_from
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
 
-__all__ = ["build_matmul_relu", "run_demo"]
+__all__ = ["run_demo"]
 
-
-def _pack_rows(values: np.ndarray, width: int) -> bytes:
-    """Little-endian bit-pack signed integers (last axis = elements of a row) into bytes."""
-    flat = values.astype(np.int64).reshape(-1) & ((1 << width) - 1)
-    bits = ((flat[:, None] >> np.arange(width)) & 1).astype(np.uint8).reshape(-1)
-    return np.packbits(bits, bitorder="little").tobytes()
+#: Where the demo writes the ONNX model and the compiled artifact.
+OUT_DIR = Path("build") / "demo"
 
 
-def build_matmul_relu(config: AcceleratorConfig, seed: int = 0, m_blocks: int = 4, k_blocks: int = 2,
-                      n_blocks: int = 2, shift: int = 6):
-    """A tiled C = relu((A @ W^T) >> shift) program, its DRAM image and the numpy reference.
+def _fmt_int(value: Any) -> str:
+    return "-" if value is None else f"{int(value):,}"
 
-    Returns (insns, dram_bytes, layout, expected) where layout gives the byte addresses of each region.
-    """
+
+def _table(layers: list[dict[str, Any]]) -> list[str]:
+    width = max([len(layer["name"]) for layer in layers] + [5])
+    head = (f"{'#':>3}  {'layer':<{width}}  {'op':<10} {'where':<6} {'MACs':>13} {'insns':>6} {'DRAM bytes':>11} "
+            f"{'cycles':>11} {'ms':>7}")
+    lines = [head, "-" * len(head)]
+    for k, layer in enumerate(layers):
+        moved = sum(layer.get("bytes", {}).values()) if layer["target"] == "accel" else None
+        lines.append(
+            f"{k:>3}  {layer['name']:<{width}}  {layer['op']:<10} {layer['target']:<6} {layer['macs']:>13,} "
+            f"{_fmt_int(layer.get('insn_count')):>6} {_fmt_int(moved):>11} {_fmt_int(layer.get('cycles')):>11} "
+            f"{layer['seconds'] * 1e3:>7.1f}")
+    return lines
+
+
+def run_demo(config: AcceleratorConfig, seed: int = 0, model: str = "resnet18", calibration_batches: int = 2) -> int:
+    """Build, compile, run and report `model` (a name of :data:`weft.compiler.models.MODELS`) on `config`.
+    Returns 0 when fsim and the reference agree to the bit on every accelerator layer."""
+    import onnxruntime as ort
+
+    from weft.compiler import models
+    from weft.compiler.driver import compile_model
+    from weft.runtime.fsim_device import timing_model
+    from weft.runtime.session import InferenceSession
+
+    if model not in models.MODELS:
+        raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
     c = config
+    started = time.perf_counter()
+    print(f"weft demo: {model} on config '{c.name}' ({c.batch}x{c.block_in}x{c.block_out} GEMM, int{c.inp_width} x "
+          f"int{c.wgt_width} -> int{c.acc_width}, {c.clock_mhz:g} MHz, {c.peak_gops:.1f} GOP/s peak, hash {c.hash})")
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    onnx_model = models.MODELS[model](seed=seed)
+    onnx_path = models.save(onnx_model, OUT_DIR / f"{model}.onnx")
+    inp = onnx_model.graph.input[0]
+    shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
     rng = np.random.default_rng(seed)
-    lo_i, hi_i = -(1 << (c.inp_width - 1)), (1 << (c.inp_width - 1))
-    lo_w, hi_w = -(1 << (c.wgt_width - 1)), (1 << (c.wgt_width - 1))
-    a = rng.integers(lo_i, hi_i, size=(m_blocks, c.batch, k_blocks * c.block_in))
-    w = rng.integers(lo_w, hi_w, size=(n_blocks * c.block_out, k_blocks * c.block_in))
+    calibration = {inp.name: rng.standard_normal((calibration_batches, *shape)).astype(np.float32)}
+    print(f"built {onnx_path} ({models.count_parameters(onnx_model):,} parameters, input {inp.name} {shape})")
 
-    # Packed layouts: inp rows (m, kb) of (batch, block_in); wgt rows (nb, kb) of (block_out, block_in).
-    inp_rows = a.reshape(m_blocks, c.batch, k_blocks, c.block_in).transpose(0, 2, 1, 3)
-    wgt_rows = w.reshape(n_blocks, c.block_out, k_blocks, c.block_in).transpose(0, 2, 1, 3)
-    # Micro-ops enumerate the output tiles; the reduction over k-blocks is the outer loop, so two
-    # consecutive uops never write the same accumulator row.
-    uops = uops_from(
-        (m * n_blocks + n, m * k_blocks, n * k_blocks) for m in range(m_blocks) for n in range(n_blocks)
-    )
-    n_uops = len(uops)
-    uop_bytes = encode_uops(c, uops)
-    inp_bytes = _pack_rows(inp_rows, c.inp_width)
-    wgt_bytes = _pack_rows(wgt_rows, c.wgt_width)
-
-    # DRAM map: each region aligned to its row size so element addresses are exact.
-    row_bytes = {"uop": c.uop_bits // 8, "inp": c.inp_row_bits // 8, "wgt": c.wgt_row_bits // 8,
-                 "out": c.out_row_bits // 8}
-    layout, cursor = {}, 0
-    for name, size in (("uop", len(uop_bytes)), ("inp", len(inp_bytes)), ("wgt", len(wgt_bytes)),
-                       ("out", n_uops * row_bytes["out"])):
-        align = max(row_bytes[name], 64)
-        cursor = -(-cursor // align) * align
-        layout[name] = cursor
-        cursor += size
-    insn_addr = -(-cursor // 64) * 64
-
-    p = ProgramBuilder()
-    p.load(MemId.UOP, sram=0, dram=layout["uop"] // row_bytes["uop"], y=1, x=n_uops)
-    p.load(MemId.WGT, sram=0, dram=layout["wgt"] // row_bytes["wgt"], y=1, x=n_blocks * k_blocks)
-    p.load(MemId.INP, sram=0, dram=layout["inp"] // row_bytes["inp"], y=1, x=m_blocks * k_blocks,
-           deps=["push_next"])
-    p.gemm(0, n_uops, reset=True, deps=["pop_prev"])
-    p.gemm(0, n_uops, iter_out=k_blocks, src=(1, 0), wgt=(1, 0))
-    # The ALU walks all output rows with one uop (uop 0 is row 0) and a loop: dst and src step together.
-    p.alu("shr", 0, 1, iter_out=n_uops, dst=(1, 0), src=(1, 0), imm=shift)
-    p.alu("max", 0, 1, iter_out=n_uops, dst=(1, 0), src=(1, 0), imm=0, deps=["push_next"])
-    p.store(sram=0, dram=layout["out"] // row_bytes["out"], y=1, x=n_uops, deps=["pop_prev", "push_prev"])
-    p.load(MemId.UOP, sram=0, dram=0, y=0, x=0, deps=["pop_next"])  # sync: wait for the store
-    p.finish()
-
-    acc = np.einsum("mbk,nk->mbn", a, w)
-    expected = np.clip(np.maximum(acc >> shift, 0), -(1 << (c.out_width - 1)), (1 << (c.out_width - 1)) - 1)
-    dram = bytearray(insn_addr + 16 * (len(p) + 1))
-    dram[layout["uop"]:layout["uop"] + len(uop_bytes)] = uop_bytes
-    dram[layout["inp"]:layout["inp"] + len(inp_bytes)] = inp_bytes
-    dram[layout["wgt"]:layout["wgt"] + len(wgt_bytes)] = wgt_bytes
-    layout["insn"] = insn_addr
-    return p.insns, bytes(dram), layout, expected
-
-
-def _unpack_out(config: AcceleratorConfig, data: np.ndarray, rows: int) -> np.ndarray:
-    w = config.out_width
-    bits = np.unpackbits(np.asarray(data, dtype=np.uint8), bitorder="little")
-    count = rows * config.batch * config.block_out
-    vals = bits[: count * w].reshape(count, w).astype(np.int64) @ (1 << np.arange(w))
-    vals = np.where(vals >= (1 << (w - 1)), vals - (1 << w), vals)
-    return vals.reshape(rows, config.batch, config.block_out)
-
-
-def run_demo(config: AcceleratorConfig, seed: int = 0) -> int:
-    """Print the program, run it on the functional simulator, check it against numpy."""
-    from weft.isa import encode_insns
-    from weft.sim.fsim import Dram, FunctionalSimulator
-
-    c = config
-    m_blocks, k_blocks, n_blocks = 4, 2, 2
-    insns, image, layout, expected = build_matmul_relu(c, seed, m_blocks, k_blocks, n_blocks)
-    words = encode_insns(c, insns)
-    dram = Dram(len(image))
-    dram.write(0, image)
-    dram.write(layout["insn"], words)
-    print(f"weft demo: config '{c.name}' ({c.batch}x{c.block_in}x{c.block_out} int{c.inp_width}"
-          f"xint{c.wgt_width}->int{c.acc_width}, hash {c.hash})")
-    print(f"C[{m_blocks * c.batch}x{n_blocks * c.block_out}] = relu((A[{m_blocks * c.batch}x"
-          f"{k_blocks * c.block_in}] @ W^T) >> 6) as {len(insns)} instructions "
-          f"({len(words)} bytes):\n")
-    for i, line in enumerate(disassemble(insns).splitlines()):
-        print(f"  {i:3d}  {line}")
-    sim = FunctionalSimulator(c)
     start = time.perf_counter()
-    stats = sim.run(dram, layout["insn"], len(insns))
-    elapsed = time.perf_counter() - start
-    n_rows = m_blocks * n_blocks
-    out_bytes = n_rows * c.out_row_bits // 8
-    got = _unpack_out(c, dram.read(layout["out"], out_bytes), n_rows)
-    want = expected.reshape(m_blocks, c.batch, n_blocks, c.block_out)
-    want = want.transpose(0, 2, 1, 3).reshape(n_rows, c.batch, c.block_out)
-    match = bool(np.array_equal(got, want))
-    print(f"\nfunctional simulator: {elapsed * 1e3:.2f} ms")
-    print(f"  instructions: {dict(stats['insns'])}")
-    print(f"  bytes moved:  {dict(stats['bytes'])}")
-    print(f"  MACs: {stats['macs']}   ALU element ops: {stats['alu_ops']}")
-    print(f"  result vs numpy int32 reference: {'bit-exact' if match else 'MISMATCH'}")
-    return 0 if match else 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        artifact = compile_model(str(onnx_path), config=c, calibration=calibration)
+    compile_s = time.perf_counter() - start
+    backend = artifact.sections["accel"].meta
+    art_path = artifact.save(OUT_DIR / f"{model}.{c.name}.weft")
+    n_insns = sum(layer["insn_count"] for layer in backend["layers"])
+    print(f"compiled in {compile_s:.1f} s (back end {backend['compile_seconds']:.1f} s): {len(backend['layers'])} "
+          f"accelerator programs, {n_insns:,} instructions, DRAM image {backend['dram_bytes'] / 2**20:.1f} MiB -> "
+          f"{art_path}")
+
+    x = {inp.name: rng.standard_normal(shape).astype(np.float32)}
+    sess = InferenceSession(artifact, device="fsim")
+    start = time.perf_counter()
+    got = sess.run(None, x, keep_intermediates=True)[0]
+    fsim_s = time.perf_counter() - start
+    stats = sess.stats
+    assert stats is not None
+    print(f"\nfunctional simulator: {fsim_s:.2f} s\n")
+    for line in _table(stats["layers"]):
+        print("  " + line)
+
+    ref = InferenceSession(artifact, device="ref")
+    ref.run(None, x, keep_intermediates=True)
+    accel_nodes = [n for n in artifact.graph.nodes if n.attrs.get("target") == "accel"]
+    mismatched = [n.name for n in accel_nodes
+                  if not np.array_equal(sess.intermediate(n.outputs[0]), ref.intermediate(n.outputs[0]))]
+    convs = [n for n in artifact.graph.nodes if n.op == "qconv2d"]
+    on_accel = sum(n.attrs.get("target") == "accel" for n in convs)
+    ort_sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = ort_sess.run(None, x)[0]
+    a, b = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+    cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    top5 = set(np.argsort(-a)[:5].tolist()) & set(np.argsort(-b)[:5].tolist())
+
+    cycles = stats["cycles"]
+    print()
+    print(f"accelerator MAC fraction: {100 * stats['accel_mac_fraction']:.2f}% of {stats['macs']:,} MACs "
+          f"({on_accel}/{len(convs)} convolutions on the accelerator; host: "
+          f"{', '.join(sorted({layer['op'] for layer in stats['layers'] if layer['target'] == 'host'})) or 'none'})")
+    if cycles is None:
+        reason = "no timing model in this build" if timing_model() is None else "the timing model gave none"
+        print(f"cycles: unknown ({reason})")
+    else:
+        print(f"cycles: {cycles:,} = {cycles / (c.clock_mhz * 1e3):.2f} ms at {c.clock_mhz:g} MHz")
+    print(f"fsim vs reference interpreter: {'bit-exact' if not mismatched else 'MISMATCH'} on "
+          f"{len(accel_nodes) - len(mismatched)}/{len(accel_nodes)} accelerator layers"
+          + (f" (differ: {', '.join(mismatched)})" if mismatched else ""))
+    top1 = "agrees" if a.argmax() == b.argmax() else "differs"
+    print(f"int8 on fsim vs float onnxruntime: cosine {cosine:.4f}, top-1 {top1} ({int(a.argmax())} vs "
+          f"{int(b.argmax())}), top-5 overlap {len(top5)}/5")
+    print(f"total {time.perf_counter() - started:.1f} s")
+    return 0 if not mismatched else 1
