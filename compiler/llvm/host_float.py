@@ -1,0 +1,371 @@
+"""Host kernels for the float ops of a graph: which kernel each op becomes, in which layouts.
+
+Convolutions produce channel-blocked tensors and read whatever their producer gave (a plain NCHW input is
+a block of one channel); pooling and element-wise ops keep their input's layout; every other op reads
+plain tensors. Weights are packed here, once, into the order their kernel reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from weft.compiler.errors import UnsupportedError
+from weft.compiler.float_ops import full_pads, pool_geometry
+from weft.compiler.ir import Node, numpy_dtype
+from weft.compiler.llvm import elementwise as ew
+from weft.compiler.llvm import nn
+from weft.compiler.llvm.elementwise import Operand
+from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
+from weft.compiler.llvm.hostplan import Planner, Tensor, ident
+from weft.compiler.llvm.layout import PLAIN, Layout, block_for
+from weft.compiler.llvm.te import Kernel
+
+__all__ = ["FLOAT_HANDLERS"]
+
+
+def _fused_conv(p: Planner, node: Node) -> None:
+    x_name, w_name, b_name = node.inputs[:3]
+    res_name = node.inputs[3] if len(node.inputs) > 3 else ""
+    if not (p.g.is_constant(w_name) and (not b_name or p.g.is_constant(b_name))):
+        raise UnsupportedError("weights and bias must be constants", node=node.name, op=node.op)
+    w = np.asarray(p.g.constants[w_name], np.float32)
+    o, c, kh, kw = w.shape
+    bias = np.asarray(p.g.constants[b_name], np.float32) if b_name else np.zeros(o, np.float32)
+    x_shape = tuple(p.g.values[x_name].shape or ())
+    act, clip = node.attrs.get("act", "none"), node.attrs.get("clip")
+    out_shape = p.out_shape(node)
+    bo = block_for(o, p.lanes)
+    if len(x_shape) == 2:  # dense
+        n = x_shape[0]
+        x = p.get(x_name, PLAIN, node)
+        args = [x, _const(p, node, "w", nn.pack_dense_weights(w.reshape(o, c), bo)),
+                _const(p, node, "b", bias.reshape(o // bo, bo))]
+        if res_name:
+            args.append(p.get(res_name, PLAIN, node))
+        kernel = nn.dense_kernel("dense", n, c, o, bo, p.target, act=act, clip=clip, residual=bool(res_name))
+        y = p.new(node.outputs[0], out_shape, PLAIN)
+        p.step(node.name, kernel, [*args, y])
+        return
+    src = p.get(x_name, None, node)
+    if not src.layout.blocked:
+        cin = x_shape[1]
+        want = Layout(block_for(cin, p.lanes)) if cin >= p.lanes else Layout(1)
+        src = p.get(x_name, want, node) if want.block > 1 else _as_block1(p, src)
+    strides = tuple(node.attrs["strides"])
+    pads = tuple(node.attrs["pads"])
+    if any(pads):
+        t, l, b_, r = pads
+        padded_shape = (x_shape[0], x_shape[1], x_shape[2] + t + b_, x_shape[3] + l + r)
+        padded = p.new(f"{node.name}.padded", padded_shape, src.layout, primary=False)
+        kernel = ew.pad_kernel("pad", src.operand("x"), (0, 0, t, l, 0, 0, b_, r), 0.0, p.target)
+        p.step(node.name, kernel, [src, padded])
+        src = padded
+    bi = src.layout.block
+    spec = nn.ConvSpec(x_shape[0], c, src.shape[2], src.shape[3], o, kh, kw, strides, bi, bo)  # type: ignore[arg-type]
+    args = [src, _const(p, node, "w", nn.pack_conv_weights(w, bi, bo)), _const(p, node, "b", bias.reshape(o // bo, bo))]
+    residual = None
+    oh, ow = spec.out_hw
+    conv_shape = (x_shape[0], o, oh, ow)
+    if res_name:
+        r_t = p.get(res_name, Layout(bo) if len(out_shape) == 4 else PLAIN, node)
+        args.append(r_t)
+        residual = Operand(Buffer("residual", Layout(bo).physical(conv_shape)), conv_shape, Layout(bo))
+    kernel = nn.conv_kernel("conv", spec, p.target, act=act, clip=clip, residual=residual)
+    if len(out_shape) == 2:  # a dense layer over a whole image: (N, O/bo, 1, 1, bo) is (N, O)
+        y = p.new(node.outputs[0], out_shape, PLAIN)
+    else:
+        y = p.new(node.outputs[0], out_shape, Layout(bo))
+    p.step(node.name, kernel, [*args, y])
+
+
+def _as_block1(p: Planner, t: Tensor) -> Tensor:
+    """A plain NCHW tensor seen as (N, C, H, W, 1): the same bytes."""
+    key = (t.name, Layout(1))
+    if key not in p.tensors:
+        p.alias_same(t.name, t.root() if t.alias_of is None else t, Layout(1))
+    return p.tensors[key]
+
+
+def _const(p: Planner, node: Node, what: str, array: np.ndarray) -> Tensor:
+    t = Tensor(f"{node.name}.{what}", tuple(array.shape), PLAIN, dtype_of_numpy(array.dtype),
+               np.ascontiguousarray(array), constant=True)
+    p.all.append(t)
+    return t
+
+
+def _pool(p: Planner, node: Node) -> None:
+    src = p.get(node.inputs[0], None, node)
+    if len(src.shape) != 4:
+        raise UnsupportedError(f"pooling needs an NCHW input, got shape {list(src.shape)}", node=node.name, op=node.op)
+    kernel_hw, strides, pads, out_hw = pool_geometry(node, src.shape)
+    if node.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+        raise UnsupportedError("auto_pad must be resolved to explicit pads", node=node.name, op=node.op)
+    for key in ("dilations",):
+        if any(d != 1 for d in node.attrs.get(key, (1, 1))):
+            raise UnsupportedError(f"{key} other than 1 are not supported", node=node.name, op=node.op)
+    kind = "max" if node.op == "MaxPool" else "avg"
+    kernel = nn.pool_kernel("pool", src.operand("x"), kind, kernel_hw, strides, pads, out_hw,  # type: ignore[arg-type]
+                            p.target, count_include_pad=bool(node.attrs.get("count_include_pad", 0)))
+    y = p.new(node.outputs[0], p.out_shape(node), src.layout)
+    p.step(node.name, kernel, [src, y])
+
+
+def _global_pool(p: Planner, node: Node) -> None:
+    src = p.get(node.inputs[0], None, node)
+    if len(src.shape) != 4:
+        raise UnsupportedError(f"global pooling needs an NCHW input, got shape {list(src.shape)}",
+                               node=node.name, op=node.op)
+    y = p.new(node.outputs[0], p.out_shape(node), src.layout)
+    p.step(node.name, nn.global_pool_kernel("gap", src.operand("x"), p.target), [src, y])
+
+
+def _elementwise(fn: Callable[[Node, list[Expr]], Expr]) -> Callable[[Planner, Node], None]:
+    def handler(p: Planner, node: Node) -> None:
+        out_shape = p.out_shape(node)
+        names = [x for x in node.inputs if x]
+        tensors = [p.get(x, None, node) for x in names]
+        full = [t for t in tensors if not t.constant and t.shape == out_shape]
+        layout = full[0].layout if full and all(t.layout == full[0].layout for t in full) else PLAIN
+        args = []
+        for t in tensors:
+            if t.constant or t.shape != out_shape:
+                if t.layout != PLAIN:
+                    t = p.get(t.name, PLAIN, node)
+            elif t.layout != layout:
+                t = p.get(t.name, layout, node)
+            args.append(t)
+        operands = [t.operand(f"in{k}") for k, t in enumerate(args)]
+        dtype = operands[0].buffer.dtype
+        kernel = ew.elementwise_kernel(ident(node.op.lower()), out_shape, layout, operands,
+                                       lambda *xs: fn(node, list(xs)), p.target, dtype=dtype)
+        y = p.new(node.outputs[0], out_shape, layout, dtype)
+        p.step(node.name, kernel, [*args, y])
+
+    return handler
+
+
+def _clip(node: Node, xs: list[Expr]) -> Expr:
+    y = xs[0]
+    # Clip's bounds are optional inputs: which ones are present decides what xs[1:] are
+    k = 1
+    for pos in (1, 2):
+        if len(node.inputs) > pos and node.inputs[pos]:
+            y = maximum(y, xs[k]) if pos == 1 else minimum(y, xs[k])
+            k += 1
+    return y
+
+
+def _bn(p: Planner, node: Node) -> None:
+    x, scale, bias, mean, var = node.inputs
+    if not all(p.g.is_constant(v) for v in (scale, bias, mean, var)):
+        raise UnsupportedError("BatchNormalization statistics must be constants", node=node.name, op=node.op)
+    g = p.g.constants
+    inv = (g[scale] / np.sqrt(g[var].astype(np.float64) + node.attrs.get("epsilon", 1e-5))).astype(np.float32)
+    rank = len(p.out_shape(node))
+    shape = (-1,) + (1,) * (rank - 2)
+    consts = [np.ascontiguousarray(a.astype(np.float32).reshape(shape)) for a in (g[mean], inv, g[bias])]
+    _affine_like(p, node, x, consts, lambda xs: (xs[0] - xs[1]) * xs[2] + xs[3])
+
+
+def _channel_affine(p: Planner, node: Node) -> None:
+    x, scale, shift = node.inputs
+    rank = len(p.out_shape(node))
+    shape = (-1,) + (1,) * (rank - 2)
+    consts = [np.ascontiguousarray(np.asarray(p.g.constants[v], np.float32).reshape(shape)) for v in (scale, shift)]
+    _affine_like(p, node, x, consts, lambda xs: xs[0] * xs[1] + xs[2])
+
+
+def _affine_like(p: Planner, node: Node, x: str, consts: list[np.ndarray], fn: Callable[[list[Expr]], Expr]) -> None:
+    src = p.get(x, None, node)
+    out_shape = p.out_shape(node)
+    ctensors = [_const(p, node, f"c{k}", c) for k, c in enumerate(consts)]
+    operands = [src.operand("x"), *[t.operand(f"c{k}") for k, t in enumerate(ctensors)]]
+    kernel = ew.elementwise_kernel("affine", out_shape, src.layout, operands, lambda *xs: fn(list(xs)), p.target)
+    y = p.new(node.outputs[0], out_shape, src.layout)
+    p.step(node.name, kernel, [src, *ctensors, y])
+
+
+def _reshape(p: Planner, node: Node) -> None:
+    src = p.get(node.inputs[0], PLAIN, node)
+    p.alias(node.outputs[0], src, p.out_shape(node))
+
+
+def _shape(p: Planner, node: Node) -> None:
+    p.fold_static(node)
+
+
+def _softmax(p: Planner, node: Node) -> None:
+    src = p.get(node.inputs[0], PLAIN, node)
+    shape = src.shape
+    axis = node.attrs.get("axis", -1) % max(len(shape), 1)
+    if node.attrs.get("legacy", False):
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        kernel = nn.softmax_kernel("softmax", (outer, int(np.prod(shape[axis:], dtype=np.int64))), 1, p.target)
+    else:
+        kernel = nn.softmax_kernel("softmax", shape, axis, p.target)
+    y = p.new(node.outputs[0], shape, PLAIN)
+    p.step(node.name, kernel, [src, y])
+
+
+def _concat(p: Planner, node: Node) -> None:
+    parts = [p.get(x, PLAIN, node) for x in node.inputs]
+    out_shape = p.out_shape(node)
+    kernel = ew.concat_kernel("concat", [t.operand(f"in{k}") for k, t in enumerate(parts)], node.attrs["axis"], PLAIN,
+                              p.target)
+    y = p.new(node.outputs[0], out_shape, PLAIN)
+    p.step(node.name, kernel, [*parts, y])
+
+
+def _pad(p: Planner, node: Node) -> None:
+    src = p.get(node.inputs[0], PLAIN, node)
+    if not all(p.g.is_constant(x) for x in node.inputs[1:] if x):
+        raise UnsupportedError("pads, value and axes must be constants", node=node.name, op=node.op)
+    if node.attrs.get("mode", "constant") != "constant":
+        raise UnsupportedError(f"pad mode '{node.attrs.get('mode')}' is not supported", node=node.name, op=node.op)
+    axes = p.g.constants[node.inputs[3]] if len(node.inputs) > 3 and node.inputs[3] else None
+    pads = full_pads(node, len(src.shape), p.g.constants[node.inputs[1]], axes)
+    value = float(p.g.constants[node.inputs[2]].item()) if len(node.inputs) > 2 and node.inputs[2] else 0.0
+    kernel = ew.pad_kernel("pad", src.operand("x"), [int(v) for v in pads], value, p.target)
+    y = p.new(node.outputs[0], p.out_shape(node), PLAIN)
+    p.step(node.name, kernel, [src, y])
+
+
+def _slice(p: Planner, node: Node) -> None:
+    src = p.get(node.inputs[0], PLAIN, node)
+    if not all(p.g.is_constant(x) for x in node.inputs[1:] if x):
+        raise UnsupportedError("starts, ends, axes and steps must be constants", node=node.name, op=node.op)
+    from weft.compiler.float_ops import _slices
+
+    extra = [p.g.constants[node.inputs[k]] if len(node.inputs) > k and node.inputs[k] else None for k in (3, 4)]
+    index = _slices(node, src.shape, p.g.constants[node.inputs[1]], p.g.constants[node.inputs[2]], *extra)
+    bounds = [s.indices(d) for s, d in zip(index, src.shape, strict=True)]
+    starts = [b[0] for b in bounds]
+    steps = [b[2] for b in bounds]
+    out_shape = p.out_shape(node)
+    if any(d == 0 for d in out_shape):
+        raise UnsupportedError("empty slices are not supported", node=node.name, op=node.op)
+    kernel = ew.slice_kernel("slice", src.operand("x"), starts, steps, out_shape, p.target)
+    y = p.new(node.outputs[0], out_shape, PLAIN)
+    p.step(node.name, kernel, [src, y])
+
+
+def _cast(p: Planner, node: Node) -> None:
+    src = p.get(node.inputs[0], PLAIN, node)
+    to = node.attrs["to"]
+    if to not in ("float32", "float64", "int32", "int64", "int8", "uint8", "int16"):
+        raise UnsupportedError(f"cast to {to} is not supported", node=node.name, op=node.op)
+    dtype = dtype_of_numpy(numpy_dtype(to))
+    kernel = ew.elementwise_kernel("cast", src.shape, PLAIN, [src.operand("x")], lambda x: cast(dtype, x), p.target,
+                                   dtype=dtype)
+    y = p.new(node.outputs[0], src.shape, PLAIN, dtype)
+    p.step(node.name, kernel, [src, y])
+
+
+def _matmul(p: Planner, node: Node) -> None:
+    a_t, b_t = (p.get(x, PLAIN, node) for x in node.inputs[:2])
+    a_shape, b_shape = a_t.shape, b_t.shape
+    a2 = (1, *a_shape) if len(a_shape) == 1 else a_shape
+    b2 = (*b_shape, 1) if len(b_shape) == 1 else b_shape
+    batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
+    nb = int(np.prod(batch, dtype=np.int64))
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    a_in = _broadcast_to(p, node, a_t, a2, (*batch, m, k))
+    b_in = _broadcast_to(p, node, b_t, b2, (*batch, k, n))
+    kernel = nn.matmul_kernel("matmul", nb, m, k, n, p.target)
+    y = p.new(node.outputs[0], p.out_shape(node), PLAIN)
+    p.step(node.name, kernel, [a_in, b_in, y])
+
+
+def _broadcast_to(p: Planner, node: Node, t: Tensor, view: tuple[int, ...], shape: tuple[int, ...]) -> Tensor:
+    """`t` (seen with shape `view`) materialized at `shape` when broadcasting changes it."""
+    v = Tensor(t.name, view, PLAIN, t.dtype, alias_of=t)
+    p.all.append(v)
+    if tuple(view) == tuple(shape):
+        return v
+    out = Tensor(f"{node.name}.{ident(t.name)}.bcast", shape, PLAIN, t.dtype)
+    p.all.append(out)
+    kernel = ew.elementwise_kernel("broadcast", shape, PLAIN, [v.operand("x")], lambda x: x, p.target, dtype=t.dtype)
+    p.step(node.name, kernel, [v, out])
+    return out
+
+
+def _gemm(p: Planner, node: Node) -> None:
+    a_t, b_t = (p.get(x, PLAIN, node) for x in node.inputs[:2])
+    if node.attrs.get("transA", 0):
+        a_t = _transpose(p, node, a_t)
+    if node.attrs.get("transB", 0):
+        b_t = _transpose(p, node, b_t)
+    m, k = a_t.shape
+    n = b_t.shape[1]
+    prod = p.new(f"{node.name}.ab", (m, n), PLAIN, primary=False)
+    p.step(node.name, nn.matmul_kernel("matmul", 1, m, k, n, p.target), [a_t, b_t, prod])
+    alpha = float(node.attrs.get("alpha", 1.0))
+    beta = float(node.attrs.get("beta", 1.0))
+    args = [prod]
+    if len(node.inputs) > 2 and node.inputs[2]:
+        args.append(p.get(node.inputs[2], PLAIN, node))
+
+    def fn(*xs: Expr) -> Expr:
+        y = xs[0] * alpha if alpha != 1.0 else xs[0]
+        if len(xs) > 1:
+            y = y + (xs[1] * beta if beta != 1.0 else xs[1])
+        return y
+
+    operands = [t.operand(f"in{k}") for k, t in enumerate(args)]
+    kernel = ew.elementwise_kernel("gemm_epilogue", (m, n), PLAIN, operands, fn, p.target)
+    y = p.new(node.outputs[0], (m, n), PLAIN)
+    p.step(node.name, kernel, [*args, y])
+
+
+def _transpose(p: Planner, node: Node, t: Tensor) -> Tensor:
+    r, c = t.shape
+    out = Tensor(f"{node.name}.{ident(t.name)}.T", (c, r), PLAIN, t.dtype)
+    p.all.append(out)
+    src = t.operand("x")
+    from weft.compiler.llvm.te import compute
+
+    stage = compute("xt", (c, r), lambda i, j: src.buffer[j, i], dtype=t.dtype)
+    ew.schedule_elementwise(stage, p.target)
+    p.step(node.name, Kernel("transpose", [src.buffer], [stage.out], [stage]), [t, out])
+    return out
+
+
+def _binary(op: str) -> Callable[[Node, list[Expr]], Expr]:
+    def fn(node: Node, xs: list[Expr]) -> Expr:
+        a, b = xs
+        return {"Add": lambda: a + b, "Sub": lambda: a - b, "Mul": lambda: a * b, "Div": lambda: a / b}[op]()
+
+    return fn
+
+
+FLOAT_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
+    "FusedConv": _fused_conv,
+    "MaxPool": _pool,
+    "AveragePool": _pool,
+    "GlobalAveragePool": _global_pool,
+    "Relu": _elementwise(lambda n, xs: maximum(xs[0], 0.0)),
+    "Clip": _elementwise(_clip),
+    "Add": _elementwise(_binary("Add")),
+    "Sub": _elementwise(_binary("Sub")),
+    "Mul": _elementwise(_binary("Mul")),
+    "Div": _elementwise(_binary("Div")),
+    "ChannelAffine": _channel_affine,
+    "BatchNormalization": _bn,
+    "Identity": _reshape,
+    "Flatten": _reshape,
+    "Reshape": _reshape,
+    "Squeeze": _reshape,
+    "Unsqueeze": _reshape,
+    "Softmax": _softmax,
+    "Concat": _concat,
+    "Pad": _pad,
+    "Slice": _slice,
+    "Cast": _cast,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Shape": _shape,
+}
+
+

@@ -1,0 +1,252 @@
+"""The host plan: tensors, kernel steps, and the planner state the op handlers build them with.
+
+A :class:`Tensor` is a graph value as the host holds it (logical shape, layout, array); a :class:`Step` is
+one kernel call on tensors. :class:`Planner` hands op handlers (:mod:`~weft.compiler.llvm.host_float`,
+:mod:`~weft.compiler.llvm.host_quant`) the tensors of their inputs in the layouts they ask for, inserting
+a conversion kernel once per value and layout. :class:`HostPlan` runs the result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from weft.compiler.errors import UnsupportedError
+from weft.compiler.float_ops import FLOAT_OPS
+from weft.compiler.ir import Graph, Node
+from weft.compiler.llvm import elementwise as ew
+from weft.compiler.llvm.elementwise import Operand
+from weft.compiler.llvm.expr import Buffer, dtype_of_numpy
+from weft.compiler.llvm.jit import CompiledKernel
+from weft.compiler.llvm.layout import PLAIN, Layout
+from weft.compiler.llvm.target import Target
+from weft.compiler.llvm.te import Kernel
+
+__all__ = ["HostPlan", "Planner", "Step", "Tensor", "array_dtype", "ident", "plain_copy"]
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A value as the host holds it: logical shape, layout, and the array behind it."""
+
+    name: str
+    shape: tuple[int, ...]
+    layout: Layout
+    dtype: str = "f32"
+    array: np.ndarray | None = None
+    #: a tensor sharing the bytes of another (reshapes, same-bytes layout changes)
+    alias_of: Tensor | None = None
+    constant: bool = False
+
+    @property
+    def physical(self) -> tuple[int, ...]:
+        return self.layout.physical(self.shape)
+
+    def root(self) -> Tensor:
+        return self.alias_of.root() if self.alias_of is not None else self
+
+    def operand(self, name: str | None = None) -> Operand:
+        shape = self.shape or (1,)
+        return Operand(Buffer(name or ident(self.name), self.layout.physical(shape), self.dtype), shape, self.layout)
+
+
+@dataclass(eq=False)
+class Step:
+    node: str
+    kernel: Kernel
+    args: list[Tensor]
+    compiled: CompiledKernel | None = None
+    pointers: Any = None
+
+
+@dataclass(eq=False)
+class HostPlan:
+    """A graph ready to run on the host CPU (see the module docstring)."""
+
+    graph: Graph
+    target: Target
+    steps: list[Step]
+    inputs: dict[str, Tensor]
+    outputs: dict[str, Tensor]
+    tensors: list[Tensor]
+    #: node name -> (op, MACs, logical output shape), for the per-layer figures
+    layers: list[tuple[str, str, int, list[int]]] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    #: value name -> the tensor that holds it
+    values_by_name: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> int:
+        return len(self.steps)
+
+    def values(self) -> dict[str, np.ndarray]:
+        """Every value of the last run, as plain arrays (inputs, constants' users, intermediates)."""
+        return {name: plain_copy(t) for name, t in self.values_by_name.items() if not t.constant}
+
+    def run(self, feeds: Mapping[str, np.ndarray], threads: int = 1, timings: bool = False
+            ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+        """Outputs by name, and per node its name, op, MACs, shape and seconds (when `timings`)."""
+        for name, t in self.inputs.items():
+            np.copyto(t.root().array.reshape(t.physical), np.asarray(feeds[name]).reshape(t.physical),  # type: ignore[union-attr]
+                      casting="same_kind")
+        seconds: dict[str, float] = {}
+        clock = time.perf_counter
+        for step in self.steps:
+            if timings:
+                start = clock()
+                step.compiled.raw(step.pointers, threads)  # type: ignore[union-attr]
+                seconds[step.node] = seconds.get(step.node, 0.0) + clock() - start
+            else:
+                step.compiled.raw(step.pointers, threads)  # type: ignore[union-attr]
+        outputs = {name: plain_copy(t) for name, t in self.outputs.items()}
+        layers = [{"name": n, "op": op, "target": "host", "macs": macs, "shape": shape, "seconds": seconds.get(n, 0.0)}
+                  for n, op, macs, shape in self.layers]
+        return outputs, layers
+
+
+def plain_copy(t: Tensor) -> np.ndarray:
+    data = t.root().array
+    size = int(np.prod(t.physical, dtype=np.int64))
+    data = data.reshape(-1)[:size].reshape(t.physical)  # type: ignore[union-attr]
+    plain = t.layout.from_numpy(data) if t.layout.blocked else data
+    return np.array(plain, copy=True).reshape(t.shape)
+
+
+def ident(name: str) -> str:
+    out = "".join(ch if ch.isalnum() else "_" for ch in name)
+    return out if out and not out[0].isdigit() else f"t_{out}"
+
+
+class Planner:
+    """What op handlers build a plan with: tensors of graph values in the layouts they need, and steps."""
+
+    def __init__(self, graph: Graph, target: Target, handlers: dict[str, Callable[[Planner, Node], None]]):
+        self.g = graph
+        self.handlers = handlers
+        self.target = target
+        self.lanes = target.lanes(4)
+        #: (value name, layout) -> tensor
+        self.tensors: dict[tuple[str, Layout], Tensor] = {}
+        self.primary: dict[str, Tensor] = {}
+        self.steps: list[Step] = []
+        self.all: list[Tensor] = []
+
+    # ---- tensors -----------------------------------------------------------------------------------
+    def new(self, name: str, shape: Sequence[int], layout: Layout, dtype: str = "f32", primary: bool = True) -> Tensor:
+        t = Tensor(name, tuple(int(d) for d in shape), layout, dtype)
+        self.all.append(t)
+        self.tensors[(name, layout)] = t
+        if primary:
+            self.primary[name] = t
+        return t
+
+    def alias(self, name: str, of: Tensor, shape: Sequence[int], layout: Layout = PLAIN) -> Tensor:
+        t = Tensor(name, tuple(int(d) for d in shape), layout, of.dtype, alias_of=of)
+        self.all.append(t)
+        self.tensors[(name, layout)] = t
+        self.primary[name] = t
+        return t
+
+    def get(self, name: str, layout: Layout | None = None, node: Node | None = None) -> Tensor:
+        """Value `name` as a tensor, in `layout` when given (converting once if needed)."""
+        if name not in self.primary:
+            if self.g.is_constant(name):
+                array = np.ascontiguousarray(self.g.constants[name])
+                t = Tensor(name, tuple(array.shape), PLAIN, array_dtype(array, node), array, constant=True)
+                self.all.append(t)
+                self.tensors[(name, PLAIN)] = t
+                self.primary[name] = t
+            else:
+                raise UnsupportedError(f"value '{name}' is not computed on the host", node=node and node.name,
+                                       op=node and node.op)
+        t = self.primary[name]
+        if layout is None or t.layout == layout:
+            return t
+        if (name, layout) in self.tensors:
+            return self.tensors[(name, layout)]
+        if layout == PLAIN and t.layout.same_bytes_as_plain(t.shape):
+            return self.alias_same(name, t, layout)
+        if t.constant:
+            array = layout.to_numpy(t.array)  # type: ignore[arg-type]
+            c = Tensor(name, t.shape, layout, t.dtype, array, constant=True)
+            self.all.append(c)
+            self.tensors[(name, layout)] = c
+            return c
+        out = Tensor(f"{name}@{layout}", t.shape, layout, t.dtype)
+        self.all.append(out)
+        self.tensors[(name, layout)] = out
+        kernel = ew.layout_kernel("convert", t.operand("x"), layout, self.target)
+        self.step(node.name if node else name, kernel, [t, out])
+        return out
+
+    def alias_same(self, name: str, t: Tensor, layout: Layout) -> Tensor:
+        a = Tensor(f"{name}@{layout}", t.shape, layout, t.dtype, alias_of=t)
+        self.all.append(a)
+        self.tensors[(name, layout)] = a
+        return a
+
+    def step(self, node: str, kernel: Kernel, args: list[Tensor]) -> None:
+        if len(args) != len(kernel.params) - len(kernel.temps):
+            raise AssertionError(f"kernel '{kernel.name}' takes {len(kernel.params)} buffers, got {len(args)}")
+        temps = []
+        for b in kernel.temps:
+            t = Tensor(f"{node}.{b.name}", b.shape, PLAIN, b.dtype)
+            self.all.append(t)
+            temps.append(t)
+        self.steps.append(Step(node, kernel, [*args, *temps]))
+
+    # ---- nodes -------------------------------------------------------------------------------------
+    def node(self, node: Node) -> None:
+        for name in node.outputs:
+            if name and 0 in (self.g.values[name].shape or ()):
+                raise UnsupportedError(f"output '{name}' is empty (shape {list(self.g.values[name].shape)})",
+                                       node=node.name, op=node.op)
+        handler = self.handlers.get(node.op)
+        if handler is None:
+            if node.op in FLOAT_OPS and all(self.g.is_constant(x) for x in node.inputs if x):
+                return self.fold(node)
+            raise UnsupportedError("the host code generator has no kernel for this op", node=node.name, op=node.op)
+        for x in node.inputs:
+            if x and not self.g.is_constant(x):
+                v = self.g.values[x]
+                if v.dtype not in ("float32",) and node.op not in ("Shape", "Identity", "Reshape", "Flatten",
+                                                                   "Squeeze", "Unsqueeze", "Cast"):
+                    raise UnsupportedError(f"input '{x}' is {v.dtype}; host kernels compute float32",
+                                           node=node.name, op=node.op)
+        handler(self, node)
+
+    def fold(self, node: Node) -> None:
+        """A node of constants only: evaluated once, here (it depends on no feed)."""
+        outs = FLOAT_OPS[node.op].run(node, [self.g.constants[x] if x else None for x in node.inputs])
+        for name, array in zip(node.outputs, outs, strict=False):
+            array = np.ascontiguousarray(array)
+            t = Tensor(name, tuple(array.shape), PLAIN, array_dtype(array, node), array, constant=True)
+            self.all.append(t)
+            self.tensors[(name, PLAIN)] = t
+            self.primary[name] = t
+
+    def fold_static(self, node: Node) -> None:
+        """Shape: known statically from the input's shape."""
+        shape = tuple(self.g.values[node.inputs[0]].shape or ())
+        array = np.ascontiguousarray(FLOAT_OPS[node.op].run(node, [np.zeros(shape, np.float32)])[0])
+        t = Tensor(node.outputs[0], tuple(array.shape), PLAIN, "i64", array, constant=True)
+        self.all.append(t)
+        self.tensors[(node.outputs[0], PLAIN)] = t
+        self.primary[node.outputs[0]] = t
+
+    def out_shape(self, node: Node, k: int = 0) -> tuple[int, ...]:
+        return tuple(self.g.values[node.outputs[k]].shape or ())
+
+
+def array_dtype(array: np.ndarray, node: Node | None) -> str:
+    try:
+        return dtype_of_numpy(array.dtype)
+    except ValueError:
+        raise UnsupportedError(f"arrays of {array.dtype} are not supported on the host",
+                               node=node and node.name, op=node and node.op) from None
+
+
