@@ -20,7 +20,6 @@ import numpy as np
 from weft.compiler.backend import alu, check, memory
 from weft.compiler.backend.conv import ConvLowering
 from weft.compiler.backend.pool import EltwiseLowering, PoolLowering
-from weft.compiler.backend.program import Stream
 from weft.compiler.backend.schedule import LayerGeom, Schedule, ranked
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
@@ -215,12 +214,7 @@ def _lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dr
     except EncodeError as err:
         raise BackendError(f"micro-op {err.index}: {err}", node=node.name, op=node.op) from None
     uop_addr = plan.constant(f"uop:{node.name}", uop_words, share=True)
-    program = Stream(c)
-    program.uops = stream.uops
-    program._uop_count = stream.uop_count  # the block is already placed; only its load comes first
-    program.load_uops(plan.element(uop_addr, "uop"))
-    program.insns += stream.insns
-    program.finish()
+    program = stream.program(plan.element(uop_addr, "uop"))
     inject_sync(program.insns, c)
     insns = program.array()
     figures = check.check_stream(node.name, insns, uops, c)

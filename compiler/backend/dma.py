@@ -84,8 +84,9 @@ def box_transfers(config: AcceleratorConfig, mem: MemId, shape: Sequence[int], d
 
     def span(d: int) -> tuple[int, int, int]:  # (pad before, valid count, pad after) along dimension d
         lo, hi = origin[d], origin[d] + extent[d]
-        before, after = max(0, -lo), max(0, hi - shape[d])
-        return before, max(0, extent[d] - before - after), after
+        before = min(extent[d], max(0, -lo))
+        after = min(extent[d] - before, max(0, hi - shape[d]))
+        return before, extent[d] - before - after, after
 
     xb, xv, xa = span(k)
     yb, yv, ya = span(y_dim) if y_dim is not None else (0, 1, 0)

@@ -129,6 +129,16 @@ class Stream:
         writes = (("out", *_hull(kernel.uops["dst"], kernel, "dst")),)
         return self._add(Insn(fields, Unit.COMPUTE, writes=writes, note=note))
 
+    def program(self, uop_dram_row: int) -> Stream:
+        """The runnable program: this stream's micro-op block loaded first (from DRAM row `uop_dram_row`
+        of uop words), its instructions, then FINISH (dependency flags not injected yet)."""
+        out = Stream(self.config)
+        out.uops, out._uop_at, out._uop_count = self.uops, self._uop_at, self._uop_count
+        out.load_uops(uop_dram_row)
+        out.insns += self.insns
+        out.finish()
+        return out
+
     def finish(self) -> int:
         return self._add(Insn(dict(opcode=int(Opcode.FINISH)), Unit.COMPUTE, note="finish"))
 
