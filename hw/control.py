@@ -90,6 +90,8 @@ class ControlBlock(wiring.Component):
                             value = getattr(self, f.name)[f.source_lsb:f.source_lsb + f.width]
                         parts = parts | (value.as_unsigned() << f.lsb)
                     m.d.comb += [read_value.eq(parts), read_hit.eq(1)]
+            with m.Default():
+                m.d.comb += read_hit.eq(0)
         with m.Switch(word):
             for reg in self.regs:
                 with m.Case(reg.offset >> 2):

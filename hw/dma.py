@@ -128,22 +128,24 @@ class RowUnpacker(wiring.Component):
         load = cmd.valid & cmd.ready
         if E <= B:
             k = B // E
-            lane = Signal(range(k))
             last = remaining == 1
             take = elems.valid & elems.ready
-            m.d.comb += [
-                elems.valid.eq(active & beats.valid),
-                elems.payload.eq(beats.payload.word_select(lane, E * 8) if k > 1 else beats.payload),
-                beats.ready.eq(take & ((lane == k - 1) | last)),
-                cmd.ready.eq(~active | (take & last)),
-            ]
+            m.d.comb += [elems.valid.eq(active & beats.valid), cmd.ready.eq(~active | (take & last))]
             with m.If(take):
-                m.d.sync += [remaining.eq(remaining - 1), lane.eq(lane + 1)]
+                m.d.sync += remaining.eq(remaining - 1)
                 with m.If(last):
                     m.d.sync += active.eq(0)
             with m.If(load):
                 m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count)]
-                if k > 1:
+            if k == 1:
+                m.d.comb += [elems.payload.eq(beats.payload), beats.ready.eq(take)]
+            else:
+                lane = Signal(range(k))
+                m.d.comb += [elems.payload.eq(beats.payload.word_select(lane, E * 8)),
+                             beats.ready.eq(take & ((lane == k - 1) | last))]
+                with m.If(take):
+                    m.d.sync += lane.eq(lane + 1)
+                with m.If(load):
                     m.d.sync += lane.eq(cmd.payload.lane)
         else:
             beats_per = E // B

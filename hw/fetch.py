@@ -69,6 +69,8 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
                            (MemId.ACC, c.acc_rows), (MemId.OUT, c.out_rows), (MemId.ACC_NARROW, c.acc_rows)):
             with m.Case(mid):
                 m.d.comb += rows.eq(count)
+        with m.Default():
+            m.d.comb += rows.eq(0)  # no memory: the memory id check reports it
     looped = (op == Opcode.GEMM) | (op == Opcode.ALU)
     # The loop fields sit at different bits in the two formats (GEMM has its reset bit first).
     uop_bgn = Mux(op == Opcode.GEMM, loop.uop_bgn, alu.uop_bgn)

@@ -34,7 +34,7 @@ from weft.isa.constants import Unit
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["TOP_NAME", "Core", "WeftTop", "generate_verilog", "top_ports"]
+__all__ = ["AXI_ID_BITS", "TOP_NAME", "Core", "WeftTop", "generate_verilog", "top_ports"]
 
 TOP_NAME = "weft_top"
 #: AXI IDs of the read clients (the arbiter's RID routing).
@@ -43,8 +43,8 @@ READ_CLIENTS = ("fetch", "load", "compute")
 DEADLOCK_CYCLES = 16
 
 
-def _id_bits() -> int:
-    return max(1, (len(READ_CLIENTS) - 1).bit_length())
+#: Width of ARID/RID (and AWID/BID): one ID per read client.
+AXI_ID_BITS = max(1, (len(READ_CLIENTS) - 1).bit_length())
 
 
 class Core(wiring.Component):
@@ -54,7 +54,7 @@ class Core(wiring.Component):
         self.config = config
         members: dict[str, Any] = {
             "start": In(1), "insn_addr": In(ADDR_BITS), "insn_count": In(32),
-            "axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=_id_bits())),
+            "axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=AXI_ID_BITS)),
             "running": Out(1), "ended": Out(1),
             "error": Out(1), "error_code": Out(8), "error_index": Out(32),
         }
@@ -190,7 +190,7 @@ class WeftTop(wiring.Component):
         self.config = config
         self.registers = register_map(config)
         super().__init__({
-            "m_axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=_id_bits())),
+            "m_axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=AXI_ID_BITS)),
             "s_axil": In(axi4_lite_signature(addr_bits=addr_bits(self.registers))),
             "irq": Out(1),
         })
@@ -235,5 +235,10 @@ def generate_verilog(config: AcceleratorConfig) -> str:
     top = WeftTop(config)
     text = verilog.convert(top, name=TOP_NAME, ports=top_ports(top), emit_src=False)
     stamp = (f"// weft accelerator '{config.name}', config hash {config.hash}\n"
-             f"// bitstream name {config.bitstream_name}\n")
+             f"// bitstream name {config.bitstream_name}\n"
+             "// Yosys writes operands of mixed widths and case statements without defaults, relying on\n"
+             "// Verilog's implicit extension and on the values assigned before each case; both are\n"
+             "// well defined, so the two lint classes that flag them are off for this file.\n"
+             "/* verilator lint_off WIDTH */\n"
+             "/* verilator lint_off CASEINCOMPLETE */\n")
     return stamp + text

@@ -185,8 +185,12 @@ def job_from_program(config: AcceleratorConfig, insns: np.ndarray, dram: Dram, l
 
 
 def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing: str = "ideal",
-             build_root: Path | None = None, seed: int = 0) -> list[JobResult]:
-    """Run `jobs` in order in one simulator process; returns the RTL's final DRAM and registers of each."""
+             build_root: Path | None = None, seed: int = 0, log_level: str = "WARNING") -> list[JobResult]:
+    """Run `jobs` in order in one simulator process; returns the RTL's final DRAM and registers of each.
+
+    `timing` names the DRAM model (:data:`weft.sim.cocotb_tb.dram.TIMINGS`); `seed` seeds its random
+    stalls; `log_level` is cocotb's (the simulator's log is kept only when a run fails).
+    """
     from weft.sim.cocotb_tb.dram import TIMINGS
 
     if timing not in TIMINGS:
@@ -211,7 +215,7 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
         try:
             runner.test(test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
                         build_dir=build_dir, test_dir=work,
-                        extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": "WARNING"},
+                        extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": log_level},
                         log_file=log)
         except SystemExit:
             pass  # judged below from what the jobs wrote

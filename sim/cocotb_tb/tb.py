@@ -13,12 +13,39 @@ from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
 from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster
 
-from weft.hw.regs import COUNTERS, register_map
+from weft.hw.axi import ADDR_BITS, axi4_lite_signature, axi4_signature
+from weft.hw.regs import COUNTERS, addr_bits, register_map
+from weft.hw.top import AXI_ID_BITS
 from weft.sim.cocotb_tb.dram import DramModel, DramTiming
 
 __all__ = ["PERIOD_NS", "RunResult", "Testbench"]
 
 PERIOD_NS = 10  # 100 MHz, the Pynq-Z1 PL clock
+
+
+class _Ports:
+    """The DUT seen through its known port names.
+
+    cocotb-bus finds signals with ``dir(dut)``; on Verilator 5.006 enumerating the model's handles makes
+    every later write from Python silently ineffective (cocotb issue #3507, fixed in Verilator 5.018).
+    This proxy answers ``dir()`` from the port list instead, so no enumeration happens.
+    """
+
+    def __init__(self, dut: Any, names: list[str]):
+        self._dut = dut
+        self._names = names
+
+    def __dir__(self) -> list[str]:
+        return list(self._names)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dut, name)
+
+
+def _port_names(config: Any) -> list[str]:
+    axi = axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=AXI_ID_BITS)
+    lite = axi4_lite_signature(addr_bits=addr_bits(register_map(config)))
+    return [f"m_axi_{name}" for name in axi.members] + [f"s_axil_{name}" for name in lite.members]
 
 
 @dataclass
@@ -46,9 +73,12 @@ class Testbench:
         self.regs = {r.name: r for r in register_map(config)}
         self.fields = {f.name: (r.offset, f) for r in self.regs.values() for f in r.fields}
         cocotb.start_soon(Clock(dut.clk, PERIOD_NS, units="ns").start())
-        self.dram = DramModel(AxiBus.from_prefix(dut, "m_axi"), dut.clk, dut.rst, size=dram_size,
+        ports = _Ports(dut, _port_names(config))
+        # The bus models are not tied to rst: the DUT's reset is ours to drive, and they are idle until
+        # the first transfer anyway.
+        self.dram = DramModel(AxiBus.from_prefix(ports, "m_axi"), dut.clk, None, size=dram_size,
                               timing=timing, period_ns=PERIOD_NS)
-        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk, dut.rst)
+        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(ports, "s_axil"), dut.clk)
 
     async def reset(self) -> None:
         self.dut.rst.value = 1
