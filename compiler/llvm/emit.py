@@ -312,7 +312,7 @@ class Emitter:
             one = self.widen(Val(ir.Constant(ir_type(e.dtype), 1.0), 1, e.dtype), lanes).value
             ex = b.call(self.intrinsic("llvm.exp", t), [b.fmul(x, two)])
             return Val(b.fsub(one, b.fdiv(two, b.fadd(ex, one))), lanes, e.dtype)
-        name = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "fabs": "llvm.fabs"}[e.fn]
+        name = f"llvm.{e.fn}"  # exp, log, sqrt, fabs, rint: LLVM's intrinsics of the same names
         return Val(b.call(self.intrinsic(name, t), [a.value for a in args]), lanes, e.dtype)
 
     def intrinsic(self, base: str, t: ir.Type) -> ir.Function:

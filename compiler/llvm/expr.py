@@ -137,10 +137,11 @@ class Bin(Expr):
 
 
 class Call(Expr):
-    """A math function of float arguments: ``exp``, ``log``, ``sqrt``, ``tanh``, ``fabs``."""
+    """A math function of float arguments: ``exp``, ``log``, ``sqrt``, ``tanh``, ``fabs``, and ``rint``
+    (round half to even, numpy's ``rint``)."""
 
     __slots__ = ("args", "fn")
-    FUNCTIONS = ("exp", "log", "sqrt", "tanh", "fabs")
+    FUNCTIONS = ("exp", "log", "sqrt", "tanh", "fabs", "rint")
 
     def __init__(self, fn: str, args: Sequence[Expr]):
         if fn not in self.FUNCTIONS:

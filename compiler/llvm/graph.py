@@ -25,6 +25,7 @@ from weft.compiler.ir import Graph, numpy_dtype
 from weft.compiler.llvm.codegen_cpu import render_module
 from weft.compiler.llvm.expr import dtype_of_numpy, np_dtype
 from weft.compiler.llvm.host_float import FLOAT_HANDLERS
+from weft.compiler.llvm.host_quant import QUANT_HANDLERS, QUANT_OPS
 from weft.compiler.llvm.hostplan import HostPlan, Planner, Step, Tensor
 from weft.compiler.llvm.jit import CompiledKernel, compile_ir
 from weft.compiler.llvm.layout import PLAIN
@@ -37,7 +38,7 @@ def plan_graph(graph: Graph, target: Target | None = None, *, cache_dir: str | P
                compile_threads: int | None = None) -> HostPlan:
     """Plan, compile and allocate `graph` for the host (see the module docstring)."""
     target = target or host_target()
-    p = Planner(graph, target, dict(FLOAT_HANDLERS))
+    p = Planner(graph, target, {**FLOAT_HANDLERS, **QUANT_HANDLERS}, QUANT_OPS)
     inputs = {}
     for name in graph.inputs:
         v = graph.values[name]

@@ -41,10 +41,12 @@ class Tensor:
     #: a tensor sharing the bytes of another (reshapes, same-bytes layout changes)
     alias_of: Tensor | None = None
     constant: bool = False
+    #: the stored shape when it is not the layout's: the accelerator's packed integer activations
+    storage: tuple[int, ...] | None = None
 
     @property
     def physical(self) -> tuple[int, ...]:
-        return self.layout.physical(self.shape)
+        return self.storage if self.storage is not None else self.layout.physical(self.shape)
 
     def root(self) -> Tensor:
         return self.alias_of.root() if self.alias_of is not None else self
@@ -109,9 +111,12 @@ class HostPlan:
 
 
 def plain_copy(t: Tensor) -> np.ndarray:
+    """A copy of `t` in its logical layout (packed integer tensors stay packed, as the reference keeps them)."""
     data = t.root().array
     size = int(np.prod(t.physical, dtype=np.int64))
     data = data.reshape(-1)[:size].reshape(t.physical)  # type: ignore[union-attr]
+    if t.storage is not None:
+        return np.array(data, copy=True)
     plain = t.layout.from_numpy(data) if t.layout.blocked else data
     return np.array(plain, copy=True).reshape(t.shape)
 
@@ -124,9 +129,12 @@ def ident(name: str) -> str:
 class Planner:
     """What op handlers build a plan with: tensors of graph values in the layouts they need, and steps."""
 
-    def __init__(self, graph: Graph, target: Target, handlers: dict[str, Callable[[Planner, Node], None]]):
+    def __init__(self, graph: Graph, target: Target, handlers: dict[str, Callable[[Planner, Node], None]],
+                 int_ops: frozenset[str] = frozenset()):
         self.g = graph
         self.handlers = handlers
+        #: ops whose handlers take integer tensors (the rest compute float32)
+        self.int_ops = int_ops
         self.target = target
         self.lanes = target.lanes(4)
         #: (value name, layout) -> tensor
@@ -213,8 +221,8 @@ class Planner:
         for x in node.inputs:
             if x and not self.g.is_constant(x):
                 v = self.g.values[x]
-                if v.dtype not in ("float32",) and node.op not in ("Shape", "Identity", "Reshape", "Flatten",
-                                                                   "Squeeze", "Unsqueeze", "Cast"):
+                if v.dtype != "float32" and node.op not in self.int_ops and node.op not in (
+                        "Shape", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"):
                     raise UnsupportedError(f"input '{x}' is {v.dtype}; host kernels compute float32",
                                            node=node.name, op=node.op)
         handler(self, node)

@@ -256,7 +256,8 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
             xv = src.buffer[n, c, ihc, iwc]
         if kind == "max":
             return reduce_max(select(inside, xv, float("-inf")), [rh, rw])
-        return reduce_sum(select(inside, xv, 0.0), [rh, rw])
+        # float64 sums, as the reference does: exact for any window, so the order of summation is moot
+        return reduce_sum(select(inside, cast("f64", xv), 0.0), [rh, rw])
 
     def epilogue(acc: Expr, *phys: Var) -> Expr:
         if kind == "max":
@@ -267,9 +268,9 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
         h0, w0 = oh * sh - pt, ow * sw - pl
         count_h = minimum(h0 + kh, hi_h) - maximum(h0, lo_h)
         count_w = minimum(w0 + kw, hi_w) - maximum(w0, lo_w)
-        return acc / cast("f32", count_h * count_w)
+        return cast("f32", acc / cast("f64", count_h * count_w))
 
-    y = compute("y", layout.physical(out_shape), body, epilogue=epilogue)
+    y = compute("y", layout.physical(out_shape), body, epilogue=epilogue, dtype="f32")
     _schedule_pool(y, layout, target)
     return Kernel(name, [src.buffer], [y.out], [y])
 
@@ -277,6 +278,8 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
 def _schedule_pool(y, layout: Layout, target: Target) -> None:
     spatial = [a for a in y.leaves if not a.reduce]
     red = [a for a in y.leaves if a.reduce]
+    if y.value.dtype != y.out.dtype:  # float64 sums of float32 outputs
+        y.cache_write()
     if layout.blocked:
         *outer, c = spatial
         y.reorder(*outer, *red, c)
@@ -296,14 +299,15 @@ def global_pool_kernel(name: str, src: Operand, target: Target) -> Kernel:
     n_, c_, h_, w_ = src.shape
     layout = src.layout
     rh, rw = reduce_axis(h_, "rh"), reduce_axis(w_, "rw")
-    scale = 1.0 / (h_ * w_)
+    count = float(h_ * w_)
 
-    def body(*phys: Var):
+    def body(*phys: Var):  # float64 sums divided by the count: numpy's mean(dtype=float64)
         if layout.blocked:
-            return reduce_sum(src.buffer[phys[0], phys[1], rh, rw, phys[4]], [rh, rw])
-        return reduce_sum(src.buffer[phys[0], phys[1], rh, rw], [rh, rw])
+            return reduce_sum(cast("f64", src.buffer[phys[0], phys[1], rh, rw, phys[4]]), [rh, rw])
+        return reduce_sum(cast("f64", src.buffer[phys[0], phys[1], rh, rw]), [rh, rw])
 
-    y = compute("y", layout.physical((n_, c_, 1, 1)), body, epilogue=lambda acc, *phys: acc * scale)
+    y = compute("y", layout.physical((n_, c_, 1, 1)), body, epilogue=lambda acc, *phys: cast("f32", acc / count),
+                dtype="f32")
     _schedule_pool(y, layout, target)
     return Kernel(name, [src.buffer], [y.out], [y])
 
