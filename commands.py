@@ -17,6 +17,7 @@ BENCHES: dict[str, str] = {
     "fsim": "weft.sim.bench:bench_fsim",
     "rtl": "weft.sim.bench_rtl:bench_rtl",
     "compile": "weft.compiler.bench:bench_compile",
+    "latency": "weft.compiler.bench:bench_latency",
     "cpu": "weft.compiler.llvm.bench:bench_cpu",
 }
 

@@ -1,15 +1,23 @@
-"""`weft bench compile`: how long a model takes to compile and to run on the reference device, and how
-close its int8 outputs stay to float onnxruntime. Speed targets live here, not in unit tests."""
+"""Model benchmarks. Speed targets live here, not in unit tests.
+
+* `weft bench compile`: how long a model takes to compile (front end and back end) and to run on the
+  reference interpreter and on the functional simulator, whether the two agree to the bit, and how close
+  the int8 outputs stay to float onnxruntime.
+* `weft bench latency`: latency hiding on versus off (two virtual threads versus one, same tiles), per
+  convolution layer, in cycles of the timing model; without a timing model it says so and reports what
+  the instruction streams show (instructions, tokens).
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 
-__all__ = ["bench_compile"]
+__all__ = ["bench_compile", "bench_latency"]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -17,51 +25,141 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibration_batches: int = 4,
-                  seed: int = 0) -> dict[str, Any]:
-    """Compile `model` (a name from :data:`weft.compiler.models.MODELS`) for `config` with seeded
-    random calibration inputs, then run it on "ref" `repeat` times; medians in seconds."""
-    import onnxruntime as ort
-
+def _model_and_inputs(model: str, calibration_batches: int, seed: int) -> tuple[Any, dict, dict]:
     from weft.compiler import models
-    from weft.compiler.driver import compile_model
-    from weft.config import load_config
-    from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
         raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
-    cfg = load_config(config)
     onnx_model = models.MODELS[model]()
     inp = onnx_model.graph.input[0]
     shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
     rng = np.random.default_rng(seed)
     calibration = {inp.name: rng.standard_normal((calibration_batches, *shape)).astype(np.float32)}
-    compile_times, artifact = [], None
+    return onnx_model, calibration, {inp.name: rng.standard_normal(shape).astype(np.float32)}
+
+
+def _median_run(sess: Any, feeds: dict, repeat: int) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(max(1, repeat)):
+        start = time.perf_counter()
+        out = sess.run(None, feeds)[0]
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibration_batches: int = 4,
+                  seed: int = 0) -> dict[str, Any]:
+    """Compile `model` (a name from :data:`weft.compiler.models.MODELS`) for `config` with seeded random
+    calibration inputs, then run it on "ref" and "fsim" `repeat` times; medians in seconds."""
+    import onnxruntime as ort
+
+    from weft.compiler.driver import compile_model
+    from weft.config import load_config
+    from weft.runtime.session import InferenceSession
+
+    cfg = load_config(config)
+    onnx_model, calibration, x = _model_and_inputs(model, calibration_batches, seed)
+    compile_times, backend_times, artifact = [], [], None
     for _ in range(max(1, repeat)):
         start = time.perf_counter()
         artifact = compile_model(onnx_model, config=cfg, calibration=calibration)
         compile_times.append(time.perf_counter() - start)
+        backend_times.append(artifact.sections["accel"].meta["compile_seconds"])
     assert artifact is not None
     sess = InferenceSession(artifact, device="ref")
-    x = {inp.name: rng.standard_normal(shape).astype(np.float32)}
-    run_times, out = [], None
-    for _ in range(max(1, repeat)):
-        start = time.perf_counter()
-        out = sess.run(None, x)[0]
-        run_times.append(time.perf_counter() - start)
+    ref_seconds, out = _median_run(sess, x, repeat)
+    fsim = InferenceSession(artifact, device="fsim")
+    fsim_seconds, fsim_out = _median_run(fsim, x, repeat)
+    # Layer by layer, once: every accelerator layer's DRAM output against the reference's packed integers.
+    sess.run(None, x, keep_intermediates=True)
+    fsim.run(None, x, keep_intermediates=True)
+    accel = [n.outputs[0] for n in artifact.graph.nodes if n.attrs.get("target") == "accel"]
+    exact = all(np.array_equal(fsim.intermediate(v), sess.intermediate(v)) for v in accel)
     ort_sess = ort.InferenceSession(onnx_model.SerializeToString(), providers=["CPUExecutionProvider"])
     start = time.perf_counter()
     want = ort_sess.run(None, x)[0]
     ort_seconds = time.perf_counter() - start
     stats = sess.stats or {}
-    run_seconds = statistics.median(run_times)
-    slowest = sorted(stats.get("layers", []), key=lambda layer: -layer["seconds"])[:5]
+    fstats = fsim.stats or {}
+    meta = artifact.sections["accel"].meta
+    accel_macs = sum(layer.get("accel_macs", 0) for layer in fstats.get("layers", []))
+    slowest = sorted(fstats.get("layers", []), key=lambda layer: -layer["seconds"])[:5]
     return {
         "model": model, "config": cfg.name, "config_hash": cfg.hash, "calibration_batches": calibration_batches,
-        "macs": stats.get("macs"), "accel_mac_fraction": stats.get("accel_mac_fraction"),
-        "layers": len(artifact.graph.nodes), "artifact_bytes": len(artifact.to_bytes()),
-        "compile_seconds": statistics.median(compile_times), "ref_seconds": run_seconds,
-        "ref_gmac_per_second": (stats.get("macs") or 0) / run_seconds / 1e9,
-        "onnxruntime_float_seconds": ort_seconds, "cosine_vs_onnxruntime": _cosine(out, want),
-        "slowest_layers": [{k: layer[k] for k in ("name", "op", "macs", "seconds")} for layer in slowest],
+        "macs": stats.get("macs"), "accel_mac_fraction": fstats.get("accel_mac_fraction"),
+        "layers": len(artifact.graph.nodes), "accel_programs": len(meta["layers"]),
+        "instructions": sum(layer["insn_count"] for layer in meta["layers"]),
+        "dram_image_bytes": meta["dram_bytes"], "artifact_bytes": len(artifact.to_bytes()),
+        "compile_seconds": statistics.median(compile_times), "backend_seconds": statistics.median(backend_times),
+        "ref_seconds": ref_seconds, "ref_gmac_per_second": (stats.get("macs") or 0) / ref_seconds / 1e9,
+        "fsim_seconds": fsim_seconds, "fsim_gmac_per_second": accel_macs / fsim_seconds / 1e9,
+        "fsim_padded_macs": accel_macs, "fsim_equals_ref": exact,
+        "fsim_equals_ref_outputs": bool(np.array_equal(out, fsim_out)), "cycles": fstats.get("cycles"),
+        "onnxruntime_float_seconds": ort_seconds, "cosine_vs_onnxruntime": _cosine(fsim_out, want),
+        "slowest_fsim_layers": [{k: layer[k] for k in ("name", "op", "macs", "seconds")} for layer in slowest],
     }
+
+
+def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibration_batches: int = 2,
+                  seed: int = 0) -> dict[str, Any]:
+    """Per convolution layer: cycles with two virtual threads (latency hiding) and with one (same tiles),
+    from the timing model; GEMM utilization is MACs over cycles times the MACs per cycle of the config."""
+    from weft.compiler.backend import generate
+    from weft.compiler.driver import compile_model
+    from weft.config import load_config
+    from weft.runtime.artifact import Artifact
+    from weft.runtime.fsim_device import timing_model
+    from weft.runtime.session import InferenceSession
+
+    del repeat  # one run per variant: cycles are deterministic
+    cfg = load_config(config)
+    onnx_model, calibration, x = _model_and_inputs(model, calibration_batches, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on = compile_model(onnx_model, config=cfg, calibration=calibration)
+    off = Artifact(on.graph, on.config, on.target, meta=on.meta)
+    generate(off, latency_hiding=False)
+    runs = {}
+    for name, art in (("on", on), ("off", off)):
+        sess = InferenceSession(art, device="fsim")
+        start = time.perf_counter()
+        output = sess.run(None, x)[0]
+        runs[name] = {"stats": sess.stats, "output": output, "seconds": time.perf_counter() - start,
+                      "meta": {layer["name"]: layer for layer in art.sections["accel"].meta["layers"]}}
+    layers = []
+    for rec_on, rec_off in zip(runs["on"]["stats"]["layers"], runs["off"]["stats"]["layers"], strict=True):
+        if rec_on["op"] != "qconv2d" or rec_on["target"] != "accel":
+            continue
+        name = rec_on["name"]
+        m_on, m_off = runs["on"]["meta"][name], runs["off"]["meta"][name]
+        row: dict[str, Any] = {
+            "name": name, "macs": rec_on["macs"], "schedule": m_on["schedule"],
+            "insns_on": m_on["insn_count"], "insns_off": m_off["insn_count"],
+            "tokens_peak_on": m_on["tokens_peak"], "tokens_peak_off": m_off["tokens_peak"],
+            "cycles_on": rec_on["cycles"], "cycles_off": rec_off["cycles"],
+        }
+        if rec_on["cycles"] and rec_off["cycles"]:
+            row["speedup"] = rec_off["cycles"] / rec_on["cycles"]
+            for key in ("on", "off"):
+                row[f"utilization_{key}"] = rec_on["accel_macs"] / (row[f"cycles_{key}"] * cfg.macs_per_cycle)
+        layers.append(row)
+    have_cycles = all(row["cycles_on"] is not None and row["cycles_off"] is not None for row in layers)
+    result: dict[str, Any] = {
+        "bench": "latency", "model": model, "config": cfg.name, "config_hash": cfg.hash,
+        "timing_model": timing_model() is not None, "available": have_cycles,
+        "same_outputs": bool(np.array_equal(runs["on"]["output"], runs["off"]["output"])),
+        "fsim_seconds": {k: v["seconds"] for k, v in runs.items()}, "layers": layers,
+    }
+    if have_cycles:
+        total_on = sum(row["cycles_on"] for row in layers)
+        total_off = sum(row["cycles_off"] for row in layers)
+        macs = sum(runs["on"]["stats"]["layers"][i]["accel_macs"] for i, rec in
+                   enumerate(runs["on"]["stats"]["layers"]) if rec["op"] == "qconv2d")
+        result.update(conv_cycles_on=total_on, conv_cycles_off=total_off, speedup=total_off / total_on,
+                      utilization_on=macs / (total_on * cfg.macs_per_cycle),
+                      utilization_off=macs / (total_off * cfg.macs_per_cycle))
+    else:
+        result["reason"] = ("no timing model in this build (weft.sim.timing): cycles are unknown, so the gain of "
+                            "latency hiding cannot be measured yet" if timing_model() is None
+                            else "the timing model reported no cycles")
+    return result
