@@ -70,8 +70,11 @@ class Emitter:
     `bind_thread(tag)` (GPU only) gives the value of a thread index."""
 
     def __init__(self, builder: ir.IRBuilder, buffers: dict[Buffer, ir.Value], *,
-                 bind_thread: Callable[[str], ir.Value] | None = None, barrier: Callable[[], None] | None = None):
+                 bind_thread: Callable[[str], ir.Value] | None = None, barrier: Callable[[], None] | None = None,
+                 nvptx: bool = False):
         self.b = builder
+        #: NVPTX has no libm: exp and log go through the hardware's base-2 approximations
+        self.nvptx = nvptx
         self.buffers = buffers
         self.env: dict[Var, ir.Value] = {}
         self.vec: tuple[Var, int] | None = None
@@ -310,10 +313,41 @@ class Emitter:
             x = args[0].value
             two = self.widen(Val(ir.Constant(ir_type(e.dtype), 2.0), 1, e.dtype), lanes).value
             one = self.widen(Val(ir.Constant(ir_type(e.dtype), 1.0), 1, e.dtype), lanes).value
-            ex = b.call(self.intrinsic("llvm.exp", t), [b.fmul(x, two)])
+            ex = self._exp_log("exp", b.fmul(x, two), t)
             return Val(b.fsub(one, b.fdiv(two, b.fadd(ex, one))), lanes, e.dtype)
-        name = f"llvm.{e.fn}"  # exp, log, sqrt, fabs, rint: LLVM's intrinsics of the same names
+        if e.fn in ("exp", "log"):
+            return Val(self._exp_log(e.fn, args[0].value, t), lanes, e.dtype)
+        name = f"llvm.{e.fn}"  # sqrt, fabs, rint: LLVM's intrinsics of the same names
         return Val(b.call(self.intrinsic(name, t), [a.value for a in args]), lanes, e.dtype)
+
+    def _exp_log(self, fn: str, x: ir.Value, t: ir.Type) -> ir.Value:
+        b = self.b
+        if not self.nvptx:
+            return b.call(self.intrinsic(f"llvm.{fn}", t), [x])
+        # exp(x) = 2^(x log2 e); log(x) = log2(x) ln 2, with PTX's ex2.approx / lg2.approx (2 ulp)
+        scalar = t.element if isinstance(t, ir.VectorType) else t
+        if not isinstance(scalar, ir.FloatType):
+            x = b.fptrunc(x, ir.VectorType(ir.FloatType(), t.count) if isinstance(t, ir.VectorType) else ir.FloatType())
+        name = "llvm.nvvm.ex2.approx.f" if fn == "exp" else "llvm.nvvm.lg2.approx.f"
+        try:
+            f = self.module.get_global(name)
+        except KeyError:
+            f = ir.Function(self.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()]), name)
+        k = 1.4426950408889634 if fn == "exp" else 0.6931471805599453
+
+        def one(v: ir.Value) -> ir.Value:
+            c = ir.Constant(ir.FloatType(), k)
+            return b.call(f, [b.fmul(v, c)]) if fn == "exp" else b.fmul(b.call(f, [v]), c)
+
+        if isinstance(t, ir.VectorType):
+            out = ir.Constant(ir.VectorType(ir.FloatType(), t.count), ir.Undefined)
+            for lane in range(t.count):
+                out = b.insert_element(out, one(b.extract_element(x, ir.Constant(I32, lane))), ir.Constant(I32, lane))
+        else:
+            out = one(x)
+        if not isinstance(scalar, ir.FloatType):
+            out = b.fpext(out, t)
+        return out
 
     def intrinsic(self, base: str, t: ir.Type) -> ir.Function:
         """The overload of a unary float intrinsic for scalar or vector type `t` (``llvm.exp.v16f32``)."""

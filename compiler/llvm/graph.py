@@ -31,36 +31,40 @@ from weft.compiler.llvm.jit import CompiledKernel, compile_ir
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.target import Target, host_target
 
-__all__ = ["HostPlan", "plan_graph"]
+__all__ = ["HostPlan", "allocate_host", "plan_graph", "plan_steps"]
 
 
-def plan_graph(graph: Graph, target: Target | None = None, *, cache_dir: str | Path | None = None,
-               compile_threads: int | None = None) -> HostPlan:
-    """Plan, compile and allocate `graph` for the host (see the module docstring)."""
-    target = target or host_target()
+def plan_steps(graph: Graph, target: Target) -> HostPlan:
+    """The layouts, tensors and kernel steps of `graph` for `target`, not yet compiled or allocated."""
     p = Planner(graph, target, {**FLOAT_HANDLERS, **QUANT_HANDLERS}, QUANT_OPS)
     inputs = {}
     for name in graph.inputs:
         v = graph.values[name]
-        t = p.new(name, v.shape or (), PLAIN, _ir_dtype(v.dtype, name))
-        inputs[name] = t
+        inputs[name] = p.new(name, v.shape or (), PLAIN, _ir_dtype(v.dtype, name))
     layers = []
     for node in graph.nodes:
         p.node(node)
         ins = [graph.values[x].logical_shape if x else None for x in node.inputs]
         outs = [graph.values[o].logical_shape for o in node.outputs]
         layers.append((node.name, node.op, macs_of(node, ins, outs), list(outs[0] or ())))
-    outputs = {}
-    for name in graph.outputs:
-        t = p.primary.get(name)
-        if t is None:
-            t = p.get(name)
-        outputs[name] = t
+    outputs = {name: p.primary[name] if name in p.primary else p.get(name) for name in graph.outputs}
+    return HostPlan(graph, target, p.steps, inputs, outputs, p.all, layers, 0.0, dict(p.primary))
+
+
+def plan_graph(graph: Graph, target: Target | None = None, *, cache_dir: str | Path | None = None,
+               compile_threads: int | None = None) -> HostPlan:
+    """Plan, compile and allocate `graph` for the host (see the module docstring)."""
+    plan = plan_steps(graph, target or host_target())
     start = time.perf_counter()
-    _compile(p.steps, target, cache_dir, compile_threads)
-    compile_seconds = time.perf_counter() - start
-    _allocate(p.all, p.steps)
-    return HostPlan(graph, target, p.steps, inputs, outputs, p.all, layers, compile_seconds, dict(p.primary))
+    _compile(plan.steps, plan.target, cache_dir, compile_threads)
+    plan.compile_seconds = time.perf_counter() - start
+    allocate_host(plan)
+    return plan
+
+
+def allocate_host(plan: HostPlan) -> None:
+    """Give every tensor of `plan` its (64-byte aligned) array, and every step its pointer array."""
+    _allocate(plan.tensors, plan.steps)
 
 
 def _ir_dtype(dtype: str, name: str) -> str:

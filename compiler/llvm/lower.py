@@ -17,7 +17,7 @@ where ``acc`` is the output itself, or a local buffer with ``cache_write``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from weft.compiler.llvm.expr import (
@@ -131,8 +131,9 @@ def _check(stage: Stage) -> None:
                                 f"'{a.name}' is loop {k}" + (" (a reduce loop)" if a.reduce else ""))
         if kind == "vectorize" and a.reduce:
             raise ScheduleError(f"stage '{stage.name}': cannot vectorize reduce loop '{a.name}'")
-        if kind in THREAD_TAGS and a.reduce:
-            raise ScheduleError(f"stage '{stage.name}': cannot bind reduce loop '{a.name}' to {kind}")
+        if kind in THREAD_TAGS and a.reduce and kind != "threadIdx.x":
+            raise ScheduleError(f"stage '{stage.name}': a reduce loop can only be bound to threadIdx.x (a cross-thread "
+                                f"reduction), not '{a.name}' to {kind}")
     bound = [k for k, a in enumerate(leaves) if stage.kind(a) in THREAD_TAGS]
     if bound and bound != list(range(len(bound))):
         raise ScheduleError(f"stage '{stage.name}': loops bound to GPU threads must be the outermost ones")
@@ -163,9 +164,8 @@ def lower_stage(stage: Stage) -> LoweredStage:
     spatial_guards = [g for g, red in stage.guards if not red]
     all_guards = [g for g, _ in stage.guards]
     caches = [_cache_read(stage, c, value) for c in stage.cache_reads]
-    for c in caches:
-        value = c.rewrite(value)
-        scratch.append(c.cache)
+    value = _rewrite_loads(value, {id(c.load): c for c in caches})
+    scratch += [c.cache for c in caches]
 
     def epi(x: Expr) -> Expr:
         if stage.epilogue is None:
@@ -175,6 +175,9 @@ def lower_stage(stage: Stage) -> LoweredStage:
     if stage.reduce is None:
         body = _with_caches(stage, leaves, caches, _guarded(all_guards, Store(stage.out, out_idx, epi(value))))
         return LoweredStage(stage.name, body, scratch, launch)
+    cross = [a for a in leaves if a.reduce and stage.kind(a) == "threadIdx.x"]
+    if cross:
+        return _lower_cross_thread(stage, cross[0], value, out_idx, epi, launch)
 
     p = next(k for k, a in enumerate(leaves) if a.reduce)
     outer, inner = leaves[:p], leaves[p:]
@@ -192,14 +195,63 @@ def lower_stage(stage: Stage) -> LoweredStage:
     acc_load = Load(acc_buf, acc_idx)
     main = Store(acc_buf, acc_idx, _combine(stage.reduce.combiner, acc_load, value))
     inner_caches = [c for c in caches if any(c.spec.at is a for a in inner)]
+    # guards over the outer loops alone wrap the whole reduction once, unless threads must all reach barriers
+    outer_vars = set(outer)
+    hoisted = [] if caches else [g for g, red in stage.guards if not red and free_vars(g) <= outer_vars]
+    spatial_guards = [g for g in spatial_guards if all(g is not h for h in hoisted)]
+    all_guards = [g for g in all_guards if all(g is not h for h in hoisted)]
     parts: list[Stmt] = [
         _nest(inner_spatial, stage, _guarded(spatial_guards, Store(acc_buf, acc_idx, init))),
         _with_caches(stage, inner, inner_caches, _guarded(all_guards, main)),
     ]
     if stage.cached or stage.epilogue is not None:
         parts.append(_nest(inner_spatial, stage, _guarded(spatial_guards, Store(stage.out, out_idx, epi(acc_load)))))
-    body = _with_caches(stage, outer, [c for c in caches if c not in inner_caches], Seq(parts))
+    body = _with_caches(stage, outer, [c for c in caches if c not in inner_caches], _guarded(hoisted, Seq(parts)))
     return LoweredStage(stage.name, body, scratch, launch)
+
+
+def _lower_cross_thread(stage: Stage, tx: Axis, value: Expr, out_idx: tuple[Expr, ...], epi: Callable[[Expr], Expr],
+                        launch: dict[str, int]) -> LoweredStage:
+    """A reduction whose loop `tx` is bound to threadIdx.x: each thread reduces its share serially, then
+    the block combines the partial results in shared memory in log2(threads) halving steps::
+
+        acc = init; for <serial reduce loops>: acc = combine(acc, value)   # every thread
+        red[tx] = acc; barrier
+        for s in T/2, T/4, ..., 1: if tx < s: red[tx] = combine(red[tx], red[tx + s]); barrier
+        if tx == 0: out[...] = epilogue(red[0])
+    """
+    leaves = stage.leaves
+    bound = [a for a in leaves if stage.kind(a) in THREAD_TAGS]
+    serial = [a for a in leaves if stage.kind(a) not in THREAD_TAGS]
+    others = [a for a in bound if a is not tx and stage.kind(a).startswith("threadIdx")]
+    if others or any(not a.reduce for a in serial) or stage.cache_reads:
+        raise ScheduleError(f"stage '{stage.name}': a cross-thread reduction needs every spatial loop bound to "
+                            "blockIdx, and no other threadIdx loop or cache_read")
+    threads = tx.extent
+    if threads & (threads - 1):
+        raise ScheduleError(f"stage '{stage.name}': a cross-thread reduction needs a power-of-two thread count, "
+                            f"'{tx.name}' has {threads}")
+    assert stage.reduce is not None
+    dtype = stage.value.dtype
+    acc = Buffer(f"{stage.name}.acc", (1,), dtype, "local")
+    red = Buffer(f"{stage.name}.red", (threads,), dtype, "shared")
+    zero = (const(0),)
+    combine = stage.reduce.combiner
+    spatial_guards = [g for g, r in stage.guards if not r]
+    partial = _guarded([g for g, _ in stage.guards], Store(acc, zero, _combine(combine, Load(acc, zero), value)))
+    body: list[Stmt] = [
+        Store(acc, zero, substitute(stage.reduce.init, stage.root_value)),
+        _nest(serial, stage, partial),
+        Store(red, (tx,), Load(acc, zero)),
+        Barrier(),
+    ]
+    step = threads // 2
+    while step:
+        merged = _combine(combine, Load(red, (tx,)), Load(red, (tx + step,)))
+        body += [If(tx.lt(step), Store(red, (tx,), merged)), Barrier()]
+        step //= 2
+    body.append(_guarded([tx.eq(0), *spatial_guards], Store(stage.out, out_idx, epi(Load(red, zero)))))
+    return LoweredStage(stage.name, _nest(bound, stage, Seq(body)), [acc, red], launch)
 
 
 # ---- cache_read ----------------------------------------------------------------------------------------
@@ -214,13 +266,21 @@ class _Cache:
     load: Load
     offsets: list[Expr]
 
-    def rewrite(self, e: Expr) -> Expr:
-        def go(x: Expr) -> Expr:
-            if x is self.load:
-                return Load(self.cache, self.offsets)
-            return rebuild(x, go)
 
-        return go(e)
+
+def _rewrite_loads(e: Expr, caches: dict[int, _Cache]) -> Expr:
+    """`e` with each cached load reading its cache instead (one pass: loads keep their identity until
+    replaced)."""
+    if not caches:
+        return e
+
+    def go(x: Expr) -> Expr:
+        c = caches.get(id(x))
+        if c is not None:
+            return Load(c.cache, c.offsets)
+        return rebuild(x, go)
+
+    return go(e)
 
 
 def _cache_read(stage: Stage, spec: CacheRead, value: Expr) -> _Cache:

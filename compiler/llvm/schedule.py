@@ -59,6 +59,12 @@ class Schedule:
 
     def __init__(self, axes: Sequence[Axis], reduce_axes: Sequence[Axis], name: str):
         self._sched_name = name
+        self._roots = (tuple(axes), tuple(reduce_axes))
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every primitive applied so far: one loop per axis again (to schedule for another target)."""
+        axes, reduce_axes = self._roots
         self.leaves: list[Axis] = [*axes, *reduce_axes]
         #: original axis -> its value in terms of the current leaves
         self.root_value: dict[Axis, Expr] = {a: a for a in self.leaves}
