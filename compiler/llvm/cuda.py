@@ -245,10 +245,12 @@ class CudaPlan:
     modules: list[_Module]
     launches: list[tuple[str, _Module, list[Launch], list[ctypes.c_uint64]]]
     memory: dict[int, DeviceArray] = field(default_factory=dict)
+    device_index: int = 0
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
         from weft.compiler.llvm.hostplan import plain_copy
 
+        _context(self.device_index)  # the context is per calling thread
         for name, t in self.plan.inputs.items():
             self.memory[id(t.root())].upload(np.asarray(feeds[name], np_dtype(t.dtype)))
         seconds: dict[str, float] = {}
@@ -294,7 +296,7 @@ def plan_cuda(graph: Any, device_index: int = 0) -> CudaPlan:
             modules[text] = _Module(text)
         pointers = [memory[id(t.root())].ptr for t in step.args]
         launches.append((step.node, modules[text], stage_launches, pointers))
-    return CudaPlan(plan, list(modules.values()), launches, memory)
+    return CudaPlan(plan, list(modules.values()), launches, memory, device_index)
 
 
 def gpu_steps(graph: Any) -> Any:
