@@ -65,12 +65,13 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
     if kind is None:
         raise BackendError(f"the accelerator does not run {node.op}", node=node.name, op=node.op)
     x, y = graph.values[node.inputs[0]], graph.values[node.outputs[0]]
+    gemm = intrinsic(c)["shape"]  # the rows the GEMM intrinsic reads and writes
     block = act_block(c)
     for value in (x, y):
-        if not value.packed or value.shape[4:] != (c.batch, block):  # type: ignore[index]
+        if not value.packed or value.shape[4:] != (gemm["batch"], block):  # type: ignore[index]
             raise BackendError(f"'{value.name}' is not in the packed layout of config '{c.name}'",
                                node=node.name, op=node.op)
-    if c.batch > 1 and c.block_in != c.block_out:
+    if gemm["batch"] > 1 and gemm["block_in"] != gemm["block_out"]:
         raise BackendError(f"config '{c.name}' has batch {c.batch} with block_in {c.block_in} != block_out "
                            f"{c.block_out}: one GEMM row is not contiguous in the packed layout, so the DMA "
                            "cannot move it", node=node.name, op=node.op)
@@ -82,8 +83,8 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
     steps = _steps(node)
     vectors = len(alu.vectors_of(steps))
     residual = any(kind_ == "residual" for kind_, _ in steps)
-    common = dict(name=node.name, kind=kind, nb=nb, icb=icb, ocb=ocb, ri=block // c.block_in,
-                  ro=block // c.block_out, h=h, w=w, ho=ho, wo=wo, residual=residual, vectors=vectors,
+    common = dict(name=node.name, kind=kind, nb=nb, icb=icb, ocb=ocb, ri=block // gemm["block_in"],
+                  ro=block // gemm["block_out"], h=h, w=w, ho=ho, wo=wo, residual=residual, vectors=vectors,
                   alu_steps=_count_alu(steps))
     if kind == "eltwise":
         if (nb, icb, h, w) != (y.shape[0], ocb, ho, wo):  # type: ignore[index]
