@@ -54,6 +54,14 @@ class ConvLowering(Lowering):
         """The input window and the weights one stage loads."""
         return tile_box(self.compute, "inp", self.inner), tile_box(self.compute, "wgt", self.inner)
 
+    def validate(self) -> None:
+        c, v = self.config, self.s.vthreads
+        inp_box, wgt_box = self.boxes
+        for what, rows, limit in (("input window", inp_box.rows, c.inp_rows // v),
+                                  ("weight tile", wgt_box.rows, c.wgt_rows // v)):
+            if rows > limit:
+                raise ValueError(f"layer '{self.name}': the {what} needs {rows} rows, a thread has {limit}")
+
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         point = {**point, "iB.o": stage}

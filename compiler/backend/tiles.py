@@ -95,6 +95,7 @@ class Lowering:
         self._regions = [self._layout(h) for h in range(self.v)]
         self._kernels: dict[tuple, Kernel] = {}
         self.alternated = False
+        self.validate()
 
     # ---- to be defined by layer kinds -------------------------------------------------------------------
     def declare(self) -> Compute:
@@ -105,6 +106,10 @@ class Lowering:
 
     def window_rows(self) -> int:
         return 0
+
+    def validate(self) -> None:
+        """Raise ValueError when the schedule's tiles do not fit a thread's slices (beyond acc, checked
+        by the region layout)."""
 
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         raise NotImplementedError
