@@ -154,6 +154,12 @@ def c_header(config: AcceleratorConfig, registers: dict[str, Any] | None = None)
         lines.append("")
         for reg in registers.get("registers", []):
             lines.append(f"#define WEFT_REG_{reg['name'].upper()} 0x{reg['offset']:04x}")
+            for f in reg.get("fields", []):
+                stem = f"WEFT_REG_{reg['name'].upper()}_{f['name'].upper()}"
+                lines.append(f"#define {stem}_LSB {f['lsb']}")
+                lines.append(f"#define {stem}_WIDTH {f['width']}")
+        for name, err in registers.get("error_codes", {}).items():
+            lines.append(f"#define WEFT_ERR_{name.upper()} {err['code']}")
     lines += ["", "#endif", ""]
     return "\n".join(lines)
 

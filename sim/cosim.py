@@ -45,6 +45,8 @@ __all__ = [
 SIMULATORS = {"icarus": "iverilog", "verilator": "verilator"}
 _PACKAGE = Path(__file__).resolve().parent.parent
 TEST_MODULE = "weft.sim.cocotb_tb.test_weft"
+#: Modules of weft.hw that do not shape the Verilog (commands), left out of the build fingerprint.
+_NOT_HARDWARE = {"cli.py"}
 
 
 class CosimError(WeftError):
@@ -68,10 +70,10 @@ def fingerprint() -> str:
     import amaranth
 
     digest = hashlib.sha256(amaranth.__version__.encode())
-    for folder in ("hw", "isa"):
-        for path in sorted((_PACKAGE / folder).glob("*.py")):
-            digest.update(path.name.encode() + path.read_bytes())
-    digest.update((_PACKAGE / "config.py").read_bytes())
+    sources = [p for p in sorted((_PACKAGE / "hw").glob("*.py")) if p.name not in _NOT_HARDWARE]
+    sources += [_PACKAGE / "isa" / name for name in ("constants.py", "layout.py", "encoding.py")]
+    for path in [*sources, _PACKAGE / "config.py"]:
+        digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:12]
 
 
