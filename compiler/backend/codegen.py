@@ -123,11 +123,15 @@ def _value_bytes(graph: Graph, name: str, config: AcceleratorConfig) -> int:
     return int(np.prod(graph.values[name].shape)) * config.out_width // 8
 
 
-def _schedule_for(geom: LayerGeom, config: AcceleratorConfig, given: Any, latency_hiding: bool) -> list[Schedule]:
-    if given is not None:
-        sched = given if isinstance(given, Schedule) else Schedule.from_dict(given)
-        return [sched if latency_hiding else sched.without_latency_hiding()]
-    candidates = ranked(geom, config)
+def _schedule_for(node: Node, geom: LayerGeom, config: AcceleratorConfig, given: Any,
+                  latency_hiding: bool) -> list[Schedule]:
+    try:
+        if given is not None:
+            sched = given if isinstance(given, Schedule) else Schedule.from_dict(given)
+            return [sched if latency_hiding else sched.without_latency_hiding()]
+        candidates = ranked(geom, config)
+    except (ValueError, TypeError) as err:
+        raise BackendError(str(err), node=node.name, op=node.op) from None
     return candidates if latency_hiding else [s.without_latency_hiding() for s in candidates]
 
 
@@ -196,7 +200,7 @@ def _lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dr
         addrs["vec"] = plan.element(vec_addr, "acc")
     lowering_cls = _LOWERING[kind]
     errors = []
-    for sched in _schedule_for(geom, c, given, latency_hiding):
+    for sched in _schedule_for(node, geom, c, given, latency_hiding):
         try:
             lowering = lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {"nonnegative": nonneg})
             stream = lowering.lower()
