@@ -7,9 +7,10 @@ Every kernel has the same C signature, so one ctypes prototype calls them all::
 ``buffers`` holds the kernel's parameters in :attr:`Kernel.params` order. Each stage becomes an internal
 function taking its buffers as ``noalias`` pointers (so LLVM may keep values in registers across stores)
 and a ``[begin, end)`` range of its outermost loop. A stage whose outermost loop is ``parallel`` runs
-through ``weft.parallel_for``: the calling thread and up to ``nthreads - 1`` pthreads take chunks of
-iterations from an atomic counter until none remain, so a slow thread (a busy core) never holds the
-others back; with one thread, or one iteration, no thread is created at all.
+through a parallel-for: the calling thread and up to ``nthreads - 1`` detached pthreads take chunks of
+iterations from an atomic counter until none remain, and the caller returns as soon as every chunk is
+done, so a thread that a busy core starts late never holds it back; with one thread, or one iteration, no
+thread is created at all.
 """
 
 from __future__ import annotations
@@ -46,112 +47,161 @@ def render_cpu(kernel: Kernel, target: Target) -> str:
 
 
 class _Runtime:
-    """The parallel-for runtime: one worker and one launcher per parallel stage (direct calls, so the
-    task can be inlined into its worker)."""
+    """The parallel-for runtime, one worker and one launcher per parallel stage (direct calls, so the
+    task can be inlined into its worker).
+
+    The shared state lives on the heap with a reference count, and workers are detached: the caller waits
+    for every *chunk* to be done, never for a thread to start or exit. On a machine whose cores are busy
+    with other work a new thread may start milliseconds late; it then finds no chunk left and frees
+    its reference, while the caller has long returned.
+    """
 
     def __init__(self, module: ir.Module, target: Target):
         self.module = module
         self.target = target
         # pthread_t is an unsigned long: 32 bits on ARMv7, 64 on the others
         self.tid_type = ir.IntType(32 if target.triple.startswith("arm") else 64)
-        self._pthreads: tuple[ir.Function, ir.Function] | None = None
+        self.size_type = ir.IntType(32 if target.triple.startswith("arm") else 64)
+        self._libc: dict[str, ir.Function] | None = None
 
-    def pthreads(self) -> tuple[ir.Function, ir.Function]:
-        if self._pthreads is None:
+    def libc(self) -> dict[str, ir.Function]:
+        if self._libc is None:
             m = self.module
-            create = ir.Function(m, ir.FunctionType(I32, [PTR, PTR, PTR, PTR]), "pthread_create")
-            join = ir.Function(m, ir.FunctionType(I32, [self.tid_type, PTR]), "pthread_join")
-            self._pthreads = (create, join)
-        return self._pthreads
+            sig = {
+                "pthread_create": ir.FunctionType(I32, [PTR, PTR, PTR, PTR]),
+                "pthread_detach": ir.FunctionType(I32, [self.tid_type]),
+                "sched_yield": ir.FunctionType(I32, []),
+                "malloc": ir.FunctionType(PTR, [self.size_type]),
+                "free": ir.FunctionType(ir.VoidType(), [PTR]),
+            }
+            self._libc = {name: ir.Function(m, t, name) for name, t in sig.items()}
+        return self._libc
 
     def parallel_for(self, task: ir.Function) -> ir.Function:
         """``void pfor(void **args, i64 n, i32 nthreads)`` running ``task(args, begin, end)`` over [0, n)."""
         m = self.module
-        create, join = self.pthreads()
-        ctx_t = ir.LiteralStructType([PTR, I64, I64, I64])  # args, n, chunk, next
+        libc = self.libc()
+        ctx_t = ir.LiteralStructType([PTR, I64, I64, I64, I64, I64])  # args, n, chunk, next, done, refs
+        ARGS, N, CHUNK, NEXT, DONE, REFS = range(6)
 
         def field(builder: ir.IRBuilder, c: ir.Value, k: int) -> ir.Value:
             return builder.gep(c, [ir.Constant(I32, 0), ir.Constant(I32, k)], source_etype=ctx_t)
 
-        worker = ir.Function(m, ir.FunctionType(PTR, [PTR]), f"{task.name}.worker")
-        worker.linkage = "internal"
-        b = ir.IRBuilder(worker.append_basic_block("entry"))
-        ctx = worker.args[0]
-        args = b.load(field(b, ctx, 0), typ=PTR)
-        n = b.load(field(b, ctx, 1), typ=I64)
-        chunk = b.load(field(b, ctx, 2), typ=I64)
-        loop = worker.append_basic_block("grab")
-        run = worker.append_basic_block("run")
-        done = worker.append_basic_block("done")
-        b.branch(loop)
-        b.position_at_end(loop)
-        start = b.atomic_rmw("add", field(b, ctx, 3), chunk, "monotonic")
+        one = ir.Constant(I64, 1)
+
+        # work(ctx): take chunks until none is left, counting each one done
+        work = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), f"{task.name}.work")
+        work.linkage = "internal"
+        b = ir.IRBuilder(work.append_basic_block("entry"))
+        ctx = work.args[0]
+        args = b.load(field(b, ctx, ARGS), typ=PTR)
+        n = b.load(field(b, ctx, N), typ=I64)
+        chunk = b.load(field(b, ctx, CHUNK), typ=I64)
+        grab = work.append_basic_block("grab")
+        run = work.append_basic_block("run")
+        done = work.append_basic_block("done")
+        b.branch(grab)
+        b.position_at_end(grab)
+        start = b.atomic_rmw("add", field(b, ctx, NEXT), chunk, "monotonic")
         b.cbranch(b.icmp_signed(">=", start, n), done, run)
         b.position_at_end(run)
         end = b.add(start, chunk)
         end = b.select(b.icmp_signed("<", end, n), end, n)
         b.call(task, [args, start, end])
-        b.branch(loop)
+        b.atomic_rmw("add", field(b, ctx, DONE), b.sub(end, start), "release")  # publishes the chunk's stores
+        b.branch(grab)
         b.position_at_end(done)
+        b.ret_void()
+
+        # release(ctx): drop one reference, freeing the state with the last
+        release = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), f"{task.name}.release")
+        release.linkage = "internal"
+        b = ir.IRBuilder(release.append_basic_block("entry"))
+        last = release.append_basic_block("last")
+        out = release.append_basic_block("out")
+        before = b.atomic_rmw("sub", field(b, release.args[0], REFS), one, "acq_rel")
+        b.cbranch(b.icmp_signed("==", before, one), last, out)
+        b.position_at_end(last)
+        b.call(libc["free"], [release.args[0]])
+        b.branch(out)
+        b.position_at_end(out)
+        b.ret_void()
+
+        worker = ir.Function(m, ir.FunctionType(PTR, [PTR]), f"{task.name}.worker")
+        worker.linkage = "internal"
+        b = ir.IRBuilder(worker.append_basic_block("entry"))
+        b.call(work, [worker.args[0]])
+        b.call(release, [worker.args[0]])
         b.ret(ir.Constant(PTR, None))
 
         pfor = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, I64, I32]), f"{task.name}.pfor")
         pfor.linkage = "internal"
         args, n, nthreads = pfor.args
         b = ir.IRBuilder(pfor.append_basic_block("entry"))
-        ctx = _alloca(b, ctx_t)
-        tids = _alloca(b, self.tid_type, MAX_THREADS)
+        tid = _alloca(b, self.tid_type)
         serial = pfor.append_basic_block("serial")
         threaded = pfor.append_basic_block("threaded")
-        nt64 = b.sext(nthreads, I64)
-        nt64 = b.select(b.icmp_signed("<", nt64, n), nt64, n)
-        nt64 = b.select(b.icmp_signed("<", nt64, ir.Constant(I64, MAX_THREADS)), nt64, ir.Constant(I64, MAX_THREADS))
-        b.cbranch(b.icmp_signed("<=", nt64, ir.Constant(I64, 1)), serial, threaded)
+        nt = b.sext(nthreads, I64)
+        nt = b.select(b.icmp_signed("<", nt, n), nt, n)
+        nt = b.select(b.icmp_signed("<", nt, ir.Constant(I64, MAX_THREADS)), nt, ir.Constant(I64, MAX_THREADS))
+        b.cbranch(b.icmp_signed("<=", nt, one), serial, threaded)
         b.position_at_end(serial)
         b.call(task, [args, ir.Constant(I64, 0), n])
         b.ret_void()
 
         b.position_at_end(threaded)
-        # chunks of about n / (4 * threads) iterations: few atomics, still room to balance a busy core
-        chunk = b.sdiv(n, b.mul(nt64, ir.Constant(I64, 4)))
-        chunk = b.select(b.icmp_signed("<", chunk, ir.Constant(I64, 1)), ir.Constant(I64, 1), chunk)
-        for k, v in enumerate((args, n, chunk, ir.Constant(I64, 0))):
+        size = ir.Constant(self.size_type, 64)  # six 8-byte fields, rounded up to a cache line
+        ctx = b.call(libc["malloc"], [size])
+        no_memory = pfor.append_basic_block("no_memory")
+        setup = pfor.append_basic_block("setup")
+        b.cbranch(b.icmp_unsigned("==", ctx, ir.Constant(PTR, None)), no_memory, setup)
+        b.position_at_end(no_memory)
+        b.call(task, [args, ir.Constant(I64, 0), n])
+        b.ret_void()
+        b.position_at_end(setup)
+        # chunks of about n / (16 * threads) iterations: few atomics, little work stranded on a thread
+        # that the OS preempts
+        chunk = b.sdiv(n, b.mul(nt, ir.Constant(I64, 16)))
+        chunk = b.select(b.icmp_signed("<", chunk, one), one, chunk)
+        for k, v in ((ARGS, args), (N, n), (CHUNK, chunk), (NEXT, ir.Constant(I64, 0)), (DONE, ir.Constant(I64, 0)),
+                     (REFS, nt)):
             b.store(v, field(b, ctx, k))
         spawn = pfor.append_basic_block("spawn")
         spawn_body = pfor.append_basic_block("spawn.body")
+        spawned = pfor.append_basic_block("spawned")
+        failed = pfor.append_basic_block("failed")
         main = pfor.append_basic_block("main")
         entry = b.block
         b.branch(spawn)
         b.position_at_end(spawn)
         t = b.phi(I64)
-        t.add_incoming(ir.Constant(I64, 1), entry)
-        b.cbranch(b.icmp_signed("<", t, nt64), spawn_body, main)
+        t.add_incoming(one, entry)
+        b.cbranch(b.icmp_signed("<", t, nt), spawn_body, main)
         b.position_at_end(spawn_body)
-        rc = b.call(create, [b.gep(tids, [t], source_etype=self.tid_type), ir.Constant(PTR, None), worker, ctx])
-        t1 = b.add(t, ir.Constant(I64, 1))
-        t.add_incoming(t1, spawn_body)
-        # a thread that cannot be created is simply not waited for: the others take its chunks
-        b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, 0)), spawn, main)
+        rc = b.call(libc["pthread_create"], [tid, ir.Constant(PTR, None), worker, ctx])
+        b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, 0)), spawned, failed)
+        b.position_at_end(spawned)
+        b.call(libc["pthread_detach"], [b.load(tid, typ=self.tid_type)])
+        t.add_incoming(b.add(t, one), spawned)
+        b.branch(spawn)
+        b.position_at_end(failed)  # the references of threads never created are dropped at once
+        b.atomic_rmw("sub", field(b, ctx, REFS), b.sub(nt, t), "acq_rel")
+        b.branch(main)
 
         b.position_at_end(main)
-        created = b.phi(I64)
-        created.add_incoming(t, spawn)
-        created.add_incoming(t, spawn_body)
-        b.call(worker, [ctx])
-        joining = pfor.append_basic_block("join")
-        join_body = pfor.append_basic_block("join.body")
+        b.call(work, [ctx])
+        wait = pfor.append_basic_block("wait")
+        pause = pfor.append_basic_block("pause")
         finish = pfor.append_basic_block("finish")
-        b.branch(joining)
-        b.position_at_end(joining)
-        j = b.phi(I64)
-        j.add_incoming(ir.Constant(I64, 1), main)
-        b.cbranch(b.icmp_signed("<", j, created), join_body, finish)
-        b.position_at_end(join_body)
-        handle = b.load(b.gep(tids, [j], source_etype=self.tid_type), typ=self.tid_type)
-        b.call(join, [handle, ir.Constant(PTR, None)])
-        j.add_incoming(b.add(j, ir.Constant(I64, 1)), join_body)
-        b.branch(joining)
+        b.branch(wait)
+        b.position_at_end(wait)
+        finished = b.load_atomic(field(b, ctx, DONE), "acquire", 8, typ=I64)
+        b.cbranch(b.icmp_signed(">=", finished, n), finish, pause)
+        b.position_at_end(pause)
+        b.call(libc["sched_yield"], [])
+        b.branch(wait)
         b.position_at_end(finish)
+        b.call(release, [ctx])
         b.ret_void()
         return pfor
 
