@@ -7,11 +7,8 @@ beat; pause generators on R and W (cocotbext-axi's own mechanism) limit the band
 checked against the AXI rules real boards need (INCR bursts of full bus width, at most 256 beats, never
 crossing 4 KiB, WLAST on the last beat only); ``violations`` lists what broke them.
 
-The Pynq-Z1 numbers (:data:`TIMINGS` "pynq"): the xc7z020's PL reaches DDR3 through a 64-bit AXI HP port
-at the 100 MHz PL clock (800 MB/s at one beat per cycle). Published HP-port measurements on Zynq-7000
-sustain about 600-700 MB/s per port and see a read latency of roughly 250-350 ns from AR to first beat;
-we take 32 cycles (320 ns) of read latency, 16 cycles from the last write beat to the B response, and
-3 beats out of 4 cycles (600 MB/s) on both R and W.
+The timings (:class:`DramTiming`, the Pynq-Z1 preset among :data:`TIMINGS`) live in
+:mod:`weft.sim.dram_timing`, shared with the timing model.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ import itertools
 import random
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import cocotb
@@ -31,30 +27,9 @@ from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 from cocotbext.axi.constants import AxiBurstType, AxiResp
 from cocotbext.axi.memory import Memory
 
+from weft.sim.dram_timing import TIMINGS, DramTiming
+
 __all__ = ["TIMINGS", "DramModel", "DramTiming"]
-
-
-@dataclass(frozen=True)
-class DramTiming:
-    """Latency in clock cycles; ``*_duty`` is the share of cycles a beat may move (1.0: every cycle);
-    ``random_stalls`` replaces the fixed duty pattern by seeded random pauses (stress tests)."""
-
-    read_latency: int = 0
-    write_latency: int = 0
-    read_duty: float = 1.0
-    write_duty: float = 1.0
-    random_stalls: bool = False
-    seed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-TIMINGS: dict[str, DramTiming] = {
-    "ideal": DramTiming(),
-    "pynq": DramTiming(read_latency=32, write_latency=16, read_duty=0.75, write_duty=0.75),
-    "stress": DramTiming(read_latency=9, write_latency=5, read_duty=0.6, write_duty=0.6, random_stalls=True),
-}
 
 
 def _pauses(duty: float, random_stalls: bool, seed: int) -> Iterator[bool] | None:
