@@ -102,3 +102,18 @@ def test_runtime_import_does_not_load_llvmlite():
     code = "import sys, weft.runtime; print('llvmlite' in sys.modules, 'cpu' in weft.runtime.available_devices())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
+
+
+def test_compile_cache_dir_is_explicit_and_reused(tmp_path):
+    from weft.compiler.llvm.jit import cache_info, clear_cache
+
+    art = weft.compile(models.small_resnet(), target="cpu")
+    clear_cache()
+    first = InferenceSession(art, device="cpu", cache_dir=tmp_path)
+    stored = sorted(p.name for p in tmp_path.glob("*.o"))
+    assert stored and cache_info()["misses"] == len(stored)
+    clear_cache()  # as a new process would start: only the folder remains
+    second = InferenceSession(art, device="cpu", cache_dir=tmp_path)
+    assert cache_info()["misses"] == 0 and cache_info()["disk_hits"] == len(stored)
+    x = {"input": rand(1, 3, 32, 32, seed=4)}
+    np.testing.assert_array_equal(first.run(None, x)[0], second.run(None, x)[0])

@@ -305,3 +305,22 @@ def test_cross_compiled_objects_for_the_boards(target, elf_class):
     obj = compile_object(text, target)
     assert _elf(obj) == (elf_class, target.elf_machine)
     assert b"mm" in obj and b"pthread_create" in obj  # the entry point, and threads from the board's libc
+
+
+@pytest.mark.parametrize("target", [ARMV7, AARCH64], ids=["armv7", "aarch64"])
+def test_cross_compiled_graph_for_the_boards(target):
+    """Every kernel of a float CNN in one object file for the board's CPU, with the call sequence."""
+    import weft
+    from weft.compiler import models
+    from weft.compiler.llvm.graph import cross_compile
+
+    graph = weft.compile(models.small_resnet(), target="cpu").graph
+    obj, calls = cross_compile(graph, target)
+    assert _elf(obj)[1] == target.elf_machine
+    assert {c["node"] for c in calls} == {n.name for n in graph.nodes}
+    for c in calls:
+        assert c["symbol"].encode() in obj
+        assert all(b["dtype"] == "f32" for b in c["buffers"])
+    # NEON registers hold 4 floats: convolution outputs are blocked by 4 channels, not the host's 16
+    conv = next(c for c in calls if c["symbol"].endswith("_conv"))
+    assert conv["buffers"][-1]["shape"][-1] == 4

@@ -7,10 +7,10 @@ Every kernel has the same C signature, so one ctypes prototype calls them all::
 ``buffers`` holds the kernel's parameters in :attr:`Kernel.params` order. Each stage becomes an internal
 function taking its buffers as ``noalias`` pointers (so LLVM may keep values in registers across stores)
 and a ``[begin, end)`` range of its outermost loop. A stage whose outermost loop is ``parallel`` runs
-through a parallel-for: the calling thread and up to ``nthreads - 1`` detached pthreads take chunks of
-iterations from an atomic counter until none remain, and the caller returns as soon as every chunk is
-done, so a thread that a busy core starts late never holds it back; with one thread, or one iteration, no
-thread is created at all.
+through ``weft_parallel_for`` (:data:`RUNTIME_IR`): the calling thread and up to ``nthreads - 1`` detached
+pthreads take chunks of iterations from an atomic counter until none remain, and the caller returns as
+soon as every chunk is done, so a thread that a busy core starts late never holds it back; with one
+thread, or one iteration, no thread is created at all.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from weft.compiler.llvm.lower import For, LoweredKernel, LoweredStage, lower
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel
 
-__all__ = ["MAX_THREADS", "render_cpu", "render_module"]
+__all__ = ["MAX_THREADS", "RUNTIME_IR", "RUNTIME_SYMBOL", "render_cpu", "render_module", "runtime_ir"]
 
 #: threads one parallel loop may use (the stack array of thread handles has this many slots)
 MAX_THREADS = 256
@@ -36,9 +36,8 @@ def render_module(kernels: Sequence[Kernel], target: Target, name: str = "weft")
     """LLVM IR text of a module holding `kernels` for CPU `target`."""
     module = ir.Module(name=name)
     module.triple = target.triple
-    runtime = _Runtime(module, target)
     for k in kernels:
-        _render_kernel(module, lower(k), runtime)
+        _render_kernel(module, lower(k))
     return str(module)
 
 
@@ -46,164 +45,147 @@ def render_cpu(kernel: Kernel, target: Target) -> str:
     return render_module([kernel], target, kernel.name)
 
 
-class _Runtime:
-    """The parallel-for runtime, one worker and one launcher per parallel stage (direct calls, so the
-    task can be inlined into its worker).
+#: The parallel-for runtime as LLVM assembly. Its shared state lives on the heap with a reference count and
+#: its workers are detached: the caller waits for every *chunk* to be done, never for a thread to start or
+#: exit. On a machine whose cores are busy with other work a new thread may start milliseconds late; it
+#: then finds no chunk left, drops its reference and exits. Such a late thread runs only this code, never
+#: a kernel's, so the runtime lives in a module that is never freed (the host JIT) or is linked into the
+#: object file (the boards), while kernels' code may be freed as soon as their call returns.
+RUNTIME_IR = """
+%ctx = type { ptr, ptr, i64, i64, i64, i64, i64 } ; task, args, n, chunk, next, done, refs
 
-    The shared state lives on the heap with a reference count, and workers are detached: the caller waits
-    for every *chunk* to be done, never for a thread to start or exit. On a machine whose cores are busy
-    with other work a new thread may start milliseconds late; it then finds no chunk left and frees
-    its reference, while the caller has long returned.
-    """
+declare i32 @pthread_create(ptr, ptr, ptr, ptr)
+declare i32 @pthread_detach(TID)
+declare i32 @sched_yield()
+declare ptr @malloc(SIZE)
+declare void @free(ptr)
 
-    def __init__(self, module: ir.Module, target: Target):
-        self.module = module
-        self.target = target
-        # pthread_t is an unsigned long: 32 bits on ARMv7, 64 on the others
-        self.tid_type = ir.IntType(32 if target.triple.startswith("arm") else 64)
-        self.size_type = ir.IntType(32 if target.triple.startswith("arm") else 64)
-        self._libc: dict[str, ir.Function] | None = None
+define internal void @weft.work(ptr %c) nounwind {
+entry:
+  %task = load ptr, ptr %c
+  %ap = getelementptr %ctx, ptr %c, i32 0, i32 1
+  %args = load ptr, ptr %ap
+  %np = getelementptr %ctx, ptr %c, i32 0, i32 2
+  %n = load i64, ptr %np
+  %cp = getelementptr %ctx, ptr %c, i32 0, i32 3
+  %chunk = load i64, ptr %cp
+  %nextp = getelementptr %ctx, ptr %c, i32 0, i32 4
+  %donep = getelementptr %ctx, ptr %c, i32 0, i32 5
+  br label %grab
+grab:
+  %start = atomicrmw add ptr %nextp, i64 %chunk monotonic
+  %over = icmp sge i64 %start, %n
+  br i1 %over, label %exit, label %run
+run:
+  %e0 = add i64 %start, %chunk
+  %lt = icmp slt i64 %e0, %n
+  %end = select i1 %lt, i64 %e0, i64 %n
+  call void %task(ptr %args, i64 %start, i64 %end)
+  %count = sub i64 %end, %start
+  %old = atomicrmw add ptr %donep, i64 %count release ; publishes the chunk's stores
+  br label %grab
+exit:
+  ret void
+}
 
-    def libc(self) -> dict[str, ir.Function]:
-        if self._libc is None:
-            m = self.module
-            sig = {
-                "pthread_create": ir.FunctionType(I32, [PTR, PTR, PTR, PTR]),
-                "pthread_detach": ir.FunctionType(I32, [self.tid_type]),
-                "sched_yield": ir.FunctionType(I32, []),
-                "malloc": ir.FunctionType(PTR, [self.size_type]),
-                "free": ir.FunctionType(ir.VoidType(), [PTR]),
-            }
-            self._libc = {name: ir.Function(m, t, name) for name, t in sig.items()}
-        return self._libc
+define internal void @weft.release(ptr %c) nounwind {
+entry:
+  %rp = getelementptr %ctx, ptr %c, i32 0, i32 6
+  %before = atomicrmw sub ptr %rp, i64 1 acq_rel
+  %last = icmp eq i64 %before, 1
+  br i1 %last, label %drop, label %out
+drop:
+  call void @free(ptr %c)
+  br label %out
+out:
+  ret void
+}
 
-    def parallel_for(self, task: ir.Function) -> ir.Function:
-        """``void pfor(void **args, i64 n, i32 nthreads)`` running ``task(args, begin, end)`` over [0, n)."""
-        m = self.module
-        libc = self.libc()
-        ctx_t = ir.LiteralStructType([PTR, I64, I64, I64, I64, I64])  # args, n, chunk, next, done, refs
-        ARGS, N, CHUNK, NEXT, DONE, REFS = range(6)
+define internal ptr @weft.worker(ptr %c) nounwind {
+entry:
+  call void @weft.work(ptr %c)
+  call void @weft.release(ptr %c)
+  ret ptr null
+}
 
-        def field(builder: ir.IRBuilder, c: ir.Value, k: int) -> ir.Value:
-            return builder.gep(c, [ir.Constant(I32, 0), ir.Constant(I32, k)], source_etype=ctx_t)
+define void @weft_parallel_for(ptr %task, ptr %args, i64 %n, i32 %nthreads) nounwind {
+entry:
+  %tid = alloca TID
+  %nt0 = sext i32 %nthreads to i64
+  %c1 = icmp slt i64 %nt0, %n
+  %nt1 = select i1 %c1, i64 %nt0, i64 %n
+  %c2 = icmp slt i64 %nt1, MAX
+  %nt = select i1 %c2, i64 %nt1, i64 MAX
+  %alone = icmp sle i64 %nt, 1
+  br i1 %alone, label %serial, label %threaded
+serial:
+  call void %task(ptr %args, i64 0, i64 %n)
+  ret void
+threaded:
+  %c = call ptr @malloc(SIZE 64)
+  %nomem = icmp eq ptr %c, null
+  br i1 %nomem, label %serial, label %setup
+setup:
+  ; chunks of about n / (16 threads) iterations: few atomics, little work stranded on a preempted thread
+  %den = mul i64 %nt, 16
+  %q = sdiv i64 %n, %den
+  %tiny = icmp slt i64 %q, 1
+  %chunk = select i1 %tiny, i64 1, i64 %q
+  store ptr %task, ptr %c
+  %f1 = getelementptr %ctx, ptr %c, i32 0, i32 1
+  store ptr %args, ptr %f1
+  %f2 = getelementptr %ctx, ptr %c, i32 0, i32 2
+  store i64 %n, ptr %f2
+  %f3 = getelementptr %ctx, ptr %c, i32 0, i32 3
+  store i64 %chunk, ptr %f3
+  %f4 = getelementptr %ctx, ptr %c, i32 0, i32 4
+  store i64 0, ptr %f4
+  %f5 = getelementptr %ctx, ptr %c, i32 0, i32 5
+  store i64 0, ptr %f5
+  %f6 = getelementptr %ctx, ptr %c, i32 0, i32 6
+  store i64 %nt, ptr %f6
+  br label %spawn
+spawn:
+  %t = phi i64 [ 1, %setup ], [ %t1, %spawned ]
+  %more = icmp slt i64 %t, %nt
+  br i1 %more, label %create, label %main
+create:
+  %rc = call i32 @pthread_create(ptr %tid, ptr null, ptr @weft.worker, ptr %c)
+  %ok = icmp eq i32 %rc, 0
+  br i1 %ok, label %spawned, label %failed
+spawned:
+  %handle = load TID, ptr %tid
+  %dc = call i32 @pthread_detach(TID %handle)
+  %t1 = add i64 %t, 1
+  br label %spawn
+failed:
+  ; the references of threads never created are dropped at once; the others take their chunks
+  %missing = sub i64 %nt, %t
+  %fr = atomicrmw sub ptr %f6, i64 %missing acq_rel
+  br label %main
+main:
+  call void @weft.work(ptr %c)
+  br label %wait
+wait:
+  %finished = load atomic i64, ptr %f5 acquire, align 8
+  %all = icmp sge i64 %finished, %n
+  br i1 %all, label %finish, label %pause
+pause:
+  %yc = call i32 @sched_yield()
+  br label %wait
+finish:
+  call void @weft.release(ptr %c)
+  ret void
+}
+"""
+RUNTIME_SYMBOL = "weft_parallel_for"
 
-        one = ir.Constant(I64, 1)
 
-        # work(ctx): take chunks until none is left, counting each one done
-        work = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), f"{task.name}.work")
-        work.linkage = "internal"
-        b = ir.IRBuilder(work.append_basic_block("entry"))
-        ctx = work.args[0]
-        args = b.load(field(b, ctx, ARGS), typ=PTR)
-        n = b.load(field(b, ctx, N), typ=I64)
-        chunk = b.load(field(b, ctx, CHUNK), typ=I64)
-        grab = work.append_basic_block("grab")
-        run = work.append_basic_block("run")
-        done = work.append_basic_block("done")
-        b.branch(grab)
-        b.position_at_end(grab)
-        start = b.atomic_rmw("add", field(b, ctx, NEXT), chunk, "monotonic")
-        b.cbranch(b.icmp_signed(">=", start, n), done, run)
-        b.position_at_end(run)
-        end = b.add(start, chunk)
-        end = b.select(b.icmp_signed("<", end, n), end, n)
-        b.call(task, [args, start, end])
-        b.atomic_rmw("add", field(b, ctx, DONE), b.sub(end, start), "release")  # publishes the chunk's stores
-        b.branch(grab)
-        b.position_at_end(done)
-        b.ret_void()
-
-        # release(ctx): drop one reference, freeing the state with the last
-        release = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), f"{task.name}.release")
-        release.linkage = "internal"
-        b = ir.IRBuilder(release.append_basic_block("entry"))
-        last = release.append_basic_block("last")
-        out = release.append_basic_block("out")
-        before = b.atomic_rmw("sub", field(b, release.args[0], REFS), one, "acq_rel")
-        b.cbranch(b.icmp_signed("==", before, one), last, out)
-        b.position_at_end(last)
-        b.call(libc["free"], [release.args[0]])
-        b.branch(out)
-        b.position_at_end(out)
-        b.ret_void()
-
-        worker = ir.Function(m, ir.FunctionType(PTR, [PTR]), f"{task.name}.worker")
-        worker.linkage = "internal"
-        b = ir.IRBuilder(worker.append_basic_block("entry"))
-        b.call(work, [worker.args[0]])
-        b.call(release, [worker.args[0]])
-        b.ret(ir.Constant(PTR, None))
-
-        pfor = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR, I64, I32]), f"{task.name}.pfor")
-        pfor.linkage = "internal"
-        args, n, nthreads = pfor.args
-        b = ir.IRBuilder(pfor.append_basic_block("entry"))
-        tid = _alloca(b, self.tid_type)
-        serial = pfor.append_basic_block("serial")
-        threaded = pfor.append_basic_block("threaded")
-        nt = b.sext(nthreads, I64)
-        nt = b.select(b.icmp_signed("<", nt, n), nt, n)
-        nt = b.select(b.icmp_signed("<", nt, ir.Constant(I64, MAX_THREADS)), nt, ir.Constant(I64, MAX_THREADS))
-        b.cbranch(b.icmp_signed("<=", nt, one), serial, threaded)
-        b.position_at_end(serial)
-        b.call(task, [args, ir.Constant(I64, 0), n])
-        b.ret_void()
-
-        b.position_at_end(threaded)
-        size = ir.Constant(self.size_type, 64)  # six 8-byte fields, rounded up to a cache line
-        ctx = b.call(libc["malloc"], [size])
-        no_memory = pfor.append_basic_block("no_memory")
-        setup = pfor.append_basic_block("setup")
-        b.cbranch(b.icmp_unsigned("==", ctx, ir.Constant(PTR, None)), no_memory, setup)
-        b.position_at_end(no_memory)
-        b.call(task, [args, ir.Constant(I64, 0), n])
-        b.ret_void()
-        b.position_at_end(setup)
-        # chunks of about n / (16 * threads) iterations: few atomics, little work stranded on a thread
-        # that the OS preempts
-        chunk = b.sdiv(n, b.mul(nt, ir.Constant(I64, 16)))
-        chunk = b.select(b.icmp_signed("<", chunk, one), one, chunk)
-        for k, v in ((ARGS, args), (N, n), (CHUNK, chunk), (NEXT, ir.Constant(I64, 0)), (DONE, ir.Constant(I64, 0)),
-                     (REFS, nt)):
-            b.store(v, field(b, ctx, k))
-        spawn = pfor.append_basic_block("spawn")
-        spawn_body = pfor.append_basic_block("spawn.body")
-        spawned = pfor.append_basic_block("spawned")
-        failed = pfor.append_basic_block("failed")
-        main = pfor.append_basic_block("main")
-        entry = b.block
-        b.branch(spawn)
-        b.position_at_end(spawn)
-        t = b.phi(I64)
-        t.add_incoming(one, entry)
-        b.cbranch(b.icmp_signed("<", t, nt), spawn_body, main)
-        b.position_at_end(spawn_body)
-        rc = b.call(libc["pthread_create"], [tid, ir.Constant(PTR, None), worker, ctx])
-        b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, 0)), spawned, failed)
-        b.position_at_end(spawned)
-        b.call(libc["pthread_detach"], [b.load(tid, typ=self.tid_type)])
-        t.add_incoming(b.add(t, one), spawned)
-        b.branch(spawn)
-        b.position_at_end(failed)  # the references of threads never created are dropped at once
-        b.atomic_rmw("sub", field(b, ctx, REFS), b.sub(nt, t), "acq_rel")
-        b.branch(main)
-
-        b.position_at_end(main)
-        b.call(work, [ctx])
-        wait = pfor.append_basic_block("wait")
-        pause = pfor.append_basic_block("pause")
-        finish = pfor.append_basic_block("finish")
-        b.branch(wait)
-        b.position_at_end(wait)
-        finished = b.load_atomic(field(b, ctx, DONE), "acquire", 8, typ=I64)
-        b.cbranch(b.icmp_signed(">=", finished, n), finish, pause)
-        b.position_at_end(pause)
-        b.call(libc["sched_yield"], [])
-        b.branch(wait)
-        b.position_at_end(finish)
-        b.call(release, [ctx])
-        b.ret_void()
-        return pfor
+def runtime_ir(target: Target) -> str:
+    """The parallel-for runtime for `target` (pthread_t and size_t are 32 bits on ARMv7)."""
+    narrow = target.triple.startswith("arm")
+    text = RUNTIME_IR.replace("TID", "i32" if narrow else "i64").replace("SIZE", "i32" if narrow else "i64")
+    return f'target triple = "{target.triple}"\n' + text.replace("MAX", str(MAX_THREADS))
 
 
 def _alloca(b: ir.IRBuilder, typ: ir.Type, count: int | None = None, name: str = "", align: int | None = None
@@ -215,7 +197,14 @@ def _alloca(b: ir.IRBuilder, typ: ir.Type, count: int | None = None, name: str =
     return slot
 
 
-def _render_kernel(module: ir.Module, lk: LoweredKernel, runtime: _Runtime) -> None:
+def _parallel_for(module: ir.Module) -> ir.Function:
+    try:
+        return module.get_global(RUNTIME_SYMBOL)
+    except KeyError:
+        return ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR, I64, I32]), RUNTIME_SYMBOL)
+
+
+def _render_kernel(module: ir.Module, lk: LoweredKernel) -> None:
     params = lk.params
     entry = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I32]), lk.name)
     entry.attributes.add("nounwind")
@@ -230,7 +219,7 @@ def _render_kernel(module: ir.Module, lk: LoweredKernel, runtime: _Runtime) -> N
         extent = top.extent if isinstance(top, For) else 1
         if isinstance(top, For) and top.kind == "parallel":
             task = _render_task(module, f"{lk.name}.s{n}.task", fn, len(params))
-            b.call(runtime.parallel_for(task), [args, ir.Constant(I64, extent), nthreads])
+            b.call(_parallel_for(module), [task, args, ir.Constant(I64, extent), nthreads])
         else:
             b.call(fn, [*ptrs, ir.Constant(I64, 0), ir.Constant(I64, extent)])
     b.ret_void()

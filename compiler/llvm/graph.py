@@ -31,7 +31,7 @@ from weft.compiler.llvm.jit import CompiledKernel, compile_ir
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.target import Target, host_target
 
-__all__ = ["HostPlan", "allocate_host", "plan_graph", "plan_steps"]
+__all__ = ["HostPlan", "allocate_host", "cross_compile", "plan_graph", "plan_steps"]
 
 
 def plan_steps(graph: Graph, target: Target) -> HostPlan:
@@ -60,6 +60,28 @@ def plan_graph(graph: Graph, target: Target | None = None, *, cache_dir: str | P
     plan.compile_seconds = time.perf_counter() - start
     allocate_host(plan)
     return plan
+
+
+def cross_compile(graph: Graph, target: str | Target, cache_dir: str | Path | None = None
+                  ) -> tuple[bytes, list[dict[str, object]]]:
+    """One ELF object file with every kernel of `graph` for a board's CPU ("armv7": Pynq-Z1/Z2's
+    Cortex-A9, "aarch64": UltraScale+), planned for that CPU's SIMD width and registers, and the call
+    sequence: per step its symbol, node and buffers (name, shape, dtype, in the kernel's ABI order)."""
+    from weft.compiler.llvm.jit import compile_object
+    from weft.compiler.llvm.target import resolve_target
+    from weft.compiler.llvm.te import Kernel
+
+    target = resolve_target(target)
+    plan = plan_steps(graph, target)
+    kernels, calls = [], []
+    for k, step in enumerate(plan.steps):
+        symbol = f"weft_k{k}_{step.kernel.name}"
+        kernels.append(Kernel(symbol, step.kernel.inputs, step.kernel.outputs, step.kernel.stages))
+        calls.append({"symbol": symbol, "node": step.node,
+                      "buffers": [{"name": t.name, "shape": list(b.shape), "dtype": b.dtype}
+                                  for t, b in zip(step.args, step.kernel.params, strict=True)]})
+    text = render_module(kernels, target, graph.name)
+    return compile_object(text, target, cache_dir=cache_dir), calls
 
 
 def allocate_host(plan: HostPlan) -> None:

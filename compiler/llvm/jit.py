@@ -6,7 +6,8 @@ a ``cache_dir`` is passed explicitly, object files on disk that a later process 
 LLVM's optimizer or code generator. Nothing is ever cached in a default location.
 
 Each compiled module gets its own MCJIT engine (an engine owns its target machine), so two modules may
-define the same symbol names without clashing.
+define the same symbol names without clashing. The parallel-for runtime is JIT-compiled once per process
+into an engine that is never freed, and kernels call it by name.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 
-from weft.compiler.llvm.codegen_cpu import render_module
+from weft.compiler.llvm.codegen_cpu import RUNTIME_SYMBOL, render_module, runtime_ir
 from weft.compiler.llvm.expr import Buffer, np_dtype
 from weft.compiler.llvm.target import Target, host_target, resolve_target
 from weft.compiler.llvm.te import Kernel
@@ -62,10 +63,13 @@ def _target_machine(target: Target, opt: int = OPT_LEVEL, jit: bool = False) -> 
                                    codemodel="jitdefault" if jit else "default")
 
 
-def optimize(ir_text: str, target: Target, opt: int = OPT_LEVEL) -> Any:
-    """Parse, verify and optimize `ir_text` for `target`; returns the llvmlite module."""
+def optimize(ir_text: str, target: Target, opt: int = OPT_LEVEL, link: Sequence[str] = ()) -> Any:
+    """Parse `ir_text` (linking in the modules of `link`), verify and optimize it for `target`; returns
+    the llvmlite module."""
     init_llvm()
     module = llvm.parse_assembly(ir_text)
+    for other in link:
+        module.link_in(llvm.parse_assembly(other))
     module.triple = target.triple
     tm = _target_machine(target, opt)
     module.data_layout = str(tm.target_data)
@@ -101,13 +105,31 @@ def compile_object(ir_text: str, target: str | Target, opt: int = OPT_LEVEL, cac
         _STATS["disk_hits"] += 1
     else:
         _STATS["misses"] += 1
-        module = optimize(ir_text, target, opt)
+        # a board has no JIT to lend it the runtime: the object carries its own parallel-for
+        link = [runtime_ir(target)] if RUNTIME_SYMBOL in ir_text and target.kind == "cpu" else []
+        module = optimize(ir_text, target, opt, link)
         data = _target_machine(target, opt).emit_object(module)
         if path is not None:
             _write(path, data)
     with _lock:
         _OBJECTS[key] = data
     return data
+
+
+_RUNTIME_ENGINES: dict[str, Any] = {}
+
+
+def _ensure_runtime(target: Target) -> None:
+    """JIT the parallel-for runtime once per process and target and publish its symbol to later modules.
+    Its engine is never freed: a worker thread that starts late may still be running its code."""
+    with _lock:
+        if target.key in _RUNTIME_ENGINES:
+            return
+        module = optimize(runtime_ir(target), target)
+        engine = llvm.create_mcjit_compiler(module, _target_machine(target, OPT_LEVEL, jit=True))
+        engine.finalize_object()
+        llvm.add_symbol(RUNTIME_SYMBOL, engine.get_function_address(RUNTIME_SYMBOL))
+        _RUNTIME_ENGINES[target.key] = engine
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -138,6 +160,7 @@ def compile_ir(ir_text: str, target: Target | None = None, opt: int = OPT_LEVEL,
                cache_dir: str | Path | None = None) -> CompiledModule:
     """JIT-compile `ir_text` for the host (cached by the hash of the IR, see the module docstring)."""
     target = target or host_target()
+    _ensure_runtime(target)
     key = cache_key(ir_text, target, opt)
     with _lock:
         hit = _MEMORY.get(key)
