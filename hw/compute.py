@@ -58,7 +58,7 @@ class ComputeUnit(UnitBase):
                 "inp_addr": Out(c.inp_index_bits), "inp_data": In(c.inp_row_bits),
                 "wgt_addr": Out(c.wgt_index_bits), "wgt_data": In(c.wgt_row_bits),
                 "out_w": Out(data.StructLayout({"en": 1, "addr": c.acc_index_bits, "data": c.out_row_bits})),
-                "finished": Out(1),
+                "finished": Out(1), "finish_index": Out(32),
                 "error": Out(1), "error_code": Out(8), "error_index": Out(32),
                 "mac_active": Out(1), "alu_active": Out(1),
             },
@@ -233,7 +233,7 @@ class ComputeUnit(UnitBase):
 
         # ---- FINISH, bus errors, completion --------------------------------------------------------------
         with m.If(self.busy & is_finish):
-            m.d.sync += self.finished.eq(1)
+            m.d.sync += [self.finished.eq(1), self.finish_index.eq(index)]
         with m.If(dma.error & ~self.error):
             m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index)]
         m.d.comb += done.eq(self.busy & (load_done | loop_done | is_finish))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal
+from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal
 from amaranth.back import verilog
 from amaranth.hdl import _ir
 from amaranth.lib import fifo, memory, wiring
@@ -127,14 +127,20 @@ class Core(wiring.Component):
 
         # Errors: the first one wins (same cycle: the order below).
         deadlock = Signal()
+        # A deadlock names the earliest instruction a unit waits to start, as the functional simulator does.
+        stuck_index = Signal(32)
+        earliest = Const(0xFFFF_FFFF, 32)
+        for unit in units.values():
+            earliest = Mux(unit.pending & (unit.head_index < earliest), unit.head_index, earliest)
+        m.d.comb += stuck_index.eq(earliest)
         finish_early = Signal()
         sources = [
             (fetch.error, fetch.error_code, fetch.error_index),
             (compute.error, compute.error_code, compute.error_index),
             (load.error, ErrorCode.BUS_ERROR, load.error_index),
             (store.error, ErrorCode.BUS_ERROR, store.error_index),
-            (finish_early, ErrorCode.FINISH_EARLY, 0),
-            (deadlock, ErrorCode.DEADLOCK, 0),
+            (finish_early, ErrorCode.FINISH_EARLY, compute.finish_index),
+            (deadlock, ErrorCode.DEADLOCK, stuck_index),
         ]
         with m.If(~self.error):
             for flag, code, index in reversed(sources):

@@ -53,7 +53,7 @@ class UnitBase(wiring.Component):
     def __init__(self, *, flags: dict[str, str], members: dict[str, object]):
         self.flags = dict(flags)
         ports: dict[str, object] = {"cmd": In(stream.Signature(DISPATCH_LAYOUT)), "halt": In(1),
-                                    "busy": Out(1), "stall": Out(1), "pending": Out(1)}
+                                    "busy": Out(1), "stall": Out(1), "pending": Out(1), "head_index": Out(32)}
         for flag, queue in self.flags.items():
             if flag.startswith("pop"):
                 ports[f"{queue}_has_token"] = In(1)
@@ -83,7 +83,7 @@ class UnitBase(wiring.Component):
         waiting = self.cmd.valid & ~self.busy & ~self.halt
         m.d.comb += [
             start.eq(waiting & ok), self.cmd.ready.eq(start), self.stall.eq(waiting & ~ok),
-            self.pending.eq(self.cmd.valid),
+            self.pending.eq(self.cmd.valid), self.head_index.eq(self.cmd.payload.index),
         ]
         current = data.View(header_layout, insn)
         for flag, queue in self.flags.items():

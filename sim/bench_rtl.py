@@ -164,7 +164,7 @@ def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> d
     }
 
 
-def bench_rtl(config_name: str = "default", *, blocks: int = 64, speed_config: str = "tiny",
+def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: str = "tiny",
               timing: str = "pynq", **options: Any) -> dict[str, Any]:
     """MAC utilization of `config_name` on Verilator with the Pynq-like DRAM, and RTL simulation speed on
     Verilator and Icarus (Icarus on `speed_config`, which is small enough for it)."""
