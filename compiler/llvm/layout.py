@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from weft.compiler.llvm.expr import Expr, const
+from weft.compiler.llvm.expr import Expr
 
 __all__ = ["PLAIN", "Layout", "block_for"]
 
@@ -87,7 +87,3 @@ def block_for(channels: int, lanes: int) -> int:
     while b > 1 and channels % b:
         b //= 2
     return b
-
-
-def zeros_like_index(n: int) -> list[Expr]:
-    return [const(0) for _ in range(n)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from weft.compiler.llvm.expr import Buffer, Expr, Var, const, free_vars, substitute
+from weft.compiler.llvm.expr import Buffer, Expr, Var, const, substitute
 
 __all__ = ["KINDS", "THREAD_TAGS", "Axis", "CacheRead", "Schedule", "ScheduleError"]
 
@@ -244,6 +244,3 @@ class Schedule:
         """The leaf loops, outermost first, as ``name[extent]:kind`` (for logs and tests)."""
         return [f"{a.name}[{a.extent}]" + (f":{self.kind(a)}" if self.kind(a) != "serial" else "")
                 for a in self.leaves]
-
-    def uses(self, axis: Axis) -> bool:
-        return any(axis in free_vars(v) for v in self.root_value.values())

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from weft.compiler.llvm.expr import Buffer, Expr, Load, Var, as_expr, const, free_vars, loads, np_dtype
+from weft.compiler.llvm.expr import Buffer, Expr, Load, Var, as_expr, free_vars, loads, np_dtype
 from weft.compiler.llvm.schedule import Axis, Schedule
 
 __all__ = ["Axis", "Kernel", "Reduce", "Stage", "compute", "reduce_axis", "reduce_max", "reduce_sum"]
@@ -172,7 +172,3 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, {len(self.stages)} stages, params={[b.name for b in self.params]})"
-
-
-def zero(dtype: str) -> Expr:
-    return const(0, dtype)
