@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -100,16 +101,43 @@ def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibra
     }
 
 
+def _replay_jobs(artifact: Any, feeds: dict, names: set[str]) -> tuple[dict, dict, Any]:
+    """Run `artifact` on fsim, keeping for each accelerator layer in `names` the DRAM image it starts from
+    (a cosimulation job) and the image it leaves; returns (jobs, images after, stats)."""
+    from weft.runtime.session import InferenceSession
+    from weft.sim.cosim import Job
+
+    jobs, after = {}, {}
+
+    def keep(layer: dict[str, Any], dram: Any, when: str) -> None:
+        if layer["name"] not in names:
+            return
+        if when == "before":
+            jobs[layer["name"]] = Job(dram=dram.data.copy(), insn_addr=layer["insn_addr"],
+                                      insn_count=layer["insn_count"], timeout_cycles=50_000_000, label=layer["name"])
+        else:
+            after[layer["name"]] = dram.data.copy()
+
+    sess = InferenceSession(artifact, device="fsim", on_layer=keep)
+    sess.run(None, feeds)
+    return jobs, after, sess.stats
+
+
 def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibration_batches: int = 2,
-                  seed: int = 0) -> dict[str, Any]:
-    """Per convolution layer: cycles with two virtual threads (latency hiding) and with one (same tiles),
-    from the timing model; GEMM utilization is MACs over cycles times the MACs per cycle of the config."""
+                  seed: int = 0, rtl: str | None = None, layers: Sequence[str] | None = None,
+                  dram_timing: str = "pynq") -> dict[str, Any]:
+    """Per convolution layer: cycles with two virtual threads (latency hiding) and with one (same tiles).
+
+    Cycles come from the timing model when this build has one; else, with ``rtl="verilator"`` (or
+    "icarus"), from the generated RTL itself, each layer replayed from its DRAM image under the
+    `dram_timing` DRAM model and its output checked against fsim to the bit. `layers` limits the layers
+    (RTL simulation takes about a minute per ResNet-18 layer). GEMM utilization is padded MACs over
+    cycles times the config's MACs per cycle."""
     from weft.compiler.backend import generate
     from weft.compiler.driver import compile_model
     from weft.config import load_config
     from weft.runtime.artifact import Artifact
     from weft.runtime.fsim_device import timing_model
-    from weft.runtime.session import InferenceSession
 
     del repeat  # one run per variant: cycles are deterministic
     cfg = load_config(config)
@@ -119,47 +147,64 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
         on = compile_model(onnx_model, config=cfg, calibration=calibration)
     off = Artifact(on.graph, on.config, on.target, meta=on.meta)
     generate(off, latency_hiding=False)
-    runs = {}
-    for name, art in (("on", on), ("off", off)):
-        sess = InferenceSession(art, device="fsim")
+    convs = [n.name for n in on.graph.nodes if n.op == "qconv2d" and n.attrs.get("target") == "accel"]
+    chosen = [name for name in convs if layers is None or name in set(layers)]
+    if layers is not None and len(chosen) != len(set(layers)):
+        raise ValueError(f"layers {sorted(set(layers) - set(chosen))} are not accelerator convolutions of "
+                         f"{model} (they are: {', '.join(convs)})")
+    source = "timing model" if timing_model() is not None else f"rtl:{rtl}" if rtl else None
+    variants: dict[str, dict[str, Any]] = {}
+    for key, art in (("on", on), ("off", off)):
         start = time.perf_counter()
-        output = sess.run(None, x)[0]
-        runs[name] = {"stats": sess.stats, "output": output, "seconds": time.perf_counter() - start,
-                      "meta": {layer["name"]: layer for layer in art.sections["accel"].meta["layers"]}}
-    layers = []
-    for rec_on, rec_off in zip(runs["on"]["stats"]["layers"], runs["off"]["stats"]["layers"], strict=True):
-        if rec_on["op"] != "qconv2d" or rec_on["target"] != "accel":
-            continue
-        name = rec_on["name"]
-        m_on, m_off = runs["on"]["meta"][name], runs["off"]["meta"][name]
+        jobs, after, stats = _replay_jobs(art, x, set(chosen) if source and source.startswith("rtl") else set())
+        per_layer = {rec["name"]: rec for rec in stats["layers"]}
+        cycles = {name: per_layer[name]["cycles"] for name in chosen}
+        matches: dict[str, bool] = {}
+        if source and source.startswith("rtl"):
+            from weft.sim.cosim import run_jobs
+
+            results = run_jobs(cfg, str(rtl), [jobs[name] for name in chosen], timing=dram_timing)
+            for name, result in zip(chosen, results, strict=True):
+                cycles[name] = result.cycles if result.error_code == 0 else None
+                image = after[name]
+                matches[name] = result.error_code == 0 and bool(np.array_equal(result.dram[:image.size], image))
+        variants[key] = {"cycles": cycles, "matches": matches, "stats": per_layer,
+                         "seconds": time.perf_counter() - start,
+                         "meta": {layer["name"]: layer for layer in art.sections["accel"].meta["layers"]}}
+    rows = []
+    for name in chosen:
+        m_on, m_off = variants["on"]["meta"][name], variants["off"]["meta"][name]
+        padded = variants["on"]["stats"][name]["accel_macs"]
         row: dict[str, Any] = {
-            "name": name, "macs": rec_on["macs"], "schedule": m_on["schedule"],
-            "insns_on": m_on["insn_count"], "insns_off": m_off["insn_count"],
+            "name": name, "macs": variants["on"]["stats"][name]["macs"], "padded_macs": padded,
+            "schedule": m_on["schedule"], "insns_on": m_on["insn_count"], "insns_off": m_off["insn_count"],
             "tokens_peak_on": m_on["tokens_peak"], "tokens_peak_off": m_off["tokens_peak"],
-            "cycles_on": rec_on["cycles"], "cycles_off": rec_off["cycles"],
+            "cycles_on": variants["on"]["cycles"][name], "cycles_off": variants["off"]["cycles"][name],
         }
-        if rec_on["cycles"] and rec_off["cycles"]:
-            row["speedup"] = rec_off["cycles"] / rec_on["cycles"]
+        if row["cycles_on"] and row["cycles_off"]:
+            row["speedup"] = row["cycles_off"] / row["cycles_on"]
             for key in ("on", "off"):
-                row[f"utilization_{key}"] = rec_on["accel_macs"] / (row[f"cycles_{key}"] * cfg.macs_per_cycle)
-        layers.append(row)
-    have_cycles = all(row["cycles_on"] is not None and row["cycles_off"] is not None for row in layers)
+                row[f"utilization_{key}"] = padded / (row[f"cycles_{key}"] * cfg.macs_per_cycle)
+        if variants["on"]["matches"]:
+            row["rtl_equals_fsim"] = variants["on"]["matches"][name] and variants["off"]["matches"][name]
+        rows.append(row)
+    have_cycles = bool(rows) and all(row["cycles_on"] and row["cycles_off"] for row in rows)
     result: dict[str, Any] = {
         "bench": "latency", "model": model, "config": cfg.name, "config_hash": cfg.hash,
-        "timing_model": timing_model() is not None, "available": have_cycles,
-        "same_outputs": bool(np.array_equal(runs["on"]["output"], runs["off"]["output"])),
-        "fsim_seconds": {k: v["seconds"] for k, v in runs.items()}, "layers": layers,
+        "cycles_from": source, "available": have_cycles,
+        "dram_timing": dram_timing if source and source.startswith("rtl") else None,
+        "seconds": {k: v["seconds"] for k, v in variants.items()}, "layers": rows,
     }
     if have_cycles:
-        total_on = sum(row["cycles_on"] for row in layers)
-        total_off = sum(row["cycles_off"] for row in layers)
-        macs = sum(runs["on"]["stats"]["layers"][i]["accel_macs"] for i, rec in
-                   enumerate(runs["on"]["stats"]["layers"]) if rec["op"] == "qconv2d")
+        total_on = sum(row["cycles_on"] for row in rows)
+        total_off = sum(row["cycles_off"] for row in rows)
+        padded = sum(row["padded_macs"] for row in rows)
         result.update(conv_cycles_on=total_on, conv_cycles_off=total_off, speedup=total_off / total_on,
-                      utilization_on=macs / (total_on * cfg.macs_per_cycle),
-                      utilization_off=macs / (total_off * cfg.macs_per_cycle))
+                      utilization_on=padded / (total_on * cfg.macs_per_cycle),
+                      utilization_off=padded / (total_off * cfg.macs_per_cycle))
+    elif source is None:
+        result["reason"] = ("no timing model in this build (weft.sim.timing), so cycles are unknown; "
+                            "bench_latency(config, model, rtl='verilator', layers=[...]) measures them on the RTL")
     else:
-        result["reason"] = ("no timing model in this build (weft.sim.timing): cycles are unknown, so the gain of "
-                            "latency hiding cannot be measured yet" if timing_model() is None
-                            else "the timing model reported no cycles")
+        result["reason"] = f"the {source} gave no cycles for some layers"
     return result

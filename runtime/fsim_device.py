@@ -8,7 +8,8 @@ packed into their DRAM buffers; the layer's program runs to its FINISH; a value 
 read back from DRAM. Every run checks races between units (``check_races``), so a missing token is an
 error here, not a silent difference.
 
-Cycles come from the timing model (:mod:`weft.sim.timing`) when this build has one, else they are None.
+Cycles come from the timing model (:mod:`weft.sim.timing`, its default DRAM timing) when this build has
+one, else they are None: each layer's program is timed once (timing does not depend on the data).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import contextlib
 import importlib
 import importlib.util
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from weft.compiler.float_ops import FLOAT_OPS, macs_of
 from weft.compiler.ir import numpy_dtype
+from weft.isa.encoding import decode_insns
 from weft.runtime.devices import Device, DeviceError, register_device
 from weft.runtime.qkernels import QKERNELS
 from weft.runtime.reference import check_feeds, widths_of
@@ -51,7 +53,7 @@ def _one_blas_thread() -> contextlib.AbstractContextManager:
 
 
 def timing_model() -> Any | None:
-    """The timing model module when this build has one (it fills the simulator's ``cycles``)."""
+    """The timing model module when this build has one."""
     if importlib.util.find_spec("weft.sim.timing") is None:
         return None
     return importlib.import_module("weft.sim.timing")
@@ -59,14 +61,19 @@ def timing_model() -> Any | None:
 
 class FsimDevice(Device):
     """Runs accelerator layers on :class:`~weft.sim.fsim.FunctionalSimulator`; options go to the simulator
-    (``check_races``, ``model_fetch``) except ``timing`` (False: no cycle counts even with a timing model)."""
+    (``check_races``, ``model_fetch``) except ``timing`` (False: no cycle counts even with a timing model)
+    and ``on_layer``."""
 
     name = "fsim"
 
-    def __init__(self, config: AcceleratorConfig, *, timing: bool = True, **sim_options: Any):
+    def __init__(self, config: AcceleratorConfig, *, timing: bool = True,
+                 on_layer: Callable[[dict[str, Any], Dram, str], None] | None = None, **sim_options: Any):
         super().__init__(config)
         self.sim_options = sim_options
         self.timing = timing
+        #: Called as ``on_layer(layer, dram, "before" | "after")`` around each accelerator program (to
+        #: replay a layer elsewhere, e.g. on the RTL, from the same DRAM image).
+        self.on_layer = on_layer
         self.sim: Any = None
 
     def load(self, artifact: Artifact) -> None:
@@ -87,10 +94,23 @@ class FsimDevice(Device):
 
     def _make_simulator(self) -> Any:
         model = timing_model() if self.timing else None
-        factory = getattr(model, "TimedSimulator", None) if model is not None else None
-        if factory is not None:
-            return factory(self.config, **self.sim_options)
+        cls = getattr(model, "TimingModel", None) if model is not None else None
+        self._timing = cls(self.config) if cls is not None else None
+        self._cycles: dict[str, int] = {}
         return FunctionalSimulator(self.config, **self.sim_options)
+
+    def layer_cycles(self, layer: dict[str, Any]) -> int | None:
+        """Cycles the timing model predicts for a layer's program (None without one). Timing does not
+        depend on the data, so each program is timed once."""
+        if self._timing is None:
+            return None
+        name = layer["name"]
+        if name not in self._cycles:
+            start = layer["insn_addr"] - self.meta["const_base"]
+            words = self.const[start:start + layer["insn_count"] * layer["insn_bytes"]]
+            report = self._timing.simulate(decode_insns(self.config, words), layer["insn_addr"])
+            self._cycles[name] = int(report.cycles)
+        return self._cycles[name]
 
     # ---- DRAM <-> numpy ---------------------------------------------------------------------------------
     def _write_value(self, dram: Dram, name: str, array: np.ndarray) -> None:
@@ -142,12 +162,18 @@ class FsimDevice(Device):
                     if x not in in_dram:
                         self._write_value(dram, x, env[x])
                         in_dram.add(x)
+                if self.on_layer is not None:
+                    self.on_layer(layer, dram, "before")
                 stats = self.sim.run(dram, layer["insn_addr"], layer["insn_count"])
+                if self.on_layer is not None:
+                    self.on_layer(layer, dram, "after")
                 out = node.outputs[0]
                 in_dram.add(out)
                 env.pop(out, None)
+                cycles = stats.get("cycles")
                 record.update(insns=stats["insns"], insn_count=stats["insn_count"], bytes=stats["bytes"],
-                              accel_macs=stats["macs"], alu_ops=stats["alu_ops"], cycles=stats.get("cycles"),
+                              accel_macs=stats["macs"], alu_ops=stats["alu_ops"],
+                              cycles=cycles if cycles is not None else self.layer_cycles(layer),
                               schedule=layer["schedule"])
                 if record["cycles"] is None:
                     cycles_total = None
