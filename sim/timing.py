@@ -1,0 +1,574 @@
+"""The timing model: how many cycles the accelerator (:mod:`weft.hw`) takes to run an instruction stream.
+
+An event model at the granularity of instructions and DRAM bursts, whose costs follow the RTL's structure
+(:class:`Microarch`) and the DRAM's latency and bandwidth (:class:`weft.sim.dram_timing.DramTiming`, the
+same numbers the cosimulation's DRAM answers with):
+
+* fetch reads the stream in bursts (at most ``max_burst`` beats, never across 4 KiB, at most
+  ``reader_beats`` beats requested and not yet consumed), unpacks ``ceil(16 bytes / bus)`` beats per
+  instruction and dispatches one instruction per cycle into the unit's command queue
+  (``cmd_queue_depth``), stalling while that queue is full;
+* a unit starts its next instruction once it is free, the command is out of its queue, every token it
+  pops is there and every queue it pushes has room; it pops at the start and pushes when done;
+* LOAD (load unit: inp, wgt; compute unit: uop, acc, acc_narrow): one read request per DRAM row, each
+  split into bursts; the requests of the three read clients (fetch, load, compute) share one AR channel
+  (a grant every ``arbiter_gap`` cycles) and one R channel that returns bursts in request order,
+  ``read_latency`` cycles after the request, at ``read_duty`` beats per cycle; the SRAM is written one
+  element per cycle in row order, zero padding included (no DRAM traffic), an element no earlier than
+  its beats arrive, and at most ``unpack_queue`` rows are requested ahead of the writes;
+* GEMM/ALU: one micro-op execution per cycle through the ``loop_stages``-stage pipeline, which fills
+  and drains once per instruction;
+* STORE: one element read per cycle from the output buffer, packed into beats, one write burst sequence
+  per DRAM row (at most ``store_len_queue`` bursts ahead of their data), ``write_duty`` beats per cycle,
+  done when the last write response is back, ``write_latency`` cycles after the last beat.
+
+The cost is O(instructions + DRAM bursts), never O(micro-op executions). The result holds the RTL's event
+counters (:data:`weft.hw.regs.COUNTERS`, same names and meanings) and a trace: for every instruction its
+unit, kind, when it could have started (``ready``: unit free and command present), ``start`` and ``end``
+(the cycle its unit is free again), from which a Chrome/Perfetto trace is drawn (:func:`trace_events`).
+
+Cycle 0 is the first cycle the RTL's cycle counter counts (the cycle after START). Beats move in a fluid
+approximation of the DRAM's pause pattern, so times are fractional; counters are rounded at the end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from weft.errors import WeftError
+from weft.hw.regs import COUNTERS
+from weft.isa.constants import MemId, Opcode, Unit
+from weft.isa.layout import INSN_FIELD_NAMES
+from weft.isa.program import DEP_FLAGS
+from weft.sim.dram_timing import DramTiming
+from weft.sim.fsim import _FLAG_QUEUE, INSN_KINDS, QUEUES
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["TRACE_DTYPE", "UNIT_NAMES", "Microarch", "TimingError", "TimingModel", "TimingReport",
+           "trace_events"]
+
+#: One row per instruction: its stream index, unit (Unit), kind (index into fsim.INSN_KINDS), and the
+#: cycles it could start (unit free, command present), started, and ended (its unit free again).
+TRACE_DTYPE = np.dtype([("index", np.int64), ("unit", np.int8), ("kind", np.int8), ("ready", np.float64),
+                        ("start", np.float64), ("end", np.float64)])
+UNIT_NAMES = ("load", "compute", "store")
+_F = {name: k for k, name in enumerate(INSN_FIELD_NAMES)}
+_INSN_BYTES = 16
+_KIND_CODE = {name: k for k, name in enumerate(INSN_KINDS)}
+
+
+class TimingError(WeftError):
+    """A stream the timing model cannot time: it deadlocks (run it on the functional simulator, which
+    checks streams, to see why)."""
+
+
+@dataclass(frozen=True)
+class Microarch:
+    """The structure of the RTL that the costs follow from (tests check these against :mod:`weft.hw`)."""
+
+    #: hw.dma.MAX_BURST: beats per AXI burst (the Zynq-7000 HP ports are AXI3).
+    max_burst: int = 16
+    #: hw.dma.BurstReader depth: beats a reader may have requested and not yet consumed.
+    reader_beats: int = 64
+    #: hw.dma.Load2D unpack_depth: DRAM rows a load may request ahead of the row it writes.
+    unpack_queue: int = 8
+    #: hw.dma.Store2D segment queue: DRAM rows a store may address ahead of the row it packs.
+    store_seg_queue: int = 4
+    #: hw.dma.Store2D burst-length queue: write bursts addressed ahead of their data.
+    store_len_queue: int = 8
+    #: amaranth.lib.fifo.SyncFIFOBuffered: cycles from a write into an empty queue to its read.
+    fifo_latency: int = 2
+    #: hw.axi.ReadArbiter: the grant is registered, so the AR channel takes a request every 2 cycles.
+    arbiter_gap: int = 2
+    #: hw.compute: loop generator, micro-op word, inp/wgt rows, adder tree, accumulator, write back.
+    loop_stages: int = 6
+    #: Cycles from an AR handshake to the first R beat on top of the DRAM's read_latency (the DRAM
+    #: model answers through a cocotbext-axi source, which drives a beat the cycle after it is queued).
+    read_handshake: int = 2
+    #: Cycles from the last W beat to the store's done on top of the DRAM's write_latency (at least 1): the B
+    #: response through the model's B source, the outstanding-burst count, the registered busy.
+    write_handshake: int = 3
+
+
+@dataclass(frozen=True)
+class TimingReport:
+    """What :meth:`TimingModel.simulate` predicts for one stream."""
+
+    cycles: int
+    #: The RTL's event counters (weft.hw.regs.COUNTERS): same names, same meanings.
+    counters: dict[str, int]
+    #: Per instruction, in stream order: TRACE_DTYPE.
+    trace: np.ndarray
+    dram: DramTiming
+
+    @property
+    def utilization(self) -> float:
+        """MAC-active cycles / cycles, as the RTL's counters give it."""
+        return self.counters["mac_active"] / self.cycles if self.cycles else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready figures (no trace)."""
+        c = self.cycles
+        return {
+            "cycles": c, "counters": dict(self.counters), "utilization": self.utilization,
+            "unit_busy": {u: (self.counters[f"busy_{u}"] / c if c else 0.0) for u in UNIT_NAMES},
+            "dram": self.dram.to_dict(),
+        }
+
+
+def trace_events(trace: np.ndarray, clock_mhz: float, name: str = "weft") -> list[dict[str, Any]]:
+    """Chrome/Perfetto trace events ("X" complete events, microseconds) of a TRACE_DTYPE array: one track
+    per unit, one slice per instruction, plus the wait before each start as a "stall" slice."""
+    us = 1.0 / clock_mhz
+    events: list[dict[str, Any]] = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": name}}]
+    for u, unit in enumerate(UNIT_NAMES):
+        events.append({"ph": "M", "pid": 0, "tid": u, "name": "thread_name", "args": {"name": unit}})
+    for row in trace.tolist():
+        index, unit, kind, ready, start, end = row
+        if start > ready:
+            events.append({"ph": "X", "pid": 0, "tid": unit, "name": "stall", "ts": ready * us,
+                           "dur": (start - ready) * us, "args": {"index": index}})
+        events.append({"ph": "X", "pid": 0, "tid": unit, "name": INSN_KINDS[kind], "ts": start * us,
+                       "dur": (end - start) * us, "args": {"index": index}})
+    return events
+
+
+# ---- a minimal discrete-event kernel ----------------------------------------------------------------------
+class _Event:
+    """A value that becomes known once (a time, or burst arrival data); processes wait for it."""
+
+    __slots__ = ("value", "waiters")
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.waiters: list[Generator] = []
+
+
+class _Kernel:
+    """Runs generator processes in time order. A process yields a time (sleep until then) or an _Event
+    (wait until it is fired; the yield returns its value)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Generator, Any]] = []
+        self._seq = itertools.count()
+
+    def spawn(self, proc: Generator) -> None:
+        self._push(self.now, proc, None)
+
+    def _push(self, t: float, proc: Generator, value: Any) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), proc, value))
+
+    def fire(self, event: _Event, value: Any) -> None:
+        event.value = value
+        for proc in event.waiters:
+            self._push(self.now, proc, value)
+        event.waiters = []
+
+    def run(self) -> None:
+        while self._heap:
+            t, _, proc, value = heapq.heappop(self._heap)
+            self.now = t
+            while True:
+                try:
+                    what = proc.send(value)
+                except StopIteration:
+                    break
+                if isinstance(what, _Event):
+                    if what.value is None:
+                        what.waiters.append(proc)
+                        break
+                    value = what.value
+                    continue
+                self._push(max(float(what), self.now), proc, None)
+                break
+
+
+def _bursts(addr: int, beats: int, bus_bytes: int, max_burst: int) -> list[int]:
+    """Lengths of the bursts of a read or write of `beats` beats from bus-aligned `addr` (hw.dma._burst_len)."""
+    out = []
+    while beats:
+        to_boundary = (4096 - addr % 4096) // bus_bytes
+        n = min(beats, max_burst, to_boundary)
+        out.append(n)
+        addr += n * bus_bytes
+        beats -= n
+    return out
+
+
+class TimingModel:
+    """Predicts the RTL's cycle counts for one config and DRAM timing (default: the Pynq-Z1 preset)."""
+
+    def __init__(self, config: AcceleratorConfig, dram: DramTiming | None = None,
+                 arch: Microarch | None = None):
+        c = config
+        self.config = c
+        self.dram = dram if dram is not None else DramTiming.pynq_z1()
+        self.arch = arch if arch is not None else Microarch()
+        self.bus_bytes = c.bus_width // 8
+        # Element (SRAM row) bytes of each memory a DMA moves.
+        self.elem_bytes = {
+            MemId.UOP: c.uop_bits // 8, MemId.WGT: c.wgt_row_bits // 8, MemId.INP: c.inp_row_bits // 8,
+            MemId.ACC: c.acc_row_bits // 8, MemId.OUT: c.out_row_bits // 8, MemId.ACC_NARROW: c.out_row_bits // 8,
+        }
+
+    def simulate(self, insns: np.ndarray, insn_addr: int = 0) -> TimingReport:
+        """Time `insns` (INSN_DTYPE, a legal stream ending in FINISH) fetched from byte `insn_addr`."""
+        if len(insns) == 0:
+            raise TimingError("an empty stream cannot be timed: the last instruction must be FINISH")
+        return _Run(self, insns, int(insn_addr)).report()
+
+
+class _Run:
+    """One simulation: the processes (fetch reader, fetch dispatcher, three units) and shared resources."""
+
+    def __init__(self, model: TimingModel, insns: np.ndarray, insn_addr: int):
+        self.m, self.c, self.a, self.d = model, model.config, model.arch, model.dram
+        self.B = model.bus_bytes
+        self.rows = insns.view(np.int64).reshape(len(insns), len(INSN_FIELD_NAMES)).tolist()
+        self.n = n = len(self.rows)
+        self.insn_addr = insn_addr
+        self.k = _Kernel()
+        self.read_gap = 1.0 / self.d.read_duty
+        self.write_gap = 1.0 / self.d.write_duty
+        self.arb_last = -math.inf
+        self.r_free = -math.inf
+
+        # Routing, per-unit positions and token indices (the k-th push of a queue is popped k-th).
+        self.unit = [0] * n
+        self.pos = [0] * n
+        self.pops: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        self.pushes: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        self.streams: list[list[int]] = [[], [], []]
+        counts = {"pop": [0] * len(QUEUES), "push": [0] * len(QUEUES)}
+        for i, r in enumerate(self.rows):
+            op, mem = r[_F["opcode"]], r[_F["mem_id"]]
+            u = (Unit.STORE if op == Opcode.STORE
+                 else Unit.LOAD if op == Opcode.LOAD and mem in (MemId.INP, MemId.WGT) else Unit.COMPUTE)
+            self.unit[i], self.pos[i] = int(u), len(self.streams[u])
+            self.streams[u].append(i)
+            for flag in DEP_FLAGS:
+                if r[_F[flag]]:
+                    q = _FLAG_QUEUE[int(u)][flag]
+                    kind = "pop" if flag.startswith("pop") else "push"
+                    (self.pops if kind == "pop" else self.pushes)[i].append((q, counts[kind][q]))
+                    counts[kind][q] += 1
+        self.pushed = [[_Event() for _ in range(counts["push"][q])] for q in range(len(QUEUES))]
+        self.popped = [[_Event() for _ in range(counts["pop"][q])] for q in range(len(QUEUES))]
+        self.dispatched = [_Event() for _ in range(n)]
+        self.started = [[_Event() for _ in s] for s in self.streams]
+
+        self.counters = dict.fromkeys((name for name, _ in COUNTERS), 0.0)
+        self.counters["insns"] = n
+        self.trace = np.zeros(n, dtype=TRACE_DTYPE)
+        self.done_units = [False, False, False]
+        self.waiting: list[str] = ["", "", ""]
+        self.end: float | None = None
+
+    # ---- shared read path ------------------------------------------------------------------------------
+    def _read(self, beats: int) -> tuple[float, float]:
+        """Grant a read burst requested now; returns (arrival of its first beat, cycles between beats)."""
+        g = max(self.k.now, self.arb_last + self.a.arbiter_gap)
+        self.arb_last = g
+        first = max(g + 1 + self.d.read_latency + self.a.read_handshake, self.r_free)
+        self.r_free = first + beats * self.read_gap
+        self.counters["rd_beats"] += beats
+        return first, g
+
+    # ---- fetch -------------------------------------------------------------------------------------------
+    def _fetch_layout(self) -> None:
+        B = self.B
+        first = self.insn_addr & ~(B - 1)
+        end = self.insn_addr + self.n * _INSN_BYTES
+        total = -(-(end - first) // B)
+        self.fetch_lens = _bursts(first, total, B, self.a.max_burst)
+        self.fetch_starts = list(itertools.accumulate([0, *self.fetch_lens[:-1]]))
+        self.fetch_ends = [s + n for s, n in zip(self.fetch_starts, self.fetch_lens, strict=True)]
+        self.fetch_burst = [_Event() for _ in self.fetch_lens]
+        self.fetch_taken = [_Event() for _ in self.fetch_lens]
+        self.fetch_lane = (self.insn_addr - first) // _INSN_BYTES
+
+    def _fetch_reader(self) -> Generator:
+        t = 1.0  # START launches fetch in cycle 0; its reader requests the first burst in cycle 1
+        window = self.a.reader_beats
+        oldest = 0  # the burst whose consumption frees the window next
+        for j, length in enumerate(self.fetch_lens):
+            need = self.fetch_ends[j] - window  # beats that must have been consumed before this request
+            if need > 0:
+                while self.fetch_ends[oldest] < need:
+                    oldest += 1
+                t = max(t, (yield self.fetch_taken[oldest]) + 1)
+            yield t
+            first, g = self._read(length)
+            self.k.fire(self.fetch_burst[j], first)
+            t = g + 1
+
+    def _fetch_dispatch(self) -> Generator:
+        B, a = self.B, self.a
+        burst = 0  # the burst holding the beat being unpacked
+        arrived = -1  # bursts whose arrival is known
+        first_beat = 0.0
+
+        def arrival(beat: int) -> Generator:
+            nonlocal burst, arrived, first_beat
+            while beat >= self.fetch_ends[burst]:
+                burst += 1
+            if arrived < burst:
+                first_beat = yield self.fetch_burst[burst]
+                arrived = burst
+            return first_beat + (beat - self.fetch_starts[burst]) * self.read_gap
+
+        def consumed(beat: int, t: float) -> None:
+            if beat == self.fetch_ends[burst] - 1:
+                self.k.fire(self.fetch_taken[burst], t)
+
+        d_prev = 0.0
+        depth = self.c.cmd_queue_depth
+        lanes = B // _INSN_BYTES
+        for k in range(self.n):
+            if B < _INSN_BYTES:
+                per = _INSN_BYTES // B
+                accept = d_prev  # the unpacker takes the next beat once the previous instruction left
+                for beat in range(k * per, (k + 1) * per):
+                    accept = max(accept + (beat > k * per), (yield from arrival(beat)) + a.fifo_latency)
+                    consumed(beat, accept)
+                ready = accept + 1
+            else:
+                beat = (self.fetch_lane + k) // lanes
+                ready = max((yield from arrival(beat)) + a.fifo_latency, d_prev + 1)
+            u, j = self.unit[k], self.pos[k]
+            d = ready
+            if j >= depth:
+                d = max(d, (yield self.started[u][j - depth]) + 1)
+            self.counters["stall_fetch"] += d - ready
+            if B >= _INSN_BYTES and ((self.fetch_lane + k) % lanes == lanes - 1 or k == self.n - 1):
+                consumed(beat, d)
+            self.k.fire(self.dispatched[k], d)
+            d_prev = d
+
+    # ---- units -------------------------------------------------------------------------------------------
+    def _unit(self, u: int) -> Generator:
+        free = 0.0
+        depth = self.c.token_queue_depth
+        for j, i in enumerate(self.streams[u]):
+            self.waiting[u] = f"instruction {i} waits for fetch"
+            ready = max(free, (yield self.dispatched[i]) + self.a.fifo_latency)
+            t = ready
+            for q, k in self.pops[i]:
+                self.waiting[u] = f"instruction {i} waits to pop {QUEUES[q]} token {k}"
+                t = max(t, (yield self.pushed[q][k]) + 1)
+            for q, k in self.pushes[i]:
+                if k >= depth:
+                    self.waiting[u] = f"instruction {i} waits for room in {QUEUES[q]}"
+                    t = max(t, (yield self.popped[q][k - depth]) + 1)
+            self.waiting[u] = ""
+            yield t
+            s = max(t, self.k.now)
+            self.k.fire(self.started[u][j], s)
+            for q, k in self.pops[i]:
+                self.k.fire(self.popped[q][k], s)
+            done = yield from self._execute(i, s)
+            for q, k in self.pushes[i]:
+                self.k.fire(self.pushed[q][k], done)
+            self.counters[f"busy_{UNIT_NAMES[u]}"] += done - s
+            self.counters[f"stall_{UNIT_NAMES[u]}"] += s - ready
+            self.trace[i] = (i, u, _KIND_CODE[self._kind(i)], ready, s, done + 1)
+            free = done + 1
+        self.done_units[u] = True
+
+    def _kind(self, i: int) -> str:
+        r = self.rows[i]
+        op = r[_F["opcode"]]
+        if op in (Opcode.LOAD, Opcode.STORE) and r[_F["x_size"]] == 0:
+            return "nop"
+        if op == Opcode.LOAD:
+            return f"load_{MemId(r[_F['mem_id']]).name.lower()}"
+        return Opcode(op).name.lower()
+
+    def _execute(self, i: int, s: float) -> Generator:
+        """The instruction's body from its start `s`; returns its done cycle (it pushes then; its unit
+        takes the next instruction one cycle later)."""
+        r = self.rows[i]
+        op = r[_F["opcode"]]
+        if op == Opcode.FINISH:
+            self.end = s + 2  # `finished` is registered; the run ends (and the counter stops) then
+            return s + 1
+        if op in (Opcode.GEMM, Opcode.ALU):
+            execs = (r[_F["uop_end"]] - r[_F["uop_bgn"]]) * r[_F["iter_out"]] * r[_F["iter_in"]]
+            if op == Opcode.GEMM and not r[_F["reset"]]:
+                self.counters["mac_active"] += execs
+            elif op == Opcode.ALU:
+                self.counters["alu_active"] += execs
+            # Decode (1), loop launch (1), one issue per execution, then the pipeline drains.
+            return s + 2 + (execs + self.a.loop_stages - 1 if execs else 0)
+        if r[_F["x_size"]] == 0:
+            return s + 1
+        if op == Opcode.STORE:
+            return self._store(r, s)
+        done = yield from self._load(r, s)
+        return done
+
+    def _load(self, r: list[int], s: float) -> Generator:
+        """A 2-D load (hw.dma.Load2D): the request side yields at every burst; the write side follows."""
+        a, B = self.a, self.B
+        E = self.m.elem_bytes[MemId(r[_F["mem_id"]])]
+        y, x, stride, base = r[_F["y_size"]], r[_F["x_size"]], r[_F["x_stride"]], r[_F["dram_base"]]
+        y0, y1, x0, x1 = (r[_F[k]] for k in ("y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1"))
+        width, height = x0 + x + x1, y0 + y + y1
+        if not width or not height:
+            return s + 3
+        lanes = B // E if E <= B else 0  # elements per beat (0: an element takes several beats)
+        per = E // B if E > B else 1  # beats per element
+        cursor = s + 2 + y0 * width  # next SRAM write slot (the DMA starts writing padding in cycle s + 2)
+        gap = self.read_gap
+        granted = 0
+        taken: list[tuple[int, float]] = []  # (beats granted up to this burst, when its last beat is consumed)
+        oldest = 0
+        elem_first = 0.0  # when the first beat of the element being assembled heads the buffer
+        unpack: list[float] = []  # when the unpacker takes each row
+        g_prev = -math.inf
+        row_end = -math.inf  # last write of the previous DRAM row
+        for yy in range(y):
+            start = (base + yy * stride) * E
+            aligned = start & ~(B - 1)
+            row_beats = -(-(start + x * E - aligned) // B)
+            lane0 = (start - aligned) // E if lanes else 0
+            c = s + 2 if yy == 0 else g_prev + 1  # the row's request enters the burst reader
+            if yy >= a.unpack_queue:
+                c = max(c, unpack[yy - a.unpack_queue] + 1)
+            u = c + a.fifo_latency if yy == 0 else max(c + a.fifo_latency, row_end + (0 if lanes else 1))
+            unpack.append(u)
+            cursor += x0
+            req = c + 1
+            beat0 = 0
+            for n in _bursts(aligned, row_beats, B, a.max_burst):
+                over = granted + n - a.reader_beats  # beats that must be consumed before this request
+                if over > 0:
+                    while taken[oldest][0] < over:
+                        oldest += 1
+                    req = max(req, taken[oldest][1] + 1)
+                yield req
+                first, g = self._read(n)
+                granted += n
+                g_prev = g
+                req = g + 1
+                avail = first + a.fifo_latency  # when the burst's first beat heads the reader's buffer
+                last = avail + (n - 1) * gap
+                if lanes:  # elements ja..jb-1 lie in this burst's beats; one SRAM write per cycle
+                    ja = max(0, beat0 * lanes - lane0)
+                    jb = min(x, (beat0 + n) * lanes - lane0)
+                    last_beat = (lane0 + jb - 1) // lanes
+                    w = max(max(cursor, avail, u + 1) + (jb - ja - 1),
+                            avail + (last_beat - beat0) * gap + (jb - 1 - max(ja, last_beat * lanes - lane0)))
+                    cursor = w + 1
+                    taken.append((granted, w))
+                else:  # elements ja..jb-1 end in this burst; each takes `per` beats, one beat per cycle
+                    if beat0 % per == 0:
+                        elem_first = avail
+                    ja = (beat0 + per) // per - 1
+                    jb = (beat0 + n + per) // per - 1
+                    accept = max(elem_first, u + 1 if ja == 0 else cursor - 1)
+                    if jb > ja:
+                        last_accept = max(accept + per - 1, avail + ((ja + 1) * per - 1 - beat0) * gap)
+                        w = max(cursor, last_accept + 1) + (jb - ja - 1) * per
+                        w = max(w, avail + (jb * per - 1 - beat0) * gap + 1)
+                        cursor = w + 1
+                        tail = beat0 + n - jb * per  # beats of the next element in this burst
+                        if tail:
+                            elem_first = avail + (jb * per - beat0) * gap
+                        taken.append((granted, max(last, w + tail - 1) if tail else w - 1))
+                    else:
+                        taken.append((granted, max(last, accept + n - 1)))
+                beat0 += n
+            row_end = cursor - 1
+            cursor += x1
+        return cursor + y1 * width  # the last write is at cursor - 1; done one cycle later
+
+    def _store(self, r: list[int], s: float) -> float:
+        """A 2-D store (hw.dma.Store2D); the write channel is the store unit's alone, so no yields."""
+        a, B = self.a, self.B
+        E = self.m.elem_bytes[MemId.OUT]
+        y, x, stride, base = r[_F["y_size"]], r[_F["x_size"]], r[_F["x_stride"]], r[_F["dram_base"]]
+        if y == 0:
+            return s + 3
+        lanes = B // E if E < B else 0
+        per = E // B if E > B else 1
+        gap = self.write_gap  # >= 1: one beat per cycle at most
+        sram0 = s + 4  # element e is out of the SRAM read pipeline at sram0 + e
+        w_prev = -math.inf
+        packed = -math.inf  # last element the packer took
+        aw_prev = -math.inf
+        w_lasts: list[float] = []  # last W beat of each burst
+        seg_taken: list[float] = []
+        elems_before = 0
+        for yy in range(y):
+            start = (base + yy * stride) * E
+            aligned = start & ~(B - 1)
+            row_beats = -(-(start + x * E - aligned) // B)
+            lane0 = (start - aligned) // E if lanes else 0
+            seg = s + 2 if yy == 0 else aw_prev + 1
+            if yy >= a.store_seg_queue:
+                seg = max(seg, seg_taken[yy - a.store_seg_queue] + 1)
+            if lanes:
+                load = max(seg + a.fifo_latency, packed)
+                active = load + 1
+            else:
+                load = seg + a.fifo_latency
+                active = -math.inf
+            seg_taken.append(load)
+            aw = seg + 1
+            beat0 = 0
+            for n in _bursts(aligned, row_beats, B, a.max_burst):
+                if len(w_lasts) >= a.store_len_queue:
+                    aw = max(aw, w_lasts[-a.store_len_queue] + 1)
+                len_ready = aw + a.fifo_latency
+                if lanes:
+                    ja = max(0, beat0 * lanes - lane0)
+                    jb = min(x, (beat0 + n) * lanes - lane0)
+                    first_beat_elems = min(jb, (beat0 + 1) * lanes - lane0) - ja
+                    p = max(packed + 1, sram0 + elems_before + ja, active)
+                    w0 = max(p + first_beat_elems - 1, len_ready, w_prev + gap)
+                    w = w0 + max(jb - ja - first_beat_elems, (n - 1) * gap)
+                    packed = w
+                else:
+                    elem = beat0 // per
+                    w0 = max(w_prev + gap, len_ready)
+                    if beat0 % per == 0:  # a new element enters the packer
+                        w0 = max(w0, sram0 + elems_before + elem + (1 if per > 1 else 0))
+                    w = w0 + (n - 1) * gap
+                w_lasts.append(w)
+                w_prev = w
+                aw_prev = aw
+                aw += 1
+                beat0 += n
+            elems_before += x
+            self.counters["wr_beats"] += row_beats
+        return w_prev + a.write_handshake + max(1, self.d.write_latency)
+
+    # ---- run -------------------------------------------------------------------------------------------
+    def report(self) -> TimingReport:
+        self._fetch_layout()
+        k = self.k
+        k.spawn(self._fetch_reader())
+        k.spawn(self._fetch_dispatch())
+        for u in (Unit.LOAD, Unit.COMPUTE, Unit.STORE):
+            k.spawn(self._unit(int(u)))
+        k.run()
+        if not all(self.done_units) or self.end is None:
+            stuck = "; ".join(f"{UNIT_NAMES[u]}: {self.waiting[u]}" for u in range(3)
+                              if not self.done_units[u] and self.waiting[u])
+            raise TimingError(f"the stream deadlocks ({stuck or 'no FINISH reached'}); the functional "
+                              "simulator reports why")
+        cycles = round(self.end + 1)
+        self.counters["cycles"] = cycles
+        counters = {name: round(self.counters[name]) for name, _ in COUNTERS}
+        return TimingReport(cycles=cycles, counters=counters, trace=self.trace, dram=self.d)
