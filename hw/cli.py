@@ -66,22 +66,39 @@ _STAT_LINE = re.compile(r"^\s+(\d+)\s+(\S+)\s*$")
 
 
 def synth_report(config: Any, target: str = "xc7") -> dict[str, Any]:
-    """Synthesize ``weft_top`` with the Yosys bundled with Amaranth; cell counts by type."""
-    from amaranth._toolchain.yosys import find_yosys
+    """Synthesize ``weft_top`` with Yosys and count cells by type (the last ``stat`` of the log).
 
-    from weft.hw.top import generate_verilog
+    Needs a full Yosys on PATH: the one bundled with Amaranth only converts designs and has no synthesis
+    passes.
+    """
+    import shutil
+    import subprocess
+    import tempfile
 
-    yosys = find_yosys(lambda version: version >= (0, 40))
+    from weft.hw.top import TOP_NAME, generate_verilog
+
+    yosys = shutil.which("yosys")
+    if yosys is None:
+        raise OSError("weft synth needs Yosys on PATH (the Yosys bundled with Amaranth has no synthesis "
+                      "passes); install it, e.g. apt-get install yosys")
     command = "synth_xilinx -family xc7 -flatten -noiopad" if target == "xc7" else "synth -flatten"
-    script = f"read_verilog -sv -; {command} -top weft_top; stat"
     started = time.perf_counter()
-    output = yosys.run(["-q", "-p", script.replace("read_verilog -sv -; ", ""), "-f", "verilog", "/dev/stdin"],
-                       generate_verilog(config), ignore_warnings=True)
+    with tempfile.TemporaryDirectory(prefix="weft-synth-") as tmp:
+        source = Path(tmp) / f"{TOP_NAME}.v"
+        source.write_text(generate_verilog(config))
+        result = subprocess.run([yosys, "-p", f"read_verilog {source}; {command} -top {TOP_NAME}; stat"],
+                                capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise OSError(f"yosys failed: {result.stderr.strip()[-2000:]}")
+    log = result.stdout
+    section = log[log.rindex("Number of cells"):] if "Number of cells" in log else ""
     cells: dict[str, int] = {}
-    for line in output.splitlines():
+    for line in section.splitlines()[1:]:
         match = _STAT_LINE.match(line)
         if match:
             cells[match.group(2)] = int(match.group(1))
+        elif cells and not line.strip():
+            break
     return {"config": config.name, "config_hash": config.hash, "target": target, "cells": cells,
             "seconds": round(time.perf_counter() - started, 1)}
 

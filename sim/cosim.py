@@ -16,11 +16,12 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,8 +133,9 @@ def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None) -
         saved = os.environ.get("MAKEFLAGS")
         os.environ["MAKEFLAGS"] = f"-j{max(1, min(4, os.cpu_count() or 1))}"
         try:
-            runner.build(verilog_sources=[source], hdl_toplevel="weft_top", build_dir=build_dir,
-                         log_file=log, **options)
+            with redirect_stdout(sys.stderr):  # the runner narrates on stdout, which belongs to our callers
+                runner.build(verilog_sources=[source], hdl_toplevel="weft_top", build_dir=build_dir,
+                             log_file=log, **options)
         except SystemExit as err:
             raise CosimError(f"building the {sim} model failed ({err}); see {log}") from None
         finally:
@@ -215,10 +217,11 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
         runner = _runner(sim)
         log = work / "sim.log"
         try:
-            runner.test(test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
-                        build_dir=build_dir, test_dir=work,
-                        extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": log_level},
-                        log_file=log)
+            with redirect_stdout(sys.stderr):
+                runner.test(test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
+                            build_dir=build_dir, test_dir=work,
+                            extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": log_level},
+                            log_file=log)
         except SystemExit:
             pass  # judged below from what the jobs wrote
         results = []

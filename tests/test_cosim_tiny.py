@@ -237,3 +237,31 @@ def test_illegal_instructions_stop_with_an_error_code_read_over_axi_lite():
         assert rep["violations"] == [], name
     assert check_job(CONFIG, results[-1], image.data, follow_up.p.insns) == ""
     assert results[-1].report["status"] == {"busy": 0, "done": 1, "error": 0}
+
+
+@_needs("icarus")
+def test_weft_cosim_command_prints_a_summary(capsys):
+    import json
+
+    from weft.cli import main
+
+    code = main(["cosim", "--config", "tiny", "--sim", "icarus", "--seed", "40", "--count", "2", "--insns", "60"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert summary["passed"] == 2 and summary["failed"] == 0 and summary["cycles"] > 0
+    assert 0 <= summary["mac_utilization"] < 1
+
+
+@_needs("verilator")
+@_needs("icarus")
+def test_rtl_benchmark_reports_utilization_and_simulation_speed():
+    from weft.sim.bench_rtl import bench_rtl
+
+    figures = bench_rtl("tiny", blocks=4)
+    main = figures["utilization"]
+    assert main["bit_exact"], main["problem"]
+    assert main["mac_active_cycles"] == main["workload"]["gemm_executions"]
+    assert 0 < main["mac_utilization"] < 1
+    assert main["busy"]["compute"] >= main["mac_active_cycles"]
+    for sim in ("verilator", "icarus"):
+        assert figures["speed"][sim]["sim_cycles_per_s"] > 0 and figures["speed"][sim]["bit_exact"]
