@@ -27,8 +27,8 @@ from weft.compiler.llvm.te import Kernel
 
 __all__ = ["MAX_THREADS", "RUNTIME_IR", "RUNTIME_SYMBOL", "render_cpu", "render_module", "runtime_ir"]
 
-#: threads one parallel loop may use (the stack array of thread handles has this many slots)
-MAX_THREADS = 256
+#: the most threads one parallel loop uses (the pool never grows beyond this many minus one workers)
+MAX_THREADS = 64
 PTR = ir.PointerType()
 
 
@@ -45,32 +45,47 @@ def render_cpu(kernel: Kernel, target: Target) -> str:
     return render_module([kernel], target, kernel.name)
 
 
-#: The parallel-for runtime as LLVM assembly. Its shared state lives on the heap with a reference count and
-#: its workers are detached: the caller waits for every *chunk* to be done, never for a thread to start or
-#: exit. On a machine whose cores are busy with other work a new thread may start milliseconds late; it
-#: then finds no chunk left, drops its reference and exits. Such a late thread runs only this code, never
-#: a kernel's, so the runtime lives in a module that is never freed (the host JIT) or is linked into the
-#: object file (the boards), while kernels' code may be freed as soon as their call returns.
+#: The parallel-for runtime as LLVM assembly: a pool of worker threads, created on first use and kept.
+#:
+#: A job (task, args, n iterations) is published in one static descriptor with a sequence number that is
+#: odd while the descriptor is being written: a worker that sees a new even number joins (counted in
+#: ``active``, rechecking the number after counting itself, so a writer and a joiner never miss each
+#: other), takes chunks of iterations from an atomic counter, and leaves. The caller works too and returns
+#: when every chunk is *done*: it never waits for a worker to wake up or start, which on a machine whose
+#: cores are busy with other work can take milliseconds; the next job waits only for stragglers still
+#: inside the previous one (which never run a kernel's code, so kernels may be freed once their call
+#: returns). Idle workers spin briefly (back-to-back kernels find them awake), then sleep on a condition
+#: variable. A second caller while a job runs (another Python thread, or a task calling a parallel
+#: kernel) runs its loop serially instead of waiting.
 RUNTIME_IR = """
-%ctx = type { ptr, ptr, i64, i64, i64, i64, i64 } ; task, args, n, chunk, next, done, refs
+@weft.lock = internal global i32 0
+@weft.seq = internal global i64 0
+@weft.job = internal global { ptr, ptr, i64, i64, i64, i64, i64 } zeroinitializer ; task args n chunk next done slots
+@weft.active = internal global i64 0
+@weft.workers = internal global i64 0
+@weft.mutex = internal global [64 x i8] zeroinitializer, align 16 ; PTHREAD_MUTEX_INITIALIZER is all zeros
+@weft.cond = internal global [64 x i8] zeroinitializer, align 16  ; and so is PTHREAD_COND_INITIALIZER
 
 declare i32 @pthread_create(ptr, ptr, ptr, ptr)
 declare i32 @pthread_detach(TID)
+declare i32 @pthread_mutex_lock(ptr)
+declare i32 @pthread_mutex_unlock(ptr)
+declare i32 @pthread_cond_wait(ptr, ptr)
+declare i32 @pthread_cond_broadcast(ptr)
 declare i32 @sched_yield()
-declare ptr @malloc(SIZE)
-declare void @free(ptr)
+PAUSE_DECL
 
-define internal void @weft.work(ptr %c) nounwind {
+define internal void @weft.work() nounwind {
 entry:
-  %task = load ptr, ptr %c
-  %ap = getelementptr %ctx, ptr %c, i32 0, i32 1
+  %task = load ptr, ptr @weft.job
+  %ap = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 1
   %args = load ptr, ptr %ap
-  %np = getelementptr %ctx, ptr %c, i32 0, i32 2
+  %np = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 2
   %n = load i64, ptr %np
-  %cp = getelementptr %ctx, ptr %c, i32 0, i32 3
+  %cp = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 3
   %chunk = load i64, ptr %cp
-  %nextp = getelementptr %ctx, ptr %c, i32 0, i32 4
-  %donep = getelementptr %ctx, ptr %c, i32 0, i32 5
+  %nextp = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 4
+  %donep = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 5
   br label %grab
 grab:
   %start = atomicrmw add ptr %nextp, i64 %chunk monotonic
@@ -82,30 +97,68 @@ run:
   %end = select i1 %lt, i64 %e0, i64 %n
   call void %task(ptr %args, i64 %start, i64 %end)
   %count = sub i64 %end, %start
-  %old = atomicrmw add ptr %donep, i64 %count release ; publishes the chunk's stores
+  %old = atomicrmw add ptr %donep, i64 %count release ; publishes the chunk's stores to the caller
   br label %grab
 exit:
   ret void
 }
 
-define internal void @weft.release(ptr %c) nounwind {
+define internal ptr @weft.worker(ptr %unused) nounwind {
 entry:
-  %rp = getelementptr %ctx, ptr %c, i32 0, i32 6
-  %before = atomicrmw sub ptr %rp, i64 1 acq_rel
-  %last = icmp eq i64 %before, 1
-  br i1 %last, label %drop, label %out
-drop:
-  call void @free(ptr %c)
-  br label %out
-out:
-  ret void
-}
-
-define internal ptr @weft.worker(ptr %c) nounwind {
-entry:
-  call void @weft.work(ptr %c)
-  call void @weft.release(ptr %c)
-  ret ptr null
+  br label %idle
+idle:
+  %seen = phi i64 [ 0, %entry ], [ %s, %leave ], [ %s, %joined ]
+  br label %spin
+spin:
+  %spins = phi i32 [ 0, %idle ], [ %spins1, %again ], [ 0, %woken ]
+  %s = load atomic i64, ptr @weft.seq acquire, align 8
+  %fresh = icmp ne i64 %s, %seen
+  %low = and i64 %s, 1
+  %even = icmp eq i64 %low, 0
+  %ready = and i1 %fresh, %even
+  br i1 %ready, label %join, label %wait
+wait:
+  %patient = icmp ult i32 %spins, SPINS
+  br i1 %patient, label %again, label %sleep
+again:
+  PAUSE_CALL
+  %spins1 = add i32 %spins, 1
+  br label %spin
+sleep:
+  %l1 = call i32 @pthread_mutex_lock(ptr @weft.mutex)
+  %s2 = load atomic i64, ptr @weft.seq acquire, align 8
+  %same = icmp eq i64 %s2, %seen
+  %low2 = and i64 %s2, 1
+  %odd = icmp ne i64 %low2, 0
+  %nothing = or i1 %same, %odd
+  br i1 %nothing, label %block, label %woke
+block:
+  %w = call i32 @pthread_cond_wait(ptr @weft.cond, ptr @weft.mutex)
+  br label %woke
+woke:
+  %u1 = call i32 @pthread_mutex_unlock(ptr @weft.mutex)
+  br label %woken
+woken:
+  br label %spin
+join:
+  %a1 = atomicrmw add ptr @weft.active, i64 1 seq_cst
+  %s3 = load atomic i64, ptr @weft.seq seq_cst, align 8
+  %moved = icmp ne i64 %s3, %s
+  br i1 %moved, label %leave, label %slot
+slot:
+  %slotp = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 6
+  %free = atomicrmw sub ptr %slotp, i64 1 seq_cst
+  %room = icmp sgt i64 %free, 0
+  br i1 %room, label %help, label %leave
+help:
+  call void @weft.work()
+  %a2 = atomicrmw sub ptr @weft.active, i64 1 release
+  br label %joined
+joined:
+  br label %idle
+leave:
+  %a3 = atomicrmw sub ptr @weft.active, i64 1 release
+  br label %idle
 }
 
 define void @weft_parallel_for(ptr %task, ptr %args, i64 %n, i32 %nthreads) nounwind {
@@ -117,75 +170,98 @@ entry:
   %c2 = icmp slt i64 %nt1, MAX
   %nt = select i1 %c2, i64 %nt1, i64 MAX
   %alone = icmp sle i64 %nt, 1
-  br i1 %alone, label %serial, label %threaded
+  br i1 %alone, label %serial, label %claim
 serial:
   call void %task(ptr %args, i64 0, i64 %n)
   ret void
-threaded:
-  %c = call ptr @malloc(SIZE 64)
-  %nomem = icmp eq ptr %c, null
-  br i1 %nomem, label %serial, label %setup
-setup:
-  ; chunks of about n / (16 threads) iterations: few atomics, little work stranded on a preempted thread
+claim:
+  %got = cmpxchg ptr @weft.lock, i32 0, i32 1 acquire monotonic
+  %mine = extractvalue { i32, i1 } %got, 1
+  br i1 %mine, label %grow, label %serial
+grow:
+  %want = sub i64 %nt, 1
+  br label %spawn
+spawn:
+  %have = load i64, ptr @weft.workers
+  %short = icmp slt i64 %have, %want
+  br i1 %short, label %create, label %publish
+create:
+  %rc = call i32 @pthread_create(ptr %tid, ptr null, ptr @weft.worker, ptr null)
+  %ok = icmp eq i32 %rc, 0
+  br i1 %ok, label %created, label %publish ; without a new thread the job runs on fewer
+created:
+  %handle = load TID, ptr %tid
+  %dc = call i32 @pthread_detach(TID %handle)
+  %have1 = add i64 %have, 1
+  store i64 %have1, ptr @weft.workers
+  br label %spawn
+publish:
+  %s0 = load i64, ptr @weft.seq
+  %s1 = add i64 %s0, 1
+  store atomic i64 %s1, ptr @weft.seq seq_cst, align 8 ; odd: the descriptor is being rewritten
+  br label %drain
+drain:
+  %busy = load atomic i64, ptr @weft.active seq_cst, align 8
+  %left = icmp eq i64 %busy, 0
+  br i1 %left, label %write, label %drain.wait
+drain.wait:
+  %yd = call i32 @sched_yield()
+  br label %drain
+write:
   %den = mul i64 %nt, 16
   %q = sdiv i64 %n, %den
   %tiny = icmp slt i64 %q, 1
-  %chunk = select i1 %tiny, i64 1, i64 %q
-  store ptr %task, ptr %c
-  %f1 = getelementptr %ctx, ptr %c, i32 0, i32 1
+  %chunk = select i1 %tiny, i64 1, i64 %q ; about 16 chunks per thread: little work stranded on a preempted one
+  store ptr %task, ptr @weft.job
+  %f1 = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 1
   store ptr %args, ptr %f1
-  %f2 = getelementptr %ctx, ptr %c, i32 0, i32 2
+  %f2 = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 2
   store i64 %n, ptr %f2
-  %f3 = getelementptr %ctx, ptr %c, i32 0, i32 3
+  %f3 = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 3
   store i64 %chunk, ptr %f3
-  %f4 = getelementptr %ctx, ptr %c, i32 0, i32 4
+  %f4 = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 4
   store i64 0, ptr %f4
-  %f5 = getelementptr %ctx, ptr %c, i32 0, i32 5
+  %f5 = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 5
   store i64 0, ptr %f5
-  %f6 = getelementptr %ctx, ptr %c, i32 0, i32 6
-  store i64 %nt, ptr %f6
-  br label %spawn
-spawn:
-  %t = phi i64 [ 1, %setup ], [ %t1, %spawned ]
-  %more = icmp slt i64 %t, %nt
-  br i1 %more, label %create, label %main
-create:
-  %rc = call i32 @pthread_create(ptr %tid, ptr null, ptr @weft.worker, ptr %c)
-  %ok = icmp eq i32 %rc, 0
-  br i1 %ok, label %spawned, label %failed
-spawned:
-  %handle = load TID, ptr %tid
-  %dc = call i32 @pthread_detach(TID %handle)
-  %t1 = add i64 %t, 1
-  br label %spawn
-failed:
-  ; the references of threads never created are dropped at once; the others take their chunks
-  %missing = sub i64 %nt, %t
-  %fr = atomicrmw sub ptr %f6, i64 %missing acq_rel
-  br label %main
-main:
-  call void @weft.work(ptr %c)
-  br label %wait
-wait:
+  %f6 = getelementptr { ptr, ptr, i64, i64, i64, i64, i64 }, ptr @weft.job, i32 0, i32 6
+  store i64 %want, ptr %f6
+  %s2 = add i64 %s0, 2
+  store atomic i64 %s2, ptr @weft.seq seq_cst, align 8 ; even again: the job is out
+  %l1 = call i32 @pthread_mutex_lock(ptr @weft.mutex)
+  %b1 = call i32 @pthread_cond_broadcast(ptr @weft.cond)
+  %u1 = call i32 @pthread_mutex_unlock(ptr @weft.mutex)
+  call void @weft.work()
+  br label %finish
+finish:
   %finished = load atomic i64, ptr %f5 acquire, align 8
   %all = icmp sge i64 %finished, %n
-  br i1 %all, label %finish, label %pause
-pause:
-  %yc = call i32 @sched_yield()
-  br label %wait
-finish:
-  call void @weft.release(ptr %c)
+  br i1 %all, label %done, label %finish.wait
+finish.wait:
+  PAUSE_CALL
+  br label %finish
+done:
+  store atomic i32 0, ptr @weft.lock release, align 4
   ret void
 }
 """
+_PAUSE = {  # a spin-wait hint, by architecture
+    "x86_64": ("declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()"),
+    "aarch64": ("declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(i32 1)"),
+    "arm": ("declare void @llvm.arm.hint(i32)", "call void @llvm.arm.hint(i32 1)"),
+}
+#: pauses an idle worker spins through before it sleeps (tens of microseconds: the gap between kernels)
+SPINS = 20000
 RUNTIME_SYMBOL = "weft_parallel_for"
 
 
 def runtime_ir(target: Target) -> str:
-    """The parallel-for runtime for `target` (pthread_t and size_t are 32 bits on ARMv7)."""
-    narrow = target.triple.startswith("arm")
-    text = RUNTIME_IR.replace("TID", "i32" if narrow else "i64").replace("SIZE", "i32" if narrow else "i64")
-    return f'target triple = "{target.triple}"\n' + text.replace("MAX", str(MAX_THREADS))
+    """The parallel-for runtime for `target` (pthread_t is 32 bits on ARMv7)."""
+    arch = target.triple.split("-")[0]
+    family = "arm" if arch.startswith(("arm", "thumb")) else arch
+    decl, call = _PAUSE.get(family, ("", ""))
+    text = (RUNTIME_IR.replace("TID", "i32" if family == "arm" else "i64").replace("MAX", str(MAX_THREADS))
+            .replace("SPINS", str(SPINS)).replace("PAUSE_DECL", decl).replace("PAUSE_CALL", call))
+    return f'target triple = "{target.triple}"\n' + text
 
 
 def _alloca(b: ir.IRBuilder, typ: ir.Type, count: int | None = None, name: str = "", align: int | None = None
