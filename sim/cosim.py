@@ -156,6 +156,8 @@ class Job:
     insn_count: int
     timeout_cycles: int = 2_000_000
     label: str = ""
+    #: DRAM byte ranges [lo, hi) the model answers with SLVERR (bus-error tests).
+    faults: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -210,7 +212,8 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
             path = work / f"job{k}.npz"
             np.savez(path, dram=job.dram, insn_addr=np.int64(job.insn_addr), insn_count=np.int64(job.insn_count))
             entries.append({"input": str(path), "dram_out": str(work / f"out{k}.npy"),
-                            "report_out": str(work / f"out{k}.json"), "timeout_cycles": job.timeout_cycles})
+                            "report_out": str(work / f"out{k}.json"), "timeout_cycles": job.timeout_cycles,
+                            "faults": [list(r) for r in job.faults]})
         manifest = work / "manifest.json"
         manifest.write_text(json.dumps({"config": config.to_dict(), "dram_size": size, "timing": timing_dict,
                                         "jobs": entries}))

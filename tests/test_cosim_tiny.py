@@ -265,3 +265,36 @@ def test_rtl_benchmark_reports_utilization_and_simulation_speed():
     assert main["busy"]["compute"] >= main["mac_active_cycles"]
     for sim in ("verilator", "icarus"):
         assert figures["speed"][sim]["sim_cycles_per_s"] > 0 and figures["speed"][sim]["bit_exact"]
+
+
+@_needs("icarus")
+def test_bus_errors_stop_the_run_and_name_the_instruction():
+    c = CONFIG
+    read = _Program()
+    inp = read.put(read.data(4, c.batch * c.block_in, c.inp_width), c.inp_width, c.inp_row_bits // 8)
+    read.p.load("inp", 0, 0, 0, 0)
+    read.p.load("inp", 0, inp, 1, 4, deps=["push_next"])  # instruction 1 reads a faulty range
+    read.p.gemm(0, 1, reset=True, deps=["pop_prev"])
+    read.p.finish()
+    write = _Program()
+    out = write.out(8)
+    uops = write.uops([(0, 0, 0)])
+    write.p.load("uop", 0, uops, 1, 1)
+    write.p.gemm(0, 1, reset=True, deps=["push_next"])
+    write.p.store(0, out, 1, 4, deps=["pop_prev", "push_prev"])  # instruction 2 writes a faulty range
+    write.p.finish(deps=["pop_next"])
+    jobs = [job_from_program(c, g.p.insns, g.dram, timeout_cycles=20_000) for g in (read, write)]
+    jobs[0].faults = [(inp * (c.inp_row_bits // 8), inp * (c.inp_row_bits // 8) + 8)]
+    jobs[1].faults = [(out * (c.out_row_bits // 8), out * (c.out_row_bits // 8) + 4)]
+    follow_up = _gemm_program()
+    jobs.append(job_from_program(c, follow_up.p.insns, follow_up.dram))
+    image = Dram(jobs[-1].dram.size)
+    image.data[:] = jobs[-1].dram
+    FunctionalSimulator(c).run(image, jobs[-1].insn_addr, jobs[-1].insn_count)
+
+    results = run_jobs(c, "icarus", jobs, timing="stress")
+    for result, index in zip(results, (1, 2), strict=False):
+        rep = result.report
+        assert rep["status"] == {"busy": 0, "done": 1, "error": 1}
+        assert (rep["error_code"], rep["error_index"]) == (ErrorCode.BUS_ERROR, index)
+    assert check_job(c, results[-1], image.data, follow_up.p.insns) == ""

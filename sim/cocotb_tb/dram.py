@@ -5,7 +5,8 @@ but answers a read burst ``read_latency`` cycles after its AR handshake (several
 as on a real memory controller) and a write burst's B response ``write_latency`` cycles after its last W
 beat; pause generators on R and W (cocotbext-axi's own mechanism) limit the bandwidth. Every burst is
 checked against the AXI rules real boards need (INCR bursts of full bus width, at most 256 beats, never
-crossing 4 KiB, WLAST on the last beat only); ``violations`` lists what broke them.
+crossing 4 KiB, WLAST on the last beat only); ``violations`` lists what broke them. Byte ranges put in
+``faults`` answer SLVERR, to test how the accelerator reports bus errors.
 
 The timings (:class:`DramTiming`, the Pynq-Z1 preset among :data:`TIMINGS`) live in
 :mod:`weft.sim.dram_timing`, shared with the timing model.
@@ -66,9 +67,20 @@ class _Checker:
             bad("crosses a 4 KiB boundary")
 
 
+class _Faults:
+    """Byte ranges [lo, hi) that answer SLVERR (bus-error tests); empty by default."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[int, int]] = []
+
+    def hit(self, addr: int, nbytes: int) -> bool:
+        return any(addr < hi and lo < addr + nbytes for lo, hi in self.ranges)
+
+
 class _TimedRead(AxiRamRead):
-    def __init__(self, *args: Any, timing: DramTiming, period_ns: float, checker: _Checker, **kwargs: Any):
-        self.timing, self.period_ns, self.checker = timing, period_ns, checker
+    def __init__(self, *args: Any, timing: DramTiming, period_ns: float, checker: _Checker, faults: _Faults,
+                 **kwargs: Any):
+        self.timing, self.period_ns, self.checker, self.faults = timing, period_ns, checker, faults
         self.bursts = 0
         super().__init__(*args, **kwargs)
         pauses = _pauses(timing.read_duty, timing.random_stalls, timing.seed)
@@ -103,14 +115,19 @@ class _TimedRead(AxiRamRead):
             for n in range(length):
                 word = (addr + n * lanes) // lanes * lanes
                 r = self.r_channel._transaction_obj()
-                r.rid, r.rlast, r.rresp = arid, n == length - 1, AxiResp.OKAY
-                r.rdata = int.from_bytes(self.read(word % self.size, lanes), "little")
+                r.rid, r.rlast = arid, n == length - 1
+                if self.faults.hit(word, lanes):
+                    r.rresp, r.rdata = AxiResp.SLVERR, 0
+                else:
+                    r.rresp = AxiResp.OKAY
+                    r.rdata = int.from_bytes(self.read(word % self.size, lanes), "little")
                 await self.r_channel.send(r)
 
 
 class _TimedWrite(AxiRamWrite):
-    def __init__(self, *args: Any, timing: DramTiming, period_ns: float, checker: _Checker, **kwargs: Any):
-        self.timing, self.period_ns, self.checker = timing, period_ns, checker
+    def __init__(self, *args: Any, timing: DramTiming, period_ns: float, checker: _Checker, faults: _Faults,
+                 **kwargs: Any):
+        self.timing, self.period_ns, self.checker, self.faults = timing, period_ns, checker, faults
         self.bursts = 0
         super().__init__(*args, **kwargs)
         pauses = _pauses(timing.write_duty, timing.random_stalls, timing.seed + 1)
@@ -128,6 +145,7 @@ class _TimedWrite(AxiRamWrite):
                 self.checker.burst("write", addr, length, int(aw.awsize), int(aw.awburst))
                 self.bursts += 1
                 lanes = self.byte_lanes
+                failed = False
                 for n in range(length):
                     w = await self.w_channel.recv()
                     if int(w.wlast) != (n == length - 1):
@@ -135,11 +153,14 @@ class _TimedWrite(AxiRamWrite):
                             f"write burst at 0x{addr:08x}: WLAST {int(w.wlast)} on beat {n} of {length}")
                     data, strb = int(w.wdata).to_bytes(lanes, "little"), int(w.wstrb)
                     base = (addr + n * lanes) // lanes * lanes
+                    if self.faults.hit(base, lanes):
+                        failed = True
+                        continue
                     for lane in range(lanes):
                         if strb >> lane & 1:
                             self.mem[(base + lane) % self.size] = data[lane]
                 b = self.b_channel._transaction_obj()
-                b.bid, b.bresp = awid, AxiResp.OKAY
+                b.bid, b.bresp = awid, AxiResp.SLVERR if failed else AxiResp.OKAY
                 pending.append((get_sim_time("ns") + self.timing.write_latency * self.period_ns, b))
                 arrived.set()
         finally:
@@ -163,7 +184,9 @@ class DramModel(AxiRam):
     def __init__(self, bus: Any, clock: Any, reset: Any, *, size: int, timing: DramTiming, period_ns: float):
         Memory.__init__(self, size, bytearray(size))  # the same memory object AxiRam would hold
         self.violations: list[str] = []
+        #: Byte ranges [lo, hi) answered with SLVERR, for bus-error tests.
+        self.faults = _Faults()
         checker = _Checker(len(bus.read.r.rdata) // 8, self.violations)
-        common = dict(timing=timing, period_ns=period_ns, checker=checker)
+        common = dict(timing=timing, period_ns=period_ns, checker=checker, faults=self.faults)
         self.write_if = _TimedWrite(bus.write, clock, reset, True, mem=self.mem, **common)
         self.read_if = _TimedRead(bus.read, clock, reset, True, mem=self.mem, **common)

@@ -2,8 +2,9 @@
 accelerator instance (its buffers keep their contents between jobs, as on the board).
 
 The manifest (JSON, path in ``WEFT_COSIM_MANIFEST``) holds the config, the DRAM model's size and timing,
-and the jobs: each names an input ``.npz`` (``dram``, ``insn_addr``, ``insn_count``) and where to write
-the final DRAM (``.npy``) and the run's registers (``.json``). Checking is the driver's job.
+and the jobs: each names an input ``.npz`` (``dram``, ``insn_addr``, ``insn_count``) where to write
+the final DRAM (``.npy``) and the run's registers (``.json``), and optionally DRAM byte ranges that answer
+with bus errors (``faults``). Checking is the driver's job.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ async def run_manifest(dut: object) -> None:
         with np.load(job["input"], allow_pickle=False) as z:
             image, insn_addr, insn_count = z["dram"], int(z["insn_addr"]), int(z["insn_count"])
         tb.load_dram(image)
+        tb.dram.faults.ranges = [tuple(r) for r in job.get("faults", [])]
         started = time.perf_counter()
         result = await tb.run(insn_addr, insn_count, job["timeout_cycles"])
         wall = time.perf_counter() - started
