@@ -43,6 +43,7 @@ from weft.sim.kernels import alu_apply, float_dtype_for, gemm_row_sums, loop_ind
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
+    from weft.sim.timing import TimingModel
 
 __all__ = [
     "INSN_KINDS", "QUEUES", "DeadlockError", "Dram", "FunctionalSimulator", "RaceError", "SimError",
@@ -138,13 +139,24 @@ class FunctionalSimulator:
 
     ``check_races`` turns on the shared-SRAM race checks; ``model_fetch`` models the in-order fetch unit
     and its command queues, so a stream whose order would stall fetch forever is reported as a deadlock.
+    ``timing`` (a :class:`weft.sim.timing.TimingModel`, or True for one with the Pynq-Z1 DRAM) adds the
+    predicted cycle count, the RTL's event counters and a per-instruction trace to the stats.
     """
 
-    def __init__(self, config: AcceleratorConfig, *, check_races: bool = True, model_fetch: bool = True):
+    def __init__(self, config: AcceleratorConfig, *, check_races: bool = True, model_fetch: bool = True,
+                 timing: TimingModel | bool | None = None):
         # The config guarantees whole-byte rows, so element addresses (index * row bytes) are exact.
         self.config = c = config
         self.check_races = check_races
         self.model_fetch = model_fetch
+        if timing is True:
+            from weft.sim.timing import TimingModel  # local: the timing model builds on this module
+
+            timing = TimingModel(c)
+        self.timing = timing or None
+        if self.timing is not None and self.timing.config.hash != c.hash:
+            raise ValueError(f"the timing model is for config '{self.timing.config.name}' (hash "
+                             f"{self.timing.config.hash}), the simulator for '{c.name}' (hash {c.hash})")
         self.insn_bytes = layout_of(c).insn_bits // 8
         self._shape = (c.batch, c.block_in, c.block_out)
         self._term_bound = c.block_in << (c.inp_width + c.wgt_width - 2)
@@ -287,7 +299,10 @@ class FunctionalSimulator:
         block_in x block_out), ``alu_ops`` (ALU executions x batch x block_out), ``gemm_execs`` (reset
         included), ``alu_execs``, ``tokens`` (pushes per queue), ``tokens_left`` (still queued at FINISH),
         ``max_tokens`` (peak occupancy per queue: how far units ran ahead of each other), ``insn_count``,
-        ``wall_s`` and ``cycles`` (None: timing is not modelled here).
+        ``wall_s`` and ``cycles`` (None without a timing model). With one (``timing``), ``cycles`` is the
+        predicted cycle count and the stats add ``counters`` (the RTL's event counters,
+        :data:`weft.hw.regs.COUNTERS`), ``utilization`` (MAC-active cycles / cycles) and ``trace`` (per
+        instruction: unit, kind, ready, start, end; :data:`weft.sim.timing.TRACE_DTYPE`).
 
         Raises SimError (DeadlockError, RaceError) for a program the accelerator cannot run as written;
         the SRAMs and `dram` are then left as they were when the failing instruction started.
@@ -356,6 +371,10 @@ class FunctionalSimulator:
         stats["tokens_left"] = {name: len(tokens[q]) for q, name in enumerate(QUEUES)}
         stats["max_tokens"] = dict(zip(QUEUES, peak, strict=True))
         stats["insn_count"] = n
+        if self.timing is not None:
+            report = self.timing.simulate(insns, int(insn_addr))
+            stats.update(cycles=report.cycles, counters=report.counters, utilization=report.utilization,
+                         trace=report.trace)
         stats["wall_s"] = time.perf_counter() - started
         return stats
 
