@@ -11,7 +11,7 @@ rows (alternating between the two halves of the input and accumulator buffers):
 * store: one STORE of the block's output rows.
 
 Tokens let the load of block k+1 and the store of block k-1 overlap the GEMMs of block k. The DRAM model
-is the Pynq-Z1-like one (:data:`weft.sim.cocotb_tb.dram.TIMINGS`, "pynq"). The final DRAM image is checked
+is the Pynq-Z1-like one (:data:`weft.sim.dram_timing.TIMINGS`, "pynq"). The final DRAM image is checked
 against the functional simulator, so the figures come from a run that is also bit-exact.
 """
 
@@ -168,8 +168,8 @@ def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: s
               timing: str = "pynq", **options: Any) -> dict[str, Any]:
     """MAC utilization of `config_name` on Verilator with the Pynq-like DRAM, and RTL simulation speed on
     Verilator and Icarus (Icarus on `speed_config`, which is small enough for it)."""
-    from weft.sim.cocotb_tb.dram import TIMINGS
     from weft.sim.cosim import simulator_available
+    from weft.sim.dram_timing import TIMINGS
 
     config = load_config(config_name)
     figures: dict[str, Any] = {"dram_model": {"name": timing, **TIMINGS[timing].to_dict()}}

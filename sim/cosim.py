@@ -194,10 +194,10 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
              build_root: Path | None = None, seed: int = 0, log_level: str = "WARNING") -> list[JobResult]:
     """Run `jobs` in order in one simulator process; returns the RTL's final DRAM and registers of each.
 
-    `timing` names the DRAM model (:data:`weft.sim.cocotb_tb.dram.TIMINGS`); `seed` seeds its random
+    `timing` names the DRAM model (:data:`weft.sim.dram_timing.TIMINGS`); `seed` seeds its random
     stalls; `log_level` is cocotb's (the simulator's log is kept only when a run fails).
     """
-    from weft.sim.cocotb_tb.dram import TIMINGS
+    from weft.sim.dram_timing import TIMINGS
 
     if timing not in TIMINGS:
         raise ValueError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
