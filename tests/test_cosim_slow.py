@@ -1,6 +1,6 @@
 """Cosimulation of the larger presets on Verilator, and the MAC-utilization target (slow: minutes each,
-most of it the first Verilator build of a config). CI runs them by name, e.g.
-``pytest -m slow tests/test_cosim_slow.py``."""
+most of it the first Verilator build of a config). CI runs the bounded subset named in ``.ci/run`` (the
+non-square, narrow-bus ``rect`` preset); ``make test-slow`` runs them all."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ pytestmark = [
 
 
 @pytest.mark.parametrize(("name", "seeds", "timing"), [
-    ("default", [0, 1, 2], "stress"),
-    ("rect", [0, 1, 2, 3], "stress"),
-    ("rect", [4, 5], "pynq"),
+    pytest.param("default", [0, 1, 2], "stress", id="default-stress"),
+    pytest.param("rect", [0, 1, 2, 3], "stress", id="rect-stress"),
+    pytest.param("rect", [4, 5], "pynq", id="rect-pynq"),
 ])
 def test_random_programs_match_the_functional_simulator(name, seeds, timing):
     report = run_random(PRESETS[name], "verilator", seeds, n_insns=150, timing=timing)
