@@ -47,7 +47,7 @@ SIMULATORS = {"icarus": "iverilog", "verilator": "verilator"}
 _PACKAGE = Path(__file__).resolve().parent.parent
 TEST_MODULE = "weft.sim.cocotb_tb.test_weft"
 #: Modules of weft.hw that do not shape the Verilog (commands), left out of the build fingerprint.
-_NOT_HARDWARE = {"cli.py"}
+_NOT_HARDWARE = {"__init__.py", "cli.py"}
 
 
 class CosimError(WeftError):
