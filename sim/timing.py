@@ -262,8 +262,10 @@ class _Run:
                     kind = "pop" if flag.startswith("pop") else "push"
                     (self.pops if kind == "pop" else self.pushes)[i].append((q, counts[kind][q]))
                     counts[kind][q] += 1
-        self.pushed = [[_Event() for _ in range(counts["push"][q])] for q in range(len(QUEUES))]
-        self.popped = [[_Event() for _ in range(counts["pop"][q])] for q in range(len(QUEUES))]
+        # A pop with no matching push (or a push whose room never frees) waits forever: a deadlock.
+        tokens = [max(counts["push"][q], counts["pop"][q]) for q in range(len(QUEUES))]
+        self.pushed = [[_Event() for _ in range(t)] for t in tokens]
+        self.popped = [[_Event() for _ in range(t)] for t in tokens]
         self.dispatched = [_Event() for _ in range(n)]
         self.started = [[_Event() for _ in s] for s in self.streams]
 
