@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bench_compile", "bench_latency"]
+__all__ = ["bench_compile", "bench_latency", "replay_jobs"]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -101,7 +101,7 @@ def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibra
     }
 
 
-def _replay_jobs(artifact: Any, feeds: dict, names: set[str]) -> tuple[dict, dict, Any]:
+def replay_jobs(artifact: Any, feeds: dict, names: set[str]) -> tuple[dict, dict, Any]:
     """Run `artifact` on fsim, keeping for each accelerator layer in `names` the DRAM image it starts from
     (a cosimulation job) and the image it leaves; returns (jobs, images after, stats)."""
     from weft.runtime.session import InferenceSession
@@ -156,7 +156,7 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
     variants: dict[str, dict[str, Any]] = {}
     for key, art in (("on", on), ("off", off)):
         start = time.perf_counter()
-        jobs, after, stats = _replay_jobs(art, x, set(chosen) if source and source.startswith("rtl") else set())
+        jobs, after, stats = replay_jobs(art, x, set(chosen) if source and source.startswith("rtl") else set())
         per_layer = {rec["name"]: rec for rec in stats["layers"]}
         cycles = {name: per_layer[name]["cycles"] for name in chosen}
         matches: dict[str, bool] = {}
