@@ -128,8 +128,8 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
                   dram_timing: str = "pynq") -> dict[str, Any]:
     """Per convolution layer: cycles with two virtual threads (latency hiding) and with one (same tiles).
 
-    Cycles come from the timing model when this build has one; else, with ``rtl="verilator"`` (or
-    "icarus"), from the generated RTL itself, each layer replayed from its DRAM image under the
+    Cycles come from the timing model when this build has one, or with ``rtl="verilator"`` (or
+    "icarus") from the generated RTL itself, each layer replayed from its DRAM image under the
     `dram_timing` DRAM model and its output checked against fsim to the bit. `layers` limits the layers
     (RTL simulation takes about a minute per ResNet-18 layer). GEMM utilization is padded MACs over
     cycles times the config's MACs per cycle."""
@@ -152,7 +152,7 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
     if layers is not None and len(chosen) != len(set(layers)):
         raise ValueError(f"layers {sorted(set(layers) - set(chosen))} are not accelerator convolutions of "
                          f"{model} (they are: {', '.join(convs)})")
-    source = "timing model" if timing_model() is not None else f"rtl:{rtl}" if rtl else None
+    source = f"rtl:{rtl}" if rtl else "timing model" if timing_model() is not None else None
     variants: dict[str, dict[str, Any]] = {}
     for key, art in (("on", on), ("off", off)):
         start = time.perf_counter()

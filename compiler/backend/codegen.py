@@ -30,7 +30,6 @@ from weft.compiler.layout import act_block
 from weft.compiler.partition import ACCEL_OPS
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
 from weft.isa.spec import intrinsic
-from weft.sim.bits import pack
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -242,7 +241,3 @@ def _lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dr
         "checked_executions": figures["executions"], "instructions_by_role": kinds,
     }
 
-
-def pack_value(array: np.ndarray, config: AcceleratorConfig) -> bytes:
-    """A packed activation as the bytes its DRAM buffer holds."""
-    return pack(np.asarray(array).reshape(-1, config.block_out).astype(np.int64), config.out_width).tobytes()

@@ -16,7 +16,7 @@ import numpy as np
 from weft.compiler.backend.dma import Transfer
 from weft.compiler.backend.te import Kernel
 from weft.isa.constants import AluOp, MemId, Opcode, Unit
-from weft.isa.encoding import INSN_DTYPE
+from weft.isa.encoding import INSN_DTYPE, UOP_DTYPE, layout_of
 from weft.isa.layout import INSN_FIELD_NAMES
 
 if TYPE_CHECKING:
@@ -71,13 +71,8 @@ class Stream:
         return self._uop_count
 
     def uop_table(self) -> np.ndarray:
-        return np.concatenate(self.uops) if self.uops else np.zeros(0, dtype=self.uops_dtype)
-
-    @property
-    def uops_dtype(self) -> np.dtype:
-        from weft.isa.encoding import UOP_DTYPE
-
-        return UOP_DTYPE
+        """The program's micro-op block, as the uop buffer holds it from row 0."""
+        return np.concatenate(self.uops) if self.uops else np.zeros(0, dtype=UOP_DTYPE)
 
     # ---- instructions ---------------------------------------------------------------------------------
     def _add(self, insn: Insn) -> int:
@@ -97,8 +92,6 @@ class Stream:
 
     def load_uops(self, dram_row: int) -> None:
         """Load this program's whole micro-op block (at DRAM row `dram_row` of uop words) into the uop SRAM."""
-        from weft.isa.encoding import layout_of
-
         size_max = layout_of(self.config).formats["mem"].field("x_size").max
         for lo in range(0, self._uop_count, size_max):
             n = min(size_max, self._uop_count - lo)
