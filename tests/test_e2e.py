@@ -14,6 +14,7 @@ import weft
 from weft.compiler import models
 from weft.compiler.backend import BackendError, Schedule
 from weft.config import PRESETS, AcceleratorConfig
+from weft.runtime.fsim_device import timing_model
 
 from .test_frontend_util import cosine, make_model, ort_run, rand
 
@@ -42,11 +43,11 @@ def _compile(model: onnx.ModelProto, config, **options):
         return weft.compile(model, config=config, calibration=cal, **options)
 
 
-def assert_bit_exact(art, feeds) -> weft.InferenceSession:
+def assert_bit_exact(art, feeds, timing: bool = False) -> weft.InferenceSession:
     """fsim and ref agree on every accelerator layer's output and on the model's outputs (the fsim session
-    is returned, holding the run)."""
+    is returned, holding the run; `timing` asks the timing model for cycles too)."""
     ref = weft.InferenceSession(art, device="ref")
-    sim = weft.InferenceSession(art, device="fsim")
+    sim = weft.InferenceSession(art, device="fsim", timing=timing)
     want = ref.run(None, feeds, keep_intermediates=True)
     got = sim.run(None, feeds, keep_intermediates=True)
     accel = [n for n in art.graph.nodes if n.attrs.get("target") == "accel"]
@@ -80,7 +81,7 @@ def test_resnet18_runs_every_convolution_on_the_accelerator():
     model = models.resnet18()
     art = _compile(model, "default")
     x = {"input": rand(1, 3, 224, 224, seed=3)}
-    sim = assert_bit_exact(art, x)
+    sim = assert_bit_exact(art, x, timing=True)
     stats = sim.stats
     convs = [layer for layer in stats["layers"] if layer["op"] == "qconv2d"]
     assert len(convs) == 21 and all(layer["target"] == "accel" for layer in convs)
@@ -92,6 +93,10 @@ def test_resnet18_runs_every_convolution_on_the_accelerator():
     assert first["name"] == "conv1" and first["accel_macs"] >= first["macs"]  # 3 channels padded to the block
     assert first["bytes"]["wgt"] > 0 and first["bytes"]["inp"] > 0 and first["bytes"]["out"] > 0
     assert cosine(sim.intermediate(art.graph.outputs[0]), ort_run(model, x)[0]) > 0.99
+    if timing_model() is not None:  # cycles per layer, and a GEMM utilization that makes sense
+        assert stats["cycles"] == sum(layer["cycles"] for layer in stats["layers"] if layer["target"] == "accel")
+        for layer in convs:
+            assert 0 < layer["accel_macs"] / (layer["cycles"] * PRESETS["default"].macs_per_cycle) <= 1
     meta = art.sections["accel"].meta
     shared = {}
     for layer in meta["layers"]:  # identical layers share one micro-op block in DRAM
