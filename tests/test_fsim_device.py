@@ -54,7 +54,7 @@ def test_stats_per_layer(art):
     assert stats["device"] == "fsim" and stats["macs"] > 0 and stats["accel_mac_fraction"] == 1.0
     assert "cycles" in stats and (stats["cycles"] is None) == (timing_model() is None)
     for layer in stats["layers"]:
-        assert {"name", "op", "target", "macs", "shape", "seconds"} <= set(layer)
+        assert {"name", "op", "target", "macs", "shape", "seconds", "insn_count", "bytes", "cycles"} <= set(layer)
         if layer["target"] == "accel":
             assert {"insns", "insn_count", "bytes", "cycles", "accel_macs", "schedule"} <= set(layer)
             assert set(layer["bytes"]) >= {"inp", "wgt", "acc", "acc_narrow", "out", "uop"}
