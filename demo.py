@@ -35,10 +35,12 @@ def _table(layers: list[dict[str, Any]]) -> list[str]:
             f"{'cycles':>11} {'ms':>7}")
     lines = [head, "-" * len(head)]
     for k, layer in enumerate(layers):
-        moved = sum(layer.get("bytes", {}).values()) if layer["target"] == "accel" else None
+        accel = layer["target"] == "accel"
+        moved = sum(layer.get("bytes", {}).values()) if accel else None
+        insns = layer.get("insn_count") if accel else None
         lines.append(
             f"{k:>3}  {layer['name']:<{width}}  {layer['op']:<10} {layer['target']:<6} {layer['macs']:>13,} "
-            f"{_fmt_int(layer.get('insn_count')):>6} {_fmt_int(moved):>11} {_fmt_int(layer.get('cycles')):>11} "
+            f"{_fmt_int(insns):>6} {_fmt_int(moved):>11} {_fmt_int(layer.get('cycles')):>11} "
             f"{layer['seconds'] * 1e3:>7.1f}")
     return lines
 
