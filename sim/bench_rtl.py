@@ -129,13 +129,16 @@ def gemm_stream(config: AcceleratorConfig, blocks: int, seed: int = 0) -> tuple[
 
 def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> dict[str, Any]:
     from weft.sim.cosim import check_job, job_from_program, run_jobs
+    from weft.sim.dram_timing import TIMINGS
     from weft.sim.fsim import FunctionalSimulator
+    from weft.sim.timing import TimingModel
 
     insns, dram, shape = gemm_stream(config, blocks)
     job = job_from_program(config, insns, dram, label="gemm stream")
     expected = Dram(job.dram.size)
     expected.data[:] = job.dram
-    stats = FunctionalSimulator(config).run(expected, job.insn_addr, job.insn_count)
+    model = TimingModel(config, TIMINGS[timing])
+    stats = FunctionalSimulator(config, timing=model).run(expected, job.insn_addr, job.insn_count)
     job.timeout_cycles = 50 * (stats["gemm_execs"] + sum(stats["bytes"].values())) + 100_000
     result = run_jobs(config, sim, [job], timing=timing)[0]
     problem = check_job(config, result, expected.data, insns)
@@ -158,6 +161,8 @@ def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> d
         "dram": {"read_beats": counters["rd_beats"], "write_beats": counters["wr_beats"],
                  "read_MBps": round(counters["rd_beats"] * bus_bytes * config.clock_mhz / cycles, 1),
                  "write_MBps": round(counters["wr_beats"] * bus_bytes * config.clock_mhz / cycles, 1)},
+        "model_cycles": stats["cycles"],
+        "model_error": round((stats["cycles"] - cycles) / cycles, 4) if cycles else None,
         "simulator": sim,
         "sim_wall_s": round(wall, 2),
         "sim_cycles_per_s": round(cycles / wall) if wall else None,
@@ -174,6 +179,7 @@ def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: s
     """
     from weft.sim.cosim import simulator_available
     from weft.sim.dram_timing import TIMINGS
+    from weft.sim.timing_calibrate import calibration_figures
 
     if options:
         raise ValueError(f"bench rtl takes no option {', '.join(sorted(options))}")
@@ -192,6 +198,9 @@ def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: s
         runs = [_measure(speed, sim, 8, timing) for _ in range(repeat)]
         runs.sort(key=lambda r: r["sim_cycles_per_s"] or 0)
         figures["speed"][sim] = runs[len(runs) // 2] | {"repeats": repeat}
+    # The timing model against the RTL on the random regression streams and a conv (weft.sim.timing).
+    figures["timing_model"] = {c.name: calibration_figures(c, timing=timing) for c in {config.hash: config,
+                                                                                      speed.hash: speed}.values()}
     figures["speed"]["verilator_main"] = {
         key: figures["utilization"][key] for key in ("config", "cycles", "sim_wall_s", "sim_cycles_per_s")}
     return figures

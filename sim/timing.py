@@ -278,7 +278,7 @@ class _Run:
 
     # ---- shared read path ------------------------------------------------------------------------------
     def _read(self, beats: int) -> tuple[float, float]:
-        """Grant a read burst requested now; returns (arrival of its first beat, cycles between beats)."""
+        """Grant a read burst of `beats` requested now; returns (arrival of its first beat, grant cycle)."""
         g = max(self.k.now, self.arb_last + self.a.arbiter_gap)
         self.arb_last = g
         first = max(g + 1 + self.d.read_latency + self.a.read_handshake, self.r_free)

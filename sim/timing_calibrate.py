@@ -9,6 +9,7 @@ model with the same :class:`weft.sim.dram_timing.DramTiming`); a comparison hold
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,8 +25,8 @@ from weft.sim.timing import TimingModel
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["Comparison", "Stream", "compare", "conv_stream", "directed_streams", "model_stream",
-           "random_streams"]
+__all__ = ["Comparison", "Stream", "calibration_figures", "compare", "conv_stream", "directed_streams",
+           "model_stream", "random_streams"]
 
 #: Counters that follow from the stream alone: the model must reproduce them exactly.
 EXACT_COUNTERS = ("insns", "mac_active", "alu_active", "rd_beats", "wr_beats")
@@ -212,3 +213,22 @@ def compare(config: AcceleratorConfig, streams: Sequence[Stream], *, sim: str = 
         problem = check_job(config, result, image.data, stream.insns)
         out.append(Comparison(stream.name, dict(result.counters), dict(stats["counters"]), problem))
     return out
+
+
+def calibration_figures(config: AcceleratorConfig, *, timing: str = "pynq", seeds: Sequence[int] = (0, 1, 2),
+                        conv_size: int = 28, sim: str = "verilator") -> dict[str, Any]:
+    """The issue's acceptance figures for `config`: the random regression streams `seeds` and a conv of
+    `conv_size` x `conv_size` on the RTL and on the model, with each error (what `weft bench rtl` prints)."""
+    started = time.perf_counter()
+    comparisons = compare(config, [*random_streams(config, seeds), conv_stream(config, size=conv_size)],
+                          sim=sim, timing=timing)
+    return {
+        "config": config.name,
+        "dram_model": timing,
+        "streams": [c.to_dict() for c in comparisons],
+        "max_abs_error": round(max(abs(c.error) for c in comparisons), 4),
+        "within_10_percent": all(abs(c.error) <= 0.10 for c in comparisons),
+        "exact_counters": all(not c.mismatched() for c in comparisons),
+        "bit_exact": all(not c.problem for c in comparisons),
+        "wall_s": round(time.perf_counter() - started, 2),
+    }
