@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -372,3 +375,22 @@ def test_uop_buffer_loads_are_timed_like_other_loads():
     load, gemm = rep.trace[0], rep.trace[1]
     assert gemm["start"] == load["end"]
     assert rep.counters["busy_compute"] == (load["end"] - load["start"] - 1) + (gemm["end"] - gemm["start"] - 1) + 1
+
+
+def test_the_timing_model_imports_and_runs_without_amaranth_or_cocotb():
+    code = textwrap.dedent("""
+        import sys
+        class Blocker:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {"amaranth", "cocotb", "cocotbext"}:
+                    raise ImportError(f"blocked import of {name}")
+                return None
+        sys.meta_path.insert(0, Blocker())
+        from weft.config import PRESETS
+        from weft.isa import assemble
+        from weft.sim.timing import TimingModel
+        print(TimingModel(PRESETS["tiny"]).simulate(assemble("FINISH")).cycles)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == RTL_CYCLES["pynq"]["finish"]
