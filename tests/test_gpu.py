@@ -154,3 +154,18 @@ def test_unscheduled_stage_still_lowers_for_the_gpu():
     assert launches[0].grid == (1, 1, 1) and launches[0].block == (1, 1, 1)
     xv = rand(3, 4)
     np.testing.assert_array_equal(interpret(Kernel("one_thread", [x], [y.out], [y]), {"x": xv})["y"], xv * 2)
+
+
+@pytest.mark.slow
+def test_quantized_graph_on_gpu_schedules_is_bit_exact():
+    """Integer layers scheduled for the GPU (interpreted thread by thread) equal the reference to the bit."""
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w2"], ["y"], kernel_shape=[1, 1])]
+    model = make_model(nodes, {"x": [1, 3, 6, 6]}, {"y": None},
+                       {"w1": rand(4, 3, 3, 3, seed=1, scale=0.3), "w2": rand(5, 4, 1, 1, seed=2)})
+    art = weft.compile(model, calibration={"x": rand(4, 1, 3, 6, 6, seed=3)})
+    x = {"x": rand(1, 3, 6, 6, seed=4)}
+    (got,) = interpret_plan(gpu_steps(art.graph), x).values()
+    np.testing.assert_array_equal(got, InferenceSession(art, device="ref").run(None, x)[0])

@@ -1,7 +1,21 @@
-"""weft.compiler.llvm: a loop-level IR for tensor expressions, lowered to LLVM with llvmlite.
+"""weft.compiler.llvm: host and GPU code generation through LLVM (llvmlite).
 
-Define what each output element is (:mod:`~weft.compiler.llvm.te`), schedule its loops
-(:mod:`~weft.compiler.llvm.schedule`), lower (:mod:`~weft.compiler.llvm.lower`), render LLVM IR for the
-host CPU, the boards' ARM cores or NVPTX, compile it (cached by the hash of the IR,
-:mod:`~weft.compiler.llvm.jit`) and run it. Operator templates and whole float graphs build on these.
+The loop-level IR, in the order code flows through it:
+
+* :mod:`~weft.compiler.llvm.expr`: scalar expressions and buffers;
+* :mod:`~weft.compiler.llvm.te`: tensor expressions (what each output element is) and kernels;
+* :mod:`~weft.compiler.llvm.schedule`: split, reorder, fuse, tile, vectorize, unroll, parallel, bind,
+  cache_write and cache_read (how the loops run);
+* :mod:`~weft.compiler.llvm.lower`: schedules to loop statements;
+* :mod:`~weft.compiler.llvm.codegen_cpu` / :mod:`~weft.compiler.llvm.codegen_nvptx` (with
+  :mod:`~weft.compiler.llvm.emit`): render LLVM IR for a CPU or for NVPTX;
+* :mod:`~weft.compiler.llvm.jit`: compile (cached by the hash of the IR, in memory and optionally on
+  disk), JIT for the host, object files for the boards (:mod:`~weft.compiler.llvm.target`);
+* :mod:`~weft.compiler.llvm.cuda`: PTX, ``ptxas``, the CUDA driver API.
+
+On top: operator templates (:mod:`~weft.compiler.llvm.nn`, :mod:`~weft.compiler.llvm.elementwise`,
+:mod:`~weft.compiler.llvm.gpu`), whole graphs (:mod:`~weft.compiler.llvm.graph` with
+:mod:`~weft.compiler.llvm.host_float` and :mod:`~weft.compiler.llvm.host_quant`), the "cpu" and "cuda"
+devices (:mod:`weft.runtime.cpu_device`), ``weft bench cpu`` (:mod:`~weft.compiler.llvm.bench`), and an
+interpreter of lowered code with GPU thread semantics (:mod:`~weft.compiler.llvm.interp`).
 """

@@ -158,14 +158,18 @@ def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
         return a if a > b else b
     if is_float(dtype):
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            r = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b != 0 else _div0(a, b)}[op]
+            if op == "/":
+                r = a / b if b != 0 else _div0(a, b)
+            else:
+                r = {"+": np.add, "-": np.subtract, "*": np.multiply}[op](a, b)
         return np_dtype(dtype).type(r)
     if op == "//":
         return _wrap(math.trunc(a / b) if (a < 0) != (b < 0) else a // b, dtype)  # LLVM sdiv truncates
     if op == "%":
         return _wrap(a - b * (math.trunc(a / b) if (a < 0) != (b < 0) else a // b), dtype)
-    r = {"+": a + b, "-": a - b, "*": a * b, "<<": a << b, ">>": a >> b, "&": a & b, "|": a | b, "^": a ^ b}[op]
-    return _wrap(r, dtype)
+    ops = {"+": lambda: a + b, "-": lambda: a - b, "*": lambda: a * b, "<<": lambda: a << b, ">>": lambda: a >> b,
+           "&": lambda: a & b, "|": lambda: a | b, "^": lambda: a ^ b}
+    return _wrap(ops[op](), dtype)
 
 
 def _div0(a: Any, b: Any) -> Any:
