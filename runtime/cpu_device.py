@@ -54,7 +54,7 @@ class CpuDevice(Device):
         super().load(artifact)
         try:
             from weft.compiler.llvm.graph import plan_graph
-        except ModuleNotFoundError as err:
+        except ImportError as err:
             raise DeviceError(f"device 'cpu' needs llvmlite ({err}); install weft[compiler]") from None
         self.plan = plan_graph(artifact.graph, cache_dir=self.cache_dir)
 
@@ -84,7 +84,10 @@ class CudaDevice(Device):
 
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
-        from weft.compiler.llvm.cuda import CudaError, plan_cuda
+        try:
+            from weft.compiler.llvm.cuda import CudaError, plan_cuda
+        except ImportError as err:
+            raise DeviceError(f"device 'cuda' needs llvmlite ({err}); install weft[compiler]") from None
 
         try:
             self.plan = plan_cuda(artifact.graph, device_index=self.device_index)

@@ -98,10 +98,22 @@ def test_device_options_and_errors():
         sess.run(None, {"input": np.zeros((1, 2), np.float32)})
 
 
-def test_runtime_import_does_not_load_llvmlite():
-    code = "import sys, weft.runtime; print('llvmlite' in sys.modules, 'cpu' in weft.runtime.available_devices())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True"]
+def test_runtime_import_does_not_load_llvmlite(tmp_path):
+    """A board has no llvmlite: the runtime imports, lists "cpu", and creating it says what is missing."""
+    from .test_imports import BLOCKER
+
+    path = weft.compile(models.mlp(), target="cpu").save(tmp_path / "mlp.weft")
+    code = BLOCKER + (
+        "import weft.runtime\n"
+        "print('llvmlite' in sys.modules, 'cpu' in weft.runtime.available_devices())\n"
+        "try:\n"
+        f"    weft.runtime.InferenceSession({str(path)!r}, device='cpu')\n"
+        "except weft.runtime.DeviceError as err:\n"
+        "    print(err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0] == "False True"
+    assert lines[1].startswith("device 'cpu' needs llvmlite") and "weft[compiler]" in lines[1]
 
 
 def test_compile_cache_dir_is_explicit_and_reused(tmp_path):
