@@ -172,10 +172,21 @@ def test_default_schedules_fit_the_buffers_of_each_config(name):
         u = schedule.usage(g, s, c)
         assert u.inp <= c.inp_rows // s.vthreads and u.wgt <= c.wgt_rows // s.vthreads
         assert u.acc <= c.acc_rows // s.vthreads
-        # Two threads wherever half the buffers hold a tile (tiny's weight buffer halves hold no 7x7 kernel)
-        assert s.vthreads == 2 or schedule.usage(g, schedule.Schedule(vthreads=2), c).wgt > c.wgt_rows // 2
+        assert s.vthreads == 2
         assert g.ho % s.tile_h == 0 and g.wo % s.tile_w == 0 and g.ocb % s.tile_oc == 0 and g.icb % s.tile_ic == 0
         assert schedule.Schedule.from_dict(s.to_dict()) == s
+
+
+def test_kernel_rows_split_into_reduction_steps():
+    """A 7x7 kernel on tiny: whole, its weights fill half the weight buffer; split by rows, two threads fit."""
+    c = PRESETS["tiny"]
+    g = _resnet_layers()[0]
+    whole = schedule.Schedule(tile_h=1, tile_w=8, tile_oc=1, tile_ic=1, vthreads=2)
+    split_rows = schedule.Schedule(tile_h=1, tile_w=8, tile_oc=1, tile_ic=1, vthreads=2, tile_kh=1)
+    assert not schedule.fits(g, whole, c) and schedule.fits(g, split_rows, c)
+    u = schedule.usage(g, split_rows, c)
+    assert u.stages == u.tasks * 7 and u.gemm_execs == schedule.usage(g, whole, c).gemm_execs
+    assert schedule.default_schedule(g, c).vthreads == 2
 
 
 def test_schedules_follow_the_config():
@@ -194,7 +205,7 @@ def test_schedules_follow_the_config():
 
 def test_a_layer_that_cannot_fit_names_itself():
     c = PRESETS["tiny"]
-    g = schedule.LayerGeom("huge", "conv", 1, 1, 1, 1, 1, 64, 64, 2, 2, 40, 40, 1, 1)
+    g = schedule.LayerGeom("huge", "conv", 1, 1, 1, 1, 1, 64, 100, 2, 21, 40, 80, 1, 1)  # 80 weight rows/kernel row
     with pytest.raises(ValueError, match="layer 'huge': no tiling fits"):
         schedule.ranked(g, c)
 

@@ -155,6 +155,9 @@ def test_schedules_can_be_given_per_layer_and_bad_ones_name_the_layer(onnx_model
     layer = next(x for x in art.sections["accel"].meta["layers"] if x["name"] == "features.1.0.conv")
     assert Schedule.from_dict(layer["schedule"]) == chosen
     assert_bit_exact(art, {"input": rand(1, 3, 32, 32, seed=2)})
+    rows = Schedule(tile_h=4, tile_w=8, tile_oc=1, tile_ic=1, vthreads=2, tile_kh=1)  # kernel rows one by one
+    art = _compile(model, "default", schedules={"features.2.1.conv": rows})
+    assert_bit_exact(art, {"input": rand(1, 3, 32, 32, seed=3)})
     too_big = Schedule(tile_h=32, tile_w=32, tile_oc=1, tile_ic=1, vthreads=2)  # 1024 acc rows + vectors > half
     with pytest.raises(BackendError, match=r"node 'features.0.1.conv' \(qconv2d\): no schedule lowers"):
         _compile(model, "default", schedules={"features.0.1.conv": too_big})

@@ -47,7 +47,7 @@ class ConvLowering(Lowering):
         return Compute(self.name, axes, accesses, shapes)
 
     def reduce_axes(self) -> list[str]:
-        return ["iB.i", "si", "ky", "kx"]
+        return ["iB.i", "si", self.ky, "kx"]
 
     @cached_property
     def boxes(self) -> tuple[Box, Box]:
@@ -64,7 +64,6 @@ class ConvLowering(Lowering):
 
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
-        point = {**point, "iB.o": stage}
         inp_box, wgt_box = self.boxes
         self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, r.inp, thread, "input window")
         assert self.addrs.wgt is not None

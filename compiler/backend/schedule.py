@@ -6,7 +6,8 @@ ordered and spread over virtual threads:
 * ``tile_n``, ``tile_h``, ``tile_w``: batch blocks, output rows and output columns per tile (divisors of
   the layer's, so every tile has one shape and one micro-op kernel);
 * ``tile_oc``: output channel blocks per tile; ``tile_ic``: input channel blocks per reduction step
-  (convolutions; a layer whose inputs do not fit at once accumulates over several steps);
+  (convolutions; a layer whose inputs do not fit at once accumulates over several steps); ``tile_kh``:
+  kernel rows per reduction step (None: the whole kernel), so that large kernels stream their weights;
 * ``order``: ``"oc_outer"`` walks all pixel tiles of one output-channel tile before the next (weights stay
   in SRAM), ``"pix_outer"`` walks the channel tiles of one pixel tile first (inputs stay);
 * ``vthreads``: virtual threads; consecutive tiles alternate between them and each owns a slice of every
@@ -19,6 +20,7 @@ a tuner searches) and :func:`default_schedule` picks the one an analytic cost mo
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -71,6 +73,7 @@ class Schedule:
     tile_ic: int = 1
     order: str = "oc_outer"
     vthreads: int = 2
+    tile_kh: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,13 +152,15 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     compute_insns = tasks * (g.alu_steps + (1 if g.residual else 0) + (planes if g.residual else 0)) + vec_loads
     store_insns = tasks * planes
     if g.kind == "conv":
-        ic_steps = g.icb // s.tile_ic
-        stages = tasks * ic_steps
+        kh = kernel_rows(g, s)
+        steps = (g.icb // s.tile_ic) * (g.kh // kh)
+        stages = tasks * steps
+        hin = _window(s.tile_h, g.sh, kh)
         inp = s.tile_n * s.tile_ic * hin * win * g.ri
-        wgt = s.tile_oc * g.ro * s.tile_ic * g.ri * g.kh * g.kw
-        gemm_execs = stages * tile_rows * s.tile_ic * g.ri * g.kh * g.kw
-        reuse_w = ic_steps == 1 and s.order == "oc_outer"
-        reuse_i = ic_steps == 1 and s.order == "pix_outer"
+        wgt = s.tile_oc * g.ro * s.tile_ic * g.ri * kh * g.kw
+        gemm_execs = stages * tile_rows * s.tile_ic * g.ri * kh * g.kw
+        reuse_w = steps == 1 and s.order == "oc_outer"
+        reuse_i = steps == 1 and s.order == "pix_outer"
         # Resident tiles are not reloaded: with V threads alternating, a thread sees every V-th task.
         w_loads = stages if not reuse_w else oc_tiles * min(s.vthreads, n_tiles)
         i_loads = stages if not reuse_i else n_tiles * min(s.vthreads, oc_tiles)
@@ -177,10 +182,15 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
                  acc_bytes, compute_insns, out_bytes, store_insns)
 
 
+def kernel_rows(g: LayerGeom, s: Schedule) -> int:
+    """Kernel rows one reduction step covers."""
+    return g.kh if s.tile_kh is None else s.tile_kh
+
+
 def _gemm_uops(g: LayerGeom, s: Schedule) -> int:
     """Micro-ops of one GEMM kernel: all inner axes but the two largest (and one spatial axis kept)."""
     spatial = [e for e in (s.tile_n, s.tile_oc, g.ro, s.tile_h, s.tile_w) if e > 1]
-    reduce_ = [e for e in (s.tile_ic, g.ri, g.kh, g.kw) if e > 1]
+    reduce_ = [e for e in (s.tile_ic, g.ri, kernel_rows(g, s), g.kw) if e > 1]
     if not spatial:
         return math.prod(reduce_)
     inner = min(spatial)
@@ -198,18 +208,15 @@ def fits(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> bool:
 
 def space(g: LayerGeom, config: AcceleratorConfig, vthreads: tuple[int, ...] = (2, 1)) -> Iterator[Schedule]:
     """Every legal schedule of layer `g` on `config` (tile sizes divide the layer; buffers fit)."""
-    ic_choices = divisors(g.icb) if g.kind == "conv" else [None]
-    orders = ORDERS if g.kind == "conv" else ("pix_outer",)
-    for v in vthreads:
-        for tn in divisors(g.nb):
-            for th in divisors(g.ho):
-                for tw in divisors(g.wo):
-                    for toc in divisors(g.ocb):
-                        for tic in ic_choices:
-                            for order in orders:
-                                s = Schedule(tn, th, tw, toc, toc if tic is None else tic, order, v)
-                                if fits(g, s, config):
-                                    yield s
+    conv = g.kind == "conv"
+    ic_choices = divisors(g.icb) if conv else [None]
+    kh_choices = [None, *[d for d in divisors(g.kh) if d < g.kh]] if conv else [None]
+    orders = ORDERS if conv else ("pix_outer",)
+    for v, tn, th, tw, toc, tic, tkh, order in itertools.product(
+            vthreads, divisors(g.nb), divisors(g.ho), divisors(g.wo), divisors(g.ocb), ic_choices, kh_choices, orders):
+        s = Schedule(tn, th, tw, toc, toc if tic is None else tic, order, v, tkh)
+        if fits(g, s, config):
+            yield s
 
 
 #: Cycles the cost model charges per instruction, beyond its data: a DMA waits for DRAM's first beat

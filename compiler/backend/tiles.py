@@ -81,9 +81,14 @@ class Lowering:
         for axis, factor in (("n", s.tile_n), ("oB", s.tile_oc), ("oh", s.tile_h), ("ow", s.tile_w)):
             c = split(c, axis, factor)
         self.stage_axes: tuple[str, ...] = ()
+        self.ky = "ky"
         if g.kind == "conv":
             c = split(c, "iB", s.tile_ic)
             self.stage_axes = ("iB.o",)
+            if s.tile_kh is not None and s.tile_kh < g.kh:
+                c = split(c, "ky", s.tile_kh)
+                self.stage_axes = ("iB.o", "ky.o")
+                self.ky = "ky.i"
         self.compute: Compute = c
         self.inner = ["n.i", "oB.i", "so", "oh.i", "ow.i", *self.reduce_axes()]
         pix = ["n.o", "oh.o", "ow.o"]
@@ -112,6 +117,7 @@ class Lowering:
         by the region layout)."""
 
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
+        """Emit reduction step number `stage` of the task at `point` (which holds the step's axes too)."""
         raise NotImplementedError
 
     # ---- regions -----------------------------------------------------------------------------------------
@@ -143,19 +149,27 @@ class Lowering:
         grid = np.indices([extents[a] for a in self.task_axes]).reshape(len(self.task_axes), -1).T
         return [dict(zip(self.task_axes, map(int, p), strict=True)) for p in grid]
 
-    def stages(self) -> int:
+    def stage_points(self) -> list[dict[str, int]]:
+        """The reduction steps of a task, in order (one, empty, for layers without a split reduction)."""
+        if not self.stage_axes:
+            return [{}]
         extents = {a.name: a.extent for a in self.compute.axes}
-        return int(np.prod([extents[a] for a in self.stage_axes])) if self.stage_axes else 1
+        grid = np.indices([extents[a] for a in self.stage_axes]).reshape(len(self.stage_axes), -1).T
+        return [dict(zip(self.stage_axes, map(int, p), strict=True)) for p in grid]
+
+    def stages(self) -> int:
+        return len(self.stage_points())
 
     def lower(self) -> Stream:
         """The layer's program (without its micro-op loads and FINISH, which the code generator adds)."""
         stream = Stream(self.config)
         self.resident: list[dict[str, Any]] = [{} for _ in range(self.v)]
         per_thread: list[list[tuple]] = [[] for _ in range(self.v)]
+        steps = self.stage_points()
         for k, point in enumerate(self.tasks()):
             h = k % self.v
-            for j in range(self.stages()):
-                per_thread[h].append(("stage", point, j, h))
+            for j, step in enumerate(steps):
+                per_thread[h].append(("stage", {**point, **step}, j, h))
             per_thread[h].append(("epilogue", point, 0, h))
         for what, point, j, h in interleave(per_thread):
             if what == "stage":
