@@ -8,6 +8,7 @@ a conversion kernel once per value and layout. :class:`HostPlan` runs the result
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,18 +81,25 @@ class HostPlan:
     compile_seconds: float = 0.0
     #: value name -> the tensor that holds it
     values_by_name: dict[str, Tensor] = field(default_factory=dict)
+    #: the plan's buffers are reused by every run: one run at a time
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def kernels(self) -> int:
         return len(self.steps)
 
     def values(self) -> dict[str, np.ndarray]:
-        """Every value of the last run, as plain arrays (inputs, constants' users, intermediates)."""
+        """Every computed value (graph inputs included) of the last run, in its logical layout."""
         return {name: plain_copy(t) for name, t in self.values_by_name.items() if not t.constant}
 
     def run(self, feeds: Mapping[str, np.ndarray], threads: int = 1, timings: bool = False
             ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
         """Outputs by name, and per node its name, op, MACs, shape and seconds (when `timings`)."""
+        with self.lock:
+            return self._run(feeds, threads, timings)
+
+    def _run(self, feeds: Mapping[str, np.ndarray], threads: int, timings: bool
+             ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
         for name, t in self.inputs.items():
             np.copyto(t.root().array.reshape(t.physical), np.asarray(feeds[name]).reshape(t.physical),  # type: ignore[union-attr]
                       casting="same_kind")
