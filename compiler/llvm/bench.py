@@ -176,7 +176,11 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
     best_ratio = min(weft_t) / min(ort_t)
     stats = sess.stats or {}
     macs = stats.get("macs") or 0
-    slowest = sorted(stats.get("layers", []), key=lambda layer: -layer["seconds"])[:8]
+    layers = stats.get("layers", [])
+    slowest = sorted(layers, key=lambda layer: -layer["seconds"])[:8]
+    by_op: dict[str, float] = {}
+    for layer in layers:  # where weft's time goes, by op (the last run)
+        by_op[layer["op"]] = by_op.get(layer["op"], 0.0) + layer["seconds"] * 1e3
     peak = measure_peak(threads)
     conv = _bench_conv(threads, repeat)
     matmul = _bench_matmul(threads, repeat)
@@ -189,7 +193,8 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
         "goal_ratio": GOAL_RATIO, "meets_goal": weft_ms / ort_ms <= GOAL_RATIO,
         "weft_gflops": 2 * macs / (weft_ms / 1e3) / 1e9, "onnxruntime_gflops": 2 * macs / (ort_ms / 1e3) / 1e9,
         "max_rel_err_vs_onnxruntime": err, "compile_seconds": compile_seconds,
-        "kernels": stats.get("kernels"), "peak_gflops": peak, "conv3x3": conv, "matmul512": matmul,
+        "kernels": stats.get("kernels"), "ms_by_op": by_op, "peak_gflops": peak, "conv3x3": conv,
+        "matmul512": matmul,
         "slowest_layers": [{"name": layer["name"], "op": layer["op"], "ms": layer["seconds"] * 1e3,
                             "gflops": 2 * layer["macs"] / max(layer["seconds"], 1e-12) / 1e9}
                            for layer in slowest],
