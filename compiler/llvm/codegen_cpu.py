@@ -233,11 +233,23 @@ write:
   call void @weft.work()
   br label %finish
 finish:
+  %waited = phi i32 [ 0, %write ], [ %waited1, %finish.next ]
   %finished = load atomic i64, ptr %f5 acquire, align 8
   %all = icmp sge i64 %finished, %n
   br i1 %all, label %done, label %finish.wait
 finish.wait:
+  ; a worker still on its last chunk: spin a little, then give the core away in case that worker
+  ; was preempted onto it
+  %long = icmp ugt i32 %waited, 2000
+  br i1 %long, label %finish.yield, label %finish.pause
+finish.pause:
   PAUSE_CALL
+  br label %finish.next
+finish.yield:
+  %yf = call i32 @sched_yield()
+  br label %finish.next
+finish.next:
+  %waited1 = add i32 %waited, 1
   br label %finish
 done:
   store atomic i32 0, ptr @weft.lock release, align 4
