@@ -350,3 +350,36 @@ def test_parallel_kernels_from_several_python_threads():
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(worker, range(4)))
+
+
+def test_pool_starts_afresh_in_a_forked_child():
+    """A child forked after the pool started has none of its threads; its parallel kernels still run."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import os, numpy as np
+        from weft.compiler.llvm.expr import Buffer
+        from weft.compiler.llvm.jit import build
+        from weft.compiler.llvm.te import Kernel, compute
+        x = Buffer("x", (64, 256))
+        y = compute("y", (64, 256), lambda i, j: x[i, j] * 2.0)
+        i, j = y.axes
+        y.vectorize(j)
+        y.parallel(i)
+        fn = build(Kernel("forked", [x], [y.out], [y]))
+        a = np.random.rand(64, 256).astype(np.float32)
+        out = np.empty_like(a)
+        fn(a, out, nthreads=2)
+        pid = os.fork()
+        if pid == 0:
+            child = np.empty_like(a)
+            for _ in range(20):
+                fn(a, child, nthreads=2)
+            os._exit(0 if np.array_equal(child, a * 2) else 1)
+        _, status = os.waitpid(pid, 0)
+        print(np.array_equal(out, a * 2), os.waitstatus_to_exitcode(status))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "0"], out.stderr

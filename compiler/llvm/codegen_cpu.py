@@ -25,7 +25,7 @@ from weft.compiler.llvm.lower import For, LoweredKernel, LoweredStage, lower
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel
 
-__all__ = ["MAX_THREADS", "RUNTIME_IR", "RUNTIME_SYMBOL", "render_cpu", "render_module", "runtime_ir"]
+__all__ = ["FORKED_SYMBOL", "MAX_THREADS", "RUNTIME_IR", "RUNTIME_SYMBOL", "render_cpu", "render_module", "runtime_ir"]
 
 #: the most threads one parallel loop uses (the pool never grows beyond this many minus one workers)
 MAX_THREADS = 64
@@ -74,6 +74,18 @@ declare i32 @pthread_cond_wait(ptr, ptr)
 declare i32 @pthread_cond_broadcast(ptr)
 declare i32 @sched_yield()
 PAUSE_DECL
+
+; a forked child has none of its parent's workers: it starts from an empty pool (the host JIT calls this
+; from Python's after-fork hook)
+define void @weft_pool_forked() nounwind {
+entry:
+  store i64 0, ptr @weft.workers
+  store i64 0, ptr @weft.active
+  store i32 0, ptr @weft.lock
+  store [64 x i8] zeroinitializer, ptr @weft.mutex
+  store [64 x i8] zeroinitializer, ptr @weft.cond
+  ret void
+}
 
 define internal void @weft.work() nounwind {
 entry:
@@ -264,6 +276,7 @@ _PAUSE = {  # a spin-wait hint, by architecture
 #: pauses an idle worker spins through before it sleeps (tens of microseconds: the gap between kernels)
 SPINS = 20000
 RUNTIME_SYMBOL = "weft_parallel_for"
+FORKED_SYMBOL = "weft_pool_forked"
 
 
 def runtime_ir(target: Target) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 
-from weft.compiler.llvm.codegen_cpu import RUNTIME_SYMBOL, render_module, runtime_ir
+from weft.compiler.llvm.codegen_cpu import FORKED_SYMBOL, RUNTIME_SYMBOL, render_module, runtime_ir
 from weft.compiler.llvm.expr import Buffer, np_dtype
 from weft.compiler.llvm.target import Target, host_target, resolve_target
 from weft.compiler.llvm.te import Kernel
@@ -130,6 +131,9 @@ def _ensure_runtime(target: Target) -> None:
         engine.finalize_object()
         llvm.add_symbol(RUNTIME_SYMBOL, engine.get_function_address(RUNTIME_SYMBOL))
         _RUNTIME_ENGINES[target.key] = engine
+        forked = ctypes.CFUNCTYPE(None)(engine.get_function_address(FORKED_SYMBOL))
+        _RUNTIME_ENGINES[f"{target.key}|forked"] = forked
+        os.register_at_fork(after_in_child=forked)  # the child's pool has no threads: start it afresh
 
 
 def _write(path: Path, data: bytes) -> None:
