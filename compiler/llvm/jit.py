@@ -117,6 +117,7 @@ def compile_object(ir_text: str, target: str | Target, opt: int = OPT_LEVEL, cac
     return data
 
 
+#: target key -> the runtime's after-fork entry point (its engine is detached: it lives as long as the process)
 _RUNTIME_ENGINES: dict[str, Any] = {}
 
 
@@ -130,9 +131,10 @@ def _ensure_runtime(target: Target) -> None:
         engine = llvm.create_mcjit_compiler(module, _target_machine(target, OPT_LEVEL, jit=True))
         engine.finalize_object()
         llvm.add_symbol(RUNTIME_SYMBOL, engine.get_function_address(RUNTIME_SYMBOL))
-        _RUNTIME_ENGINES[target.key] = engine
         forked = ctypes.CFUNCTYPE(None)(engine.get_function_address(FORKED_SYMBOL))
-        _RUNTIME_ENGINES[f"{target.key}|forked"] = forked
+        # never disposed, not even when the interpreter exits while a worker still spins in this code
+        engine.detach()
+        _RUNTIME_ENGINES[target.key] = forked
         os.register_at_fork(after_in_child=forked)  # the child's pool has no threads: start it afresh
 
 
