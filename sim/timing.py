@@ -91,9 +91,9 @@ class Microarch:
     arbiter_gap: int = 2
     #: hw.compute: loop generator, micro-op word, inp/wgt rows, adder tree, accumulator, write back.
     loop_stages: int = 6
-    #: Cycles from an AR handshake to the first R beat on top of the DRAM's read_latency (the DRAM
-    #: model answers through a cocotbext-axi source, which drives a beat the cycle after it is queued).
-    read_handshake: int = 2
+    #: Cycles from queueing a read burst's beats (read_latency after the AR handshake, and at least one
+    #: cycle after it) to its first R beat: the DRAM model's R source drives a beat on the next edge.
+    read_handshake: int = 1
     #: Cycles from the last W beat to the store's done on top of the DRAM's write_latency (at least 1): the B
     #: response through the model's B source, the outstanding-burst count, the registered busy.
     write_handshake: int = 3
@@ -153,30 +153,39 @@ class _Event:
         self.waiters: list[Generator] = []
 
 
+class _After:
+    """Yielded by a process: resume at `time`, after every process that runs at that time."""
+
+    __slots__ = ("time",)
+
+    def __init__(self, time: float) -> None:
+        self.time = time
+
+
 class _Kernel:
-    """Runs generator processes in time order. A process yields a time (sleep until then) or an _Event
-    (wait until it is fired; the yield returns its value)."""
+    """Runs generator processes in time order. A process yields a time (sleep until then), an _After, or
+    an _Event (wait until it is fired; the yield returns its value)."""
 
     def __init__(self) -> None:
         self.now = 0.0
-        self._heap: list[tuple[float, int, Generator, Any]] = []
+        self._heap: list[tuple[float, int, int, Generator, Any]] = []
         self._seq = itertools.count()
 
     def spawn(self, proc: Generator) -> None:
-        self._push(self.now, proc, None)
+        self._push(self.now, 0, proc, None)
 
-    def _push(self, t: float, proc: Generator, value: Any) -> None:
-        heapq.heappush(self._heap, (t, next(self._seq), proc, value))
+    def _push(self, t: float, late: int, proc: Generator, value: Any) -> None:
+        heapq.heappush(self._heap, (t, late, next(self._seq), proc, value))
 
     def fire(self, event: _Event, value: Any) -> None:
         event.value = value
         for proc in event.waiters:
-            self._push(self.now, proc, value)
+            self._push(self.now, 0, proc, value)
         event.waiters = []
 
     def run(self) -> None:
         while self._heap:
-            t, _, proc, value = heapq.heappop(self._heap)
+            t, _, _, proc, value = heapq.heappop(self._heap)
             self.now = t
             while True:
                 try:
@@ -189,7 +198,10 @@ class _Kernel:
                         break
                     value = what.value
                     continue
-                self._push(max(float(what), self.now), proc, None)
+                if isinstance(what, _After):
+                    self._push(max(what.time, self.now), 1, proc, None)
+                else:
+                    self._push(max(float(what), self.now), 0, proc, None)
                 break
 
 
@@ -240,8 +252,9 @@ class _Run:
         self.k = _Kernel()
         self.read_gap = 1.0 / self.d.read_duty
         self.write_gap = 1.0 / self.d.write_duty
-        self.arb_last = -math.inf
-        self.r_free = -math.inf
+        self.r_free = -math.inf  # when the R channel can carry the next beat
+        self.requests: list[tuple[int, _Event] | None] = [None, None, None]  # per read client
+        self.arbiter_idle = _Event()
 
         # Routing, per-unit positions and token indices (the k-th push of a queue is popped k-th).
         self.unit = [0] * n
@@ -277,14 +290,33 @@ class _Run:
         self.end: float | None = None
 
     # ---- shared read path ------------------------------------------------------------------------------
-    def _read(self, beats: int) -> tuple[float, float]:
-        """Grant a read burst of `beats` requested now; returns (arrival of its first beat, grant cycle)."""
-        g = max(self.k.now, self.arb_last + self.a.arbiter_gap)
-        self.arb_last = g
-        first = max(g + 1 + self.d.read_latency + self.a.read_handshake, self.r_free)
-        self.r_free = first + beats * self.read_gap
-        self.counters["rd_beats"] += beats
-        return first, g
+    def _read(self, client: int, beats: int) -> Generator:
+        """Request a read burst of `beats` now (hw.axi.ReadArbiter client `client`: 0 fetch, 1 load,
+        2 compute); returns (arrival of its first beat, grant cycle) once the arbiter grants it."""
+        granted = _Event()
+        self.requests[client] = (beats, granted)
+        if self.arbiter_idle.value is None:
+            self.k.fire(self.arbiter_idle, True)
+        return (yield granted)
+
+    def _arbiter(self) -> Generator:
+        """Round-robin grants, one every arbiter_gap cycles; the DRAM answers bursts in grant order."""
+        clients = len(self.requests)
+        last, slot = 0, -math.inf  # the RTL's last_grant resets to 0
+        while True:
+            while not any(self.requests):
+                self.arbiter_idle = _Event()
+                yield self.arbiter_idle
+            yield _After(max(self.k.now, slot))  # every request made in this cycle competes
+            client = next(c for c in ((last + k) % clients for k in range(1, clients + 1)) if self.requests[c])
+            beats, granted = self.requests[client]
+            self.requests[client] = None
+            g = self.k.now
+            last, slot = client, g + self.a.arbiter_gap
+            first = max(g + 1 + max(self.d.read_latency, 1) + self.a.read_handshake, self.r_free)
+            self.r_free = first + beats * self.read_gap
+            self.counters["rd_beats"] += beats
+            self.k.fire(granted, (first, g))
 
     # ---- fetch -------------------------------------------------------------------------------------------
     def _fetch_layout(self) -> None:
@@ -296,21 +328,19 @@ class _Run:
         self.fetch_starts = list(itertools.accumulate([0, *self.fetch_lens[:-1]]))
         self.fetch_ends = [s + n for s, n in zip(self.fetch_starts, self.fetch_lens, strict=True)]
         self.fetch_burst = [_Event() for _ in self.fetch_lens]
-        self.fetch_taken = [_Event() for _ in self.fetch_lens]
+        self.fetch_consumed = 0  # beats the unpacker has taken from the reader's buffer
+        self.fetch_wait: tuple[int, _Event] | None = None  # the reader waits until this many are taken
         self.fetch_lane = (self.insn_addr - first) // _INSN_BYTES
 
     def _fetch_reader(self) -> Generator:
         t = 1.0  # START launches fetch in cycle 0; its reader requests the first burst in cycle 1
-        window = self.a.reader_beats
-        oldest = 0  # the burst whose consumption frees the window next
         for j, length in enumerate(self.fetch_lens):
-            need = self.fetch_ends[j] - window  # beats that must have been consumed before this request
-            if need > 0:
-                while self.fetch_ends[oldest] < need:
-                    oldest += 1
-                t = max(t, (yield self.fetch_taken[oldest]) + 1)
+            need = self.fetch_ends[j] - self.a.reader_beats  # beats consumed before this burst fits
+            if need > self.fetch_consumed:
+                self.fetch_wait = (need, _Event())
+                t = max(t, (yield self.fetch_wait[1]) + 1)
             yield t
-            first, g = self._read(length)
+            first, g = yield from self._read(0, length)
             self.k.fire(self.fetch_burst[j], first)
             t = g + 1
 
@@ -330,8 +360,10 @@ class _Run:
             return first_beat + (beat - self.fetch_starts[burst]) * self.read_gap
 
         def consumed(beat: int, t: float) -> None:
-            if beat == self.fetch_ends[burst] - 1:
-                self.k.fire(self.fetch_taken[burst], t)
+            self.fetch_consumed = beat + 1
+            if self.fetch_wait is not None and beat + 1 >= self.fetch_wait[0]:
+                self.k.fire(self.fetch_wait[1], t)
+                self.fetch_wait = None
 
         d_prev = 0.0
         depth = self.c.cmd_queue_depth
@@ -416,10 +448,10 @@ class _Run:
             return s + 1
         if op == Opcode.STORE:
             return self._store(r, s)
-        done = yield from self._load(r, s)
+        done = yield from self._load(r, s, client=self.unit[i] + 1)  # read clients: fetch, load, compute
         return done
 
-    def _load(self, r: list[int], s: float) -> Generator:
+    def _load(self, r: list[int], s: float, client: int) -> Generator:
         """A 2-D load (hw.dma.Load2D): the request side yields at every burst; the write side follows."""
         a, B = self.a, self.B
         E = self.m.elem_bytes[MemId(r[_F["mem_id"]])]
@@ -459,7 +491,7 @@ class _Run:
                         oldest += 1
                     req = max(req, taken[oldest][1] + 1)
                 yield req
-                first, g = self._read(n)
+                first, g = yield from self._read(client, n)
                 granted += n
                 g_prev = g
                 req = g + 1
@@ -560,6 +592,7 @@ class _Run:
     def report(self) -> TimingReport:
         self._fetch_layout()
         k = self.k
+        k.spawn(self._arbiter())
         k.spawn(self._fetch_reader())
         k.spawn(self._fetch_dispatch())
         for u in (Unit.LOAD, Unit.COMPUTE, Unit.STORE):

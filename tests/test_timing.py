@@ -35,8 +35,9 @@ TINY, DEFAULT = PRESETS["tiny"], PRESETS["default"]
 IDEAL = TIMINGS["ideal"]
 
 #: Cycles the RTL took for timing_calibrate.directed_streams(tiny): Verilator through the cocotb DRAM
-#: model, hw fingerprint c8c3ee8c4a69. With the "ideal" DRAM the model reproduces every count exactly;
-#: with "pynq" the R and W pause pattern's phase at START moves a count by up to 2 cycles.
+#: model, hw fingerprint 39a5a0189cbb. With the "ideal" DRAM the model reproduces every count exactly. With
+#: "pynq" the phase of the DRAM's R/W pause pattern at START moves a count by a cycle or two from job to
+#: job; these are the medians of five runs.
 RTL_CYCLES = {
     "ideal": {
         "finish": 13, "load nops x40": 93, "compute nops x40": 93, "gemm 4 uops x3x2": 58,
@@ -45,9 +46,9 @@ RTL_CYCLES = {
         "load uop 1x100": 122, "store 1x1": 25, "store 4x8": 56, "store 12x16": 216,
     },
     "pynq": {
-        "finish": 45, "load nops x40": 152, "compute nops x40": 152, "gemm 4 uops x3x2": 122,
-        "gemm reset 4 uops x3x2": 120, "alu 4 uops x3x2": 120, "load inp 1x1": 85, "load inp 4x8": 118,
-        "load inp 4x8 padded": 143, "load inp 12x8 strided": 182, "load wgt 2x3": 100, "load acc 2x3": 100,
+        "finish": 44, "load nops x40": 152, "compute nops x40": 152, "gemm 4 uops x3x2": 120,
+        "gemm reset 4 uops x3x2": 120, "alu 4 uops x3x2": 120, "load inp 1x1": 86, "load inp 4x8": 116,
+        "load inp 4x8 padded": 144, "load inp 12x8 strided": 180, "load wgt 2x3": 100, "load acc 2x3": 100,
         "load uop 1x100": 184, "store 1x1": 72, "store 4x8": 104, "store 12x16": 264,
     },
 }
@@ -76,7 +77,7 @@ def test_directed_programs_take_the_cycles_the_rtl_took(timing):
         if timing == "ideal":
             assert stats["cycles"] == want, stream.name
         else:
-            assert abs(stats["cycles"] - want) <= 3, (stream.name, stats["cycles"], want)
+            assert abs(stats["cycles"] - want) <= 2, (stream.name, stats["cycles"], want)
 
 
 # ---- costs from the structure -----------------------------------------------------------------------------
@@ -98,9 +99,12 @@ def test_first_instruction_waits_one_dram_round_trip_and_fetch_moves_two_beats_p
     p = ProgramBuilder()
     p.finish()
     lone = p.insns
-    for latency in (0, 7, 32):
-        rep = simulate(TINY, lone, DramTiming(read_latency=latency))
-        assert rep.cycles == RTL_CYCLES["ideal"]["finish"] + latency
+    assert simulate(TINY, lone).cycles == RTL_CYCLES["ideal"]["finish"]
+    # The DRAM model queues a burst's beats read_latency cycles after the AR handshake (at least 1).
+    one = simulate(TINY, lone, DramTiming(read_latency=1)).cycles
+    assert one == RTL_CYCLES["ideal"]["finish"]
+    for latency in (7, 32):
+        assert simulate(TINY, lone, DramTiming(read_latency=latency)).cycles == one + latency - 1
 
     def nops(count: int) -> np.ndarray:
         p = ProgramBuilder()
