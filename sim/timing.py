@@ -12,8 +12,8 @@ same numbers the cosimulation's DRAM answers with):
   pops is there and every queue it pushes has room; it pops at the start and pushes when done;
 * LOAD (load unit: inp, wgt; compute unit: uop, acc, acc_narrow): one read request per DRAM row, each
   split into bursts; the requests of the three read clients (fetch, load, compute) share one AR channel
-  (a grant every ``arbiter_gap`` cycles) and one R channel that returns bursts in request order,
-  ``read_latency`` cycles after the request, at ``read_duty`` beats per cycle; the SRAM is written one
+  (round-robin, a grant every ``arbiter_gap`` cycles) and one R channel that returns bursts in grant
+  order, ``read_latency`` cycles after the grant, at ``read_duty`` beats per cycle; the SRAM is written one
   element per cycle in row order, zero padding included (no DRAM traffic), an element no earlier than
   its beats arrive, and at most ``unpack_queue`` rows are requested ahead of the writes;
 * GEMM/ALU: one micro-op execution per cycle through the ``loop_stages``-stage pipeline, which fills
@@ -29,6 +29,7 @@ unit, kind, when it could have started (``ready``: unit free and command present
 
 Cycle 0 is the first cycle the RTL's cycle counter counts (the cycle after START). Beats move in a fluid
 approximation of the DRAM's pause pattern, so times are fractional; counters are rounded at the end.
+:mod:`weft.sim.timing_calibrate` runs the same streams on the RTL to compare.
 """
 
 from __future__ import annotations
