@@ -96,6 +96,10 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+#: Builds of a config made from other generator sources are deleted once untouched for this long.
+STALE_BUILD_S = 3600
+
+
 def verilog_path(config: AcceleratorConfig, build_root: Path | None = None) -> Path:
     """The (cached) Verilog of `config`."""
     root = (build_root or default_build_root()) / "rtl" / f"{config.hash}-{fingerprint()}"
@@ -108,7 +112,18 @@ def verilog_path(config: AcceleratorConfig, build_root: Path | None = None) -> P
             tmp = path.with_suffix(".tmp")
             tmp.write_text(generate_verilog(config))
             tmp.replace(path)
+            _prune(root)
     return path
+
+
+def _prune(current: Path) -> None:
+    """Delete this config's builds from older generator sources (models of 10-100 MB each)."""
+    prefix = current.name.split("-")[0]
+    now = time.time()
+    for old in current.parent.glob(f"{prefix}-*"):
+        if old.is_dir() and old != current and now - old.stat().st_mtime > STALE_BUILD_S:
+            shutil.rmtree(old, ignore_errors=True)
+            old.with_name(f"{old.name}.lock").unlink(missing_ok=True)
 
 
 def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None) -> Path:
