@@ -273,8 +273,10 @@ _PAUSE = {  # a spin-wait hint, by architecture
     "aarch64": ("declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(i32 1)"),
     "arm": ("declare void @llvm.arm.hint(i32)", "call void @llvm.arm.hint(i32 1)"),
 }
-#: pauses an idle worker spins through before it sleeps (tens of microseconds: the gap between kernels)
-SPINS = 20000
+#: pauses an idle worker spins through before it sleeps: about the gap between two kernels of a model (a few
+#: microseconds), not much more, since on a busy machine a spinning worker may delay the caller that shares
+#: its core
+SPINS = 3000
 RUNTIME_SYMBOL = "weft_parallel_for"
 FORKED_SYMBOL = "weft_pool_forked"
 
