@@ -1,8 +1,10 @@
 """`weft bench cpu`: weft's generated host code against onnxruntime, in the same run, on the same threads.
 
 The model runs batch 1 on the "cpu" device and on onnxruntime's CPU provider with
-``intra_op_num_threads`` equal to weft's thread count; the two alternate run by run, so that load from
-other processes hits both alike, and the medians and their ratio are reported. Two single operators
+``intra_op_num_threads`` equal to weft's thread count, in alternating blocks of runs (each runtime in its
+steady state: onnxruntime's threads spin for a while after a run and would slow a run of weft started
+right after it; alternating blocks still spread load from other processes over both), and the medians,
+the best runs and their ratios are reported. Two single operators
 follow, as GFLOP/s against the machine's measured peak: the 3x3 convolution 56x56x64 -> 64 of ResNet's
 first stage, and a 512x512x512 matrix product (x @ W with W a constant, as in a dense layer).
 
@@ -160,18 +162,12 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
     x = {inp.name: np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
     got, want = sess.run(None, x)[0], ort_sess.run(None, x)[0]
     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
-    for _ in range(3):
-        sess.run(None, x)
-        ort_sess.run(None, x)
     weft_t, ort_t = [], []
-    for _ in range(repeat):  # interleaved: a burst of load elsewhere slows both, not one
-        t0 = time.perf_counter()
-        sess.run(None, x)
-        t1 = time.perf_counter()
-        ort_sess.run(None, x)
-        t2 = time.perf_counter()
-        weft_t.append(t1 - t0)
-        ort_t.append(t2 - t1)
+    rounds = 3
+    for _ in range(rounds):  # blocks, alternating: each runtime in its steady state, load hits both alike
+        for runner, times in ((lambda: sess.run(None, x), weft_t), (lambda: ort_sess.run(None, x), ort_t)):
+            time.sleep(0.05)  # let the other runtime's spinning threads park
+            times += _times(runner, max(1, repeat // rounds), warmup=2)
     weft_ms, ort_ms = statistics.median(weft_t) * 1e3, statistics.median(ort_t) * 1e3
     best_ratio = min(weft_t) / min(ort_t)
     stats = sess.stats or {}
