@@ -232,3 +232,24 @@ def test_unsupported_op_names_the_node():
     art = weft.compile(model, target="cpu")
     with pytest.raises(UnsupportedError, match=r"node 'pick' \(Gather\): the host code generator has no kernel"):
         InferenceSession(art, device="cpu")
+
+
+@EXAMPLES
+@given(st.integers(0, 2), st.lists(st.integers(0, 3), min_size=4, max_size=4),
+       st.lists(st.integers(0, 1), min_size=4, max_size=4), st.sampled_from([1, 3]), st.sampled_from([1, 2]),
+       st.integers(0, 99))
+def test_convolutions_read_their_pads_from_the_producers_halo(p1, pads2, pads3, k3, s3, seed):
+    """conv1's output feeds two padded convolutions (different pads, kernels and strides): conv1 writes it
+    inside a zero border as wide as the widest pad, and both read from it at their own offsets."""
+    inits = {"w1": rand(16, 3, 3, 3, seed=seed, scale=0.3), "w2": rand(16, 16, 3, 3, seed=seed + 1, scale=0.2),
+             "w3": rand(8, 16, k3, k3, seed=seed + 2, scale=0.2)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[p1] * 4, name="c1"),
+             helper.make_node("Relu", ["a"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2"], ["y2"], kernel_shape=[3, 3], pads=pads2, name="c2"),
+             helper.make_node("Conv", ["r", "w3"], ["y3"], kernel_shape=[k3, k3], pads=pads3, strides=[s3, s3],
+                              name="c3")]
+    model = make_model(nodes, {"x": [1, 3, 9, 8]}, {"y2": None, "y3": None}, inits)
+    sess = check(model, {"x": rand(1, 3, 9, 8, seed=seed + 3)})
+    halos = {t.name: t.layout.halo for t in sess.device.plan.tensors}
+    assert halos["r"] == max(*pads2, *pads3)
+    assert [step.node for step in sess.device.plan.steps if step.kernel.name == "pad"] == (["c1"] if p1 else [])

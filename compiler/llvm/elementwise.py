@@ -47,14 +47,14 @@ def read(op: Operand, out_shape: Sequence[int], out_layout: Layout, phys: Sequen
     if rin > rank:
         raise ValueError(f"'{op.buffer.name}' of shape {list(op.shape)} does not broadcast to {list(out_shape)}")
     bcast = [op.shape[d] == 1 and out_shape[rank - rin + d] != 1 for d in range(rin)]
-    if op.layout == out_layout and rin == rank:
-        if not op.layout.blocked:
-            return op.buffer[tuple(const(0) if bcast[d] else phys[d] for d in range(rank))]
-        n, co, h, w, ci = phys
+    if op.layout == out_layout and rin == rank and not op.layout.blocked:
+        return op.buffer[tuple(const(0) if bcast[d] else phys[d] for d in range(rank))]
+    if op.layout.blocked and out_layout.blocked and op.layout.block == out_layout.block and rin == rank:
+        n, co, h, w, ci = phys  # the same blocks: only the halos may differ
         cb = bcast[1]
-        idx = [const(0) if bcast[0] else n, const(0) if cb else co, const(0) if bcast[2] else h,
-               const(0) if bcast[3] else w, const(0) if cb else ci]
-        return op.buffer[tuple(idx)]
+        zero = const(0)
+        return op.buffer[op.layout.at(zero if bcast[0] else n, zero if cb else co, zero if bcast[2] else h,
+                                      zero if bcast[3] else w, zero if cb else ci)]
     lidx = [const(0) if bcast[d] else logical[rank - rin + d] for d in range(rin)]
     return op.buffer[tuple(op.layout.physical_index(lidx))]
 
@@ -63,6 +63,8 @@ def elementwise_kernel(name: str, out_shape: Sequence[int], out_layout: Layout, 
                        fn: Callable[..., Expr], target: Target, *, dtype: str = "f32") -> Kernel:
     """``out = fn(*inputs)`` element by element, inputs broadcast numpy-style to `out_shape`."""
     out_shape = tuple(out_shape) or (1,)
+    if out_layout.halo:
+        raise ValueError(f"'{name}': element-wise kernels write tensors without a halo")
     phys_shape = out_layout.physical(out_shape)
 
     def body(*phys: Axis) -> Expr:
@@ -124,7 +126,7 @@ def pad_kernel(name: str, src: Operand, pads: Sequence[int], value: float, targe
     rank = len(src.shape)
     lo, hi = list(pads[:rank]), list(pads[rank:])
     out_shape = tuple(d + a + b for d, a, b in zip(src.shape, lo, hi, strict=True))
-    layout = out_layout if out_layout is not None else src.layout
+    layout = out_layout if out_layout is not None else src.layout.without_halo()
     if layout.blocked and (lo[1] or hi[1]):
         raise ValueError(f"'{name}': a channel-blocked tensor cannot be padded along its channels")
     dtype = src.buffer.dtype
@@ -139,8 +141,8 @@ def pad_kernel(name: str, src: Operand, pads: Sequence[int], value: float, targe
                 inside = ok if inside is None else inside.logical_and(ok)
                 j = minimum(maximum(j, 0), src.shape[d] - 1)  # never load outside, even where unused
             idx.append(j)
-        if src.layout == layout and layout.blocked:
-            x = src.buffer[(idx[0], phys[1], idx[2], idx[3], phys[4])]
+        if src.layout.blocked and layout.blocked and src.layout.block == layout.block:
+            x = src.buffer[src.layout.at(idx[0], phys[1], idx[2], idx[3], phys[4])]
         else:
             x = src.buffer[tuple(src.layout.physical_index(idx))]
         return x if inside is None else select(inside, x, const(value, dtype))

@@ -24,7 +24,7 @@ from weft.compiler.float_ops import macs_of
 from weft.compiler.ir import Graph, numpy_dtype
 from weft.compiler.llvm.codegen_cpu import render_module
 from weft.compiler.llvm.expr import dtype_of_numpy, np_dtype
-from weft.compiler.llvm.host_float import FLOAT_HANDLERS
+from weft.compiler.llvm.host_float import FLOAT_HANDLERS, plan_halos
 from weft.compiler.llvm.host_quant import QUANT_HANDLERS, QUANT_OPS
 from weft.compiler.llvm.hostplan import HostPlan, Planner, Step, Tensor
 from weft.compiler.llvm.jit import CompiledKernel, compile_ir
@@ -37,6 +37,7 @@ __all__ = ["HostPlan", "allocate_host", "cross_compile", "plan_graph", "plan_ste
 def plan_steps(graph: Graph, target: Target) -> HostPlan:
     """The layouts, tensors and kernel steps of `graph` for `target`, not yet compiled or allocated."""
     p = Planner(graph, target, {**FLOAT_HANDLERS, **QUANT_HANDLERS}, QUANT_OPS)
+    p.halos = plan_halos(graph)
     inputs = {}
     for name in graph.inputs:
         v = graph.values[name]

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 
 from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_ops import full_pads, pool_geometry
-from weft.compiler.ir import Node, numpy_dtype
+from weft.compiler.float_ops import conv_out_size, full_pads, pool_geometry
+from weft.compiler.ir import Graph, Node, numpy_dtype
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import nn
 from weft.compiler.llvm.elementwise import Operand
@@ -22,7 +22,7 @@ from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
 from weft.compiler.llvm.te import Kernel
 
-__all__ = ["FLOAT_HANDLERS"]
+__all__ = ["FLOAT_HANDLERS", "plan_halos"]
 
 
 def _fused_conv(p: Planner, node: Node) -> None:
@@ -55,29 +55,62 @@ def _fused_conv(p: Planner, node: Node) -> None:
         src = p.get(x_name, want, node) if want.block > 1 else _as_block1(p, src)
     strides = tuple(node.attrs["strides"])
     pads = tuple(node.attrs["pads"])
-    if any(pads):
-        t, l, b_, r = pads
+    t, l, b_, r = pads
+    oh = conv_out_size(x_shape[2], kh, strides[0], t, b_)
+    ow = conv_out_size(x_shape[3], kw, strides[1], l, r)
+    halo = src.layout.halo
+    if max(pads) > halo:  # the producer left no border wide enough: pad into a copy
         padded_shape = (x_shape[0], x_shape[1], x_shape[2] + t + b_, x_shape[3] + l + r)
-        padded = p.new(f"{node.name}.padded", padded_shape, src.layout, primary=False)
+        padded = p.new(f"{node.name}.padded", padded_shape, src.layout.without_halo(), primary=False)
         kernel = ew.pad_kernel("pad", src.operand("x"), (0, 0, t, l, 0, 0, b_, r), 0.0, p.target)
         p.step(node.name, kernel, [src, padded])
-        src = padded
+        src, offset = padded, (0, 0)
+    else:  # the zeros are already around the input: read from inside its halo
+        offset = (halo - t, halo - l)
     bi = src.layout.block
-    spec = nn.ConvSpec(x_shape[0], c, src.shape[2], src.shape[3], o, kh, kw, strides, bi, bo)  # type: ignore[arg-type]
+    phys = src.physical
+    out_halo = p.halos.get(node.outputs[0], 0) if len(out_shape) == 4 else 0
+    spec = nn.ConvSpec(x_shape[0], c, phys[2], phys[3], o, kh, kw, strides, bi, bo,  # type: ignore[arg-type]
+                       offset=offset, out=(oh, ow), out_halo=out_halo)
     args = [src, _const(p, node, "w", nn.pack_conv_weights(w, bi, bo)), _const(p, node, "b", bias.reshape(o // bo, bo))]
     residual = None
-    oh, ow = spec.out_hw
     conv_shape = (x_shape[0], o, oh, ow)
     if res_name:
-        r_t = p.get(res_name, Layout(bo) if len(out_shape) == 4 else PLAIN, node)
+        if len(out_shape) == 4:
+            r_t = p.get(res_name, None, node)
+            if r_t.layout.block != bo:
+                r_t = p.get(res_name, Layout(bo), node)
+        else:
+            r_t = p.get(res_name, PLAIN, node)
         args.append(r_t)
-        residual = Operand(Buffer("residual", Layout(bo).physical(conv_shape)), conv_shape, Layout(bo))
+        r_layout = r_t.layout if r_t.layout.blocked else Layout(bo)  # (N, O) is (N, O/bo, 1, 1, bo)
+        residual = Operand(Buffer("residual", r_layout.physical(conv_shape)), conv_shape, r_layout)
     kernel = nn.conv_kernel("conv", spec, p.target, act=act, clip=clip, residual=residual)
     if len(out_shape) == 2:  # a dense layer over a whole image: (N, O/bo, 1, 1, bo) is (N, O)
         y = p.new(node.outputs[0], out_shape, PLAIN)
     else:
-        y = p.new(node.outputs[0], out_shape, Layout(bo))
+        y = p.new(node.outputs[0], out_shape, Layout(bo, out_halo))
     p.step(node.name, kernel, [*args, y])
+
+
+def plan_halos(graph: Graph) -> dict[str, int]:
+    """Convolution outputs that only convolutions read, and some of them with pads: the widest of those
+    pads, as the halo the producer writes around its output (so that no pad kernel runs in between)."""
+    readers = graph.consumers()
+    halos = {}
+    for node in graph.nodes:
+        out = node.outputs[0]
+        if node.op != "FusedConv" or len(graph.values[out].shape or ()) != 4 or out in graph.outputs:
+            continue
+        users = readers.get(out, [])
+        if not users or any(u.op != "FusedConv" or len(graph.values[u.inputs[0]].shape or ()) != 4 for u in users):
+            continue
+        if any(out in u.inputs[1:3] for u in users):  # read as weights or bias: not an activation
+            continue
+        widest = max((max(u.attrs["pads"]) for u in users if u.inputs[0] == out), default=0)
+        if widest:
+            halos[out] = widest
+    return halos
 
 
 def _as_block1(p: Planner, t: Tensor) -> Tensor:
@@ -108,7 +141,7 @@ def _pool(p: Planner, node: Node) -> None:
     kind = "max" if node.op == "MaxPool" else "avg"
     kernel = nn.pool_kernel("pool", src.operand("x"), kind, kernel_hw, strides, pads, out_hw,  # type: ignore[arg-type]
                             p.target, count_include_pad=bool(node.attrs.get("count_include_pad", 0)))
-    y = p.new(node.outputs[0], p.out_shape(node), src.layout)
+    y = p.new(node.outputs[0], p.out_shape(node), src.layout.without_halo())
     p.step(node.name, kernel, [src, y])
 
 
@@ -117,7 +150,7 @@ def _global_pool(p: Planner, node: Node) -> None:
     if len(src.shape) != 4:
         raise UnsupportedError(f"global pooling needs an NCHW input, got shape {list(src.shape)}",
                                node=node.name, op=node.op)
-    y = p.new(node.outputs[0], p.out_shape(node), src.layout)
+    y = p.new(node.outputs[0], p.out_shape(node), src.layout.without_halo())
     p.step(node.name, nn.global_pool_kernel("gap", src.operand("x"), p.target), [src, y])
 
 
@@ -127,13 +160,14 @@ def _elementwise(fn: Callable[[Node, list[Expr]], Expr]) -> Callable[[Planner, N
         names = [x for x in node.inputs if x]
         tensors = [p.get(x, None, node) for x in names]
         full = [t for t in tensors if not t.constant and t.shape == out_shape]
-        layout = full[0].layout if full and all(t.layout == full[0].layout for t in full) else PLAIN
+        layout = full[0].layout.without_halo() if full and all(
+            t.layout.without_halo() == full[0].layout.without_halo() for t in full) else PLAIN
         args = []
         for t in tensors:
             if t.constant or t.shape != out_shape:
                 if t.layout != PLAIN:
                     t = p.get(t.name, PLAIN, node)
-            elif t.layout != layout:
+            elif t.layout.without_halo() != layout:
                 t = p.get(t.name, layout, node)
             args.append(t)
         operands = [t.operand(f"in{k}") for k, t in enumerate(args)]
@@ -182,8 +216,9 @@ def _affine_like(p: Planner, node: Node, x: str, consts: list[np.ndarray], fn: C
     out_shape = p.out_shape(node)
     ctensors = [_const(p, node, f"c{k}", c) for k, c in enumerate(consts)]
     operands = [src.operand("x"), *[t.operand(f"c{k}") for k, t in enumerate(ctensors)]]
-    kernel = ew.elementwise_kernel("affine", out_shape, src.layout, operands, lambda *xs: fn(list(xs)), p.target)
-    y = p.new(node.outputs[0], out_shape, src.layout)
+    layout = src.layout.without_halo()
+    kernel = ew.elementwise_kernel("affine", out_shape, layout, operands, lambda *xs: fn(list(xs)), p.target)
+    y = p.new(node.outputs[0], out_shape, layout)
     p.step(node.name, kernel, [src, *ctensors, y])
 
 

@@ -143,6 +143,8 @@ class Planner:
         self.handlers = handlers
         #: ops whose handlers take integer tensors (the rest compute float32)
         self.int_ops = int_ops
+        #: value name -> the zero border its producer writes around it (see host_float.plan_halos)
+        self.halos: dict[str, int] = {}
         self.target = target
         self.lanes = target.lanes(4)
         #: (value name, layout) -> tensor

@@ -158,6 +158,8 @@ def lower_stage(stage: Stage) -> LoweredStage:
     roots = stage.root_value
     leaves = stage.leaves
     out_idx = tuple(roots[a] for a in stage.axes)
+    if stage.store is not None:
+        out_idx = tuple(stage.store(list(out_idx)))
     value = substitute(stage.value, roots)
     scratch: list[Buffer] = []
     launch = {stage.kind(a): a.extent for a in leaves if stage.kind(a) in THREAD_TAGS}

@@ -39,11 +39,18 @@ Epilogue = Callable[[Expr, list[Expr]], Expr]
 
 @dataclass(frozen=True)
 class ConvSpec:
-    """A 2-D convolution on blocked layouts; `pads` are applied by a separate pad kernel beforehand."""
+    """A 2-D convolution on blocked layouts.
+
+    The input buffer is (n, cin/bi, h, w, bi); output pixel (oh, ow) reads input rows from
+    ``oh * stride + offset[0]`` (columns likewise), so the input either was padded by a pad kernel
+    (offset 0) or carries a zero halo at least as wide as the pads (offset = halo - pad). `out` fixes the
+    output size when the input is larger than the pads make it (a halo beyond the pads), and `out_halo`
+    writes the output inside a zero border of that width for the padded convolutions that read it.
+    """
 
     n: int
     cin: int
-    h: int  # input height and width, already padded
+    h: int  # input buffer height and width: padded, or with its halo
     w: int
     cout: int
     kh: int
@@ -51,9 +58,14 @@ class ConvSpec:
     stride: tuple[int, int]
     bi: int  # input channel block (1: a plain NCHW input)
     bo: int  # output channel block
+    offset: tuple[int, int] = (0, 0)
+    out: tuple[int, int] | None = None
+    out_halo: int = 0
 
     @property
     def out_hw(self) -> tuple[int, int]:
+        if self.out is not None:
+            return self.out
         return ((self.h - self.kh) // self.stride[0] + 1, (self.w - self.kw) // self.stride[1] + 1)
 
     @property
@@ -109,10 +121,11 @@ def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none",
     rkw = reduce_axis(s.kw, "rkw")
     rci = reduce_axis(s.bi, "rc.i")
     sh, sw = s.stride
+    dy, dx = s.offset
     out_layout = Layout(s.bo)
 
     def body(n: Var, co: Var, oh: Var, ow: Var, c: Var):
-        return reduce_sum(x[n, rco, oh * sh + rkh, ow * sw + rkw, rci] * w[co, rco, rkh, rkw, rci, c],
+        return reduce_sum(x[n, rco, oh * sh + (rkh + dy), ow * sw + (rkw + dx), rci] * w[co, rco, rkh, rkw, rci, c],
                           [rco, rkh, rkw, rci])
 
     def epilogue(acc: Expr, n: Var, co: Var, oh: Var, ow: Var, c: Var) -> Expr:
@@ -122,7 +135,13 @@ def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none",
             y = y + read(residual, (s.n, s.cout, oh_, ow_), out_layout, phys, out_layout.logical_index(phys))
         return activation(y, act, clip)
 
-    y = compute("y", (s.n, s.cout // s.bo, oh_, ow_, s.bo), body, epilogue=epilogue)
+    domain = (s.n, s.cout // s.bo, oh_, ow_, s.bo)
+    if s.out_halo:
+        halo = Layout(s.bo, s.out_halo)
+        y = compute("y", domain, body, epilogue=epilogue, buffer_shape=halo.physical((s.n, s.cout, oh_, ow_)),
+                    store=lambda idx: halo.at(*idx))
+    else:
+        y = compute("y", domain, body, epilogue=epilogue)
     r, ocb = tiles or conv_tiles(s, target)
     n, co, oh, ow, c = y.axes
     owo, owi = y.split(ow, r)
@@ -251,7 +270,7 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
         inside = ih.ge(0).logical_and(ih.lt(h_)).logical_and(iw.ge(0)).logical_and(iw.lt(w_))
         ihc, iwc = minimum(maximum(ih, 0), h_ - 1), minimum(maximum(iw, 0), w_ - 1)
         if layout.blocked:
-            xv = src.buffer[phys[0], phys[1], ihc, iwc, phys[4]]
+            xv = src.buffer[layout.at(phys[0], phys[1], ihc, iwc, phys[4])]
         else:
             xv = src.buffer[n, c, ihc, iwc]
         if kind == "max":
@@ -270,7 +289,7 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
         count_w = minimum(w0 + kw, hi_w) - maximum(w0, lo_w)
         return cast("f32", acc / cast("f64", count_h * count_w))
 
-    y = compute("y", layout.physical(out_shape), body, epilogue=epilogue, dtype="f32")
+    y = compute("y", layout.domain(out_shape), body, epilogue=epilogue, dtype="f32")
     _schedule_pool(y, layout, target)
     return Kernel(name, [src.buffer], [y.out], [y])
 
@@ -303,10 +322,10 @@ def global_pool_kernel(name: str, src: Operand, target: Target) -> Kernel:
 
     def body(*phys: Var):  # float64 sums divided by the count: numpy's mean(dtype=float64)
         if layout.blocked:
-            return reduce_sum(cast("f64", src.buffer[phys[0], phys[1], rh, rw, phys[4]]), [rh, rw])
+            return reduce_sum(cast("f64", src.buffer[layout.at(phys[0], phys[1], rh, rw, phys[4])]), [rh, rw])
         return reduce_sum(cast("f64", src.buffer[phys[0], phys[1], rh, rw]), [rh, rw])
 
-    y = compute("y", layout.physical((n_, c_, 1, 1)), body, epilogue=lambda acc, *phys: cast("f32", acc / count),
+    y = compute("y", layout.domain((n_, c_, 1, 1)), body, epilogue=lambda acc, *phys: cast("f32", acc / count),
                 dtype="f32")
     _schedule_pool(y, layout, target)
     return Kernel(name, [src.buffer], [y.out], [y])

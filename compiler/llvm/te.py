@@ -67,13 +67,15 @@ class Stage(Schedule):
     """One output buffer defined element by element, plus its schedule.
 
     ``out[axes] = epilogue(reduction)`` when the body is a :class:`Reduce`, else ``out[axes] = body``
-    (`epilogue` then applies to the body's value). `acc` is the placeholder the epilogue sees.
+    (`epilogue` then applies to the body's value). `acc` is the placeholder the epilogue sees. With
+    `store`, element ``axes`` goes to ``out[store(axes)]`` instead (a window of a larger buffer).
     """
 
     def __init__(self, out: Buffer, axes: Sequence[Axis], body: Expr | Reduce, epilogue: Expr | None,
-                 acc: Var | None):
+                 acc: Var | None, store: Callable[[list[Expr]], Sequence[Expr]] | None = None):
         self.out = out
         self.axes = tuple(axes)
+        self.store = store
         if isinstance(body, Reduce):
             self.reduce: Reduce | None = body
             self.value = body.source
@@ -116,9 +118,14 @@ class Stage(Schedule):
 
 
 def compute(name: str, shape: Sequence[int], fcompute: Callable[..., Expr | Reduce], *, dtype: str | None = None,
-            epilogue: Callable[..., Expr] | None = None) -> Stage:
+            epilogue: Callable[..., Expr] | None = None, buffer_shape: Sequence[int] | None = None,
+            store: Callable[[list[Expr]], Sequence[Expr]] | None = None) -> Stage:
     """Define buffer `name` of `shape`: ``fcompute(*axes)`` gives an element (an expression or a
-    :class:`Reduce`), ``epilogue(acc, *axes)`` optionally post-processes it."""
+    :class:`Reduce`), ``epilogue(acc, *axes)`` optionally post-processes it. With `buffer_shape` and
+    `store`, the buffer is larger than the computed elements and element ``axes`` is written at
+    ``store(axes)`` (the interior of a tensor with a halo)."""
+    if (buffer_shape is None) != (store is None):
+        raise ValueError(f"stage '{name}': buffer_shape and store go together")
     axes = [Axis(f"{name}.{'ijklmnopq'[k] if k < 9 else k}", d) for k, d in enumerate(shape)]
     body = fcompute(*axes)
     value = body.source if isinstance(body, Reduce) else body
@@ -129,8 +136,8 @@ def compute(name: str, shape: Sequence[int], fcompute: Callable[..., Expr | Redu
     if epilogue is not None:
         epi = epilogue(acc, *axes)
         epi = as_expr(epi, value.dtype)
-    out = Buffer(name, shape, dtype or (epi.dtype if epi is not None else value.dtype))
-    return Stage(out, axes, body, epi, acc if epi is not None else None)
+    out = Buffer(name, buffer_shape or shape, dtype or (epi.dtype if epi is not None else value.dtype))
+    return Stage(out, axes, body, epi, acc if epi is not None else None, store)
 
 
 class Kernel:
