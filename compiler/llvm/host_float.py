@@ -94,13 +94,19 @@ def _fused_conv(p: Planner, node: Node) -> None:
 
 
 def plan_halos(graph: Graph) -> dict[str, int]:
-    """Convolution outputs that only convolutions read, and some of them with pads: the widest of those
-    pads, as the halo the producer writes around its output (so that no pad kernel runs in between)."""
+    """Outputs of convolutions (and of pools of convolutions) that only convolutions read, some of them
+    with pads: the widest of those pads, as the halo the producer writes around its output (so that no
+    pad kernel runs in between)."""
     readers = graph.consumers()
+    producers = graph.producers()
     halos = {}
     for node in graph.nodes:
         out = node.outputs[0]
-        if node.op != "FusedConv" or len(graph.values[out].shape or ()) != 4 or out in graph.outputs:
+        if len(graph.values[out].shape or ()) != 4 or out in graph.outputs:
+            continue
+        source = producers.get(node.inputs[0]) if node.inputs else None
+        pooled_blocks = node.op in ("MaxPool", "AveragePool") and source is not None and source.op == "FusedConv"
+        if node.op != "FusedConv" and not pooled_blocks:  # only these write channel-blocked outputs
             continue
         users = readers.get(out, [])
         if not users or any(u.op != "FusedConv" or len(graph.values[u.inputs[0]].shape or ()) != 4 for u in users):
@@ -139,9 +145,10 @@ def _pool(p: Planner, node: Node) -> None:
         if any(d != 1 for d in node.attrs.get(key, (1, 1))):
             raise UnsupportedError(f"{key} other than 1 are not supported", node=node.name, op=node.op)
     kind = "max" if node.op == "MaxPool" else "avg"
+    halo = p.halos.get(node.outputs[0], 0) if src.layout.blocked else 0
     kernel = nn.pool_kernel("pool", src.operand("x"), kind, kernel_hw, strides, pads, out_hw,  # type: ignore[arg-type]
-                            p.target, count_include_pad=bool(node.attrs.get("count_include_pad", 0)))
-    y = p.new(node.outputs[0], p.out_shape(node), src.layout.without_halo())
+                            p.target, count_include_pad=bool(node.attrs.get("count_include_pad", 0)), out_halo=halo)
+    y = p.new(node.outputs[0], p.out_shape(node), Layout(src.layout.block, halo) if halo else src.layout.without_halo())
     p.step(node.name, kernel, [src, y])
 
 

@@ -251,11 +251,12 @@ def matmul_kernel(name: str, batch: int, m: int, k: int, n: int, target: Target)
 
 def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], strides: tuple[int, int],
                 pads: tuple[int, int, int, int], out_hw: tuple[int, int], target: Target, *,
-                count_include_pad: bool = False) -> Kernel:
+                count_include_pad: bool = False, out_halo: int = 0) -> Kernel:
     """Max or average pooling on a plain or blocked NCHW tensor, pads and ceil mode included.
 
     Windows are clamped to the input; the average divides by the number of cells inside the input (or
-    inside the padded input with `count_include_pad`), never counting the cells ceil mode adds."""
+    inside the padded input with `count_include_pad`), never counting the cells ceil mode adds. A blocked
+    output may be written inside a zero border (`out_halo`) for the padded convolutions that read it."""
     n_, c_, h_, w_ = src.shape
     layout = src.layout
     kh, kw = kernel
@@ -289,7 +290,12 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
         count_w = minimum(w0 + kw, hi_w) - maximum(w0, lo_w)
         return cast("f32", acc / cast("f64", count_h * count_w))
 
-    y = compute("y", layout.domain(out_shape), body, epilogue=epilogue, dtype="f32")
+    if out_halo:
+        halo = Layout(layout.block, out_halo)
+        y = compute("y", layout.domain(out_shape), body, epilogue=epilogue, dtype="f32",
+                    buffer_shape=halo.physical(out_shape), store=lambda idx: halo.at(*idx))
+    else:
+        y = compute("y", layout.domain(out_shape), body, epilogue=epilogue, dtype="f32")
     _schedule_pool(y, layout, target)
     return Kernel(name, [src.buffer], [y.out], [y])
 
