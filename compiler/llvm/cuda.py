@@ -162,12 +162,14 @@ def _context(index: int) -> ctypes.c_void_p:
 
 
 class DeviceArray:
-    """GPU memory of `nbytes` (freed with the object)."""
+    """GPU memory of `nbytes`, zeroed (the halos of blocked tensors must start at zero), freed with the
+    object."""
 
     def __init__(self, nbytes: int):
         self.nbytes = max(int(nbytes), 1)
         self.ptr = ctypes.c_uint64()
         _driver().check("cuMemAlloc_v2", ctypes.byref(self.ptr), ctypes.c_size_t(self.nbytes))
+        _driver().check("cuMemsetD8_v2", self.ptr, ctypes.c_ubyte(0), ctypes.c_size_t(self.nbytes))
 
     def upload(self, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array)
