@@ -67,7 +67,9 @@ def cross_compile(graph: Graph, target: str | Target, cache_dir: str | Path | No
                   ) -> tuple[bytes, list[dict[str, object]]]:
     """One ELF object file with every kernel of `graph` for a board's CPU ("armv7": Pynq-Z1/Z2's
     Cortex-A9, "aarch64": UltraScale+), planned for that CPU's SIMD width and registers, and the call
-    sequence: per step its symbol, node and buffers (name, shape, dtype, in the kernel's ABI order)."""
+    sequence: per step its symbol, node and buffers (name, shape, dtype, in the kernel's ABI order).
+    Buffers must start zeroed (the halos of blocked tensors are never written) and the object needs
+    libpthread at link time."""
     from weft.compiler.llvm.jit import compile_object
     from weft.compiler.llvm.target import resolve_target
     from weft.compiler.llvm.te import Kernel
