@@ -5,11 +5,14 @@ from weft.runtime.artifact import Artifact, ArtifactError, Section, load_artifac
 from weft.runtime.cpu_device import CpuDevice, CudaDevice  # registers the "cpu" and "cuda" devices
 from weft.runtime.devices import Device, DeviceError, available_devices, create_device, register_device
 from weft.runtime.fsim_device import FsimDevice  # registers the "fsim" device
+from weft.runtime.pynq_device import PynqDevice  # registers the "pynq" device
 from weft.runtime.reference import FeedError, RunResult, run_reference
+from weft.runtime.rtl_device import RtlDevice  # registers the "rtl" device
 from weft.runtime.session import InferenceSession, NodeArg
 
 __all__ = [
     "Artifact", "ArtifactError", "CpuDevice", "CudaDevice", "Device", "DeviceError", "FeedError", "FsimDevice",
-    "InferenceSession", "NodeArg", "RunResult", "Section", "available_devices", "create_device", "load_artifact",
+    "InferenceSession", "NodeArg", "PynqDevice", "RtlDevice", "RunResult", "Section",
+    "available_devices", "create_device", "load_artifact",
     "register_device", "run_reference",
 ]

@@ -1,0 +1,215 @@
+"""The "rtl" device: the driver runs compiled models on the generated Verilog in Verilator or Icarus.
+
+:class:`RtlBackend` builds the design once per (config hash, simulator) with :func:`weft.sim.cosim.build`
+(cached under ``build/``), starts the simulator as a subprocess whose cocotb test
+(:mod:`weft.runtime.rtl_server_tb`) is a command server, and talks to it over a loopback socket: register
+reads and writes go over the design's AXI-Lite port, buffers into its AXI DRAM model (latency and
+bandwidth from :data:`weft.sim.dram_timing.TIMINGS`, optionally overridden). Resetting starts a fresh
+simulation (after a watchdog timeout the old one may be stuck mid-burst).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weft.runtime.devices import DeviceError, register_device
+from weft.runtime.driver import DriverDevice
+from weft.runtime.driver_fsim import FIRST_ADDRESS, BackendHardware
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["RtlBackend", "RtlDevice", "rtl_hardware"]
+
+TEST_MODULE = "weft.runtime.rtl_server_tb"
+#: Seconds to wait for the simulator to connect, and for any one reply.
+CONNECT_TIMEOUT_S = 120.0
+REPLY_TIMEOUT_S = 600.0
+
+_LAUNCH = """
+import sys, warnings
+from pathlib import Path
+from weft.sim.cosim import _runner
+build_dir, work, sim, env = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+import json
+try:
+    _runner(sim).test(test_module=sys.argv[5], hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
+                      build_dir=build_dir, test_dir=work, extra_env=json.loads(env),
+                      log_file=Path(work) / "sim.log")
+except SystemExit:
+    pass
+"""
+
+
+class RtlBackend:
+    """One simulated accelerator with `size` bytes of DRAM, served over a socket."""
+
+    def __init__(self, config: AcceleratorConfig, size: int, *, simulator: str = "verilator",
+                 timing: str = "pynq", read_latency: int | None = None, write_latency: int | None = None,
+                 read_duty: float | None = None, write_duty: float | None = None, build_root: Path | None = None):
+        from weft.sim.cosim import build
+        from weft.sim.dram_timing import TIMINGS
+
+        if timing not in TIMINGS:
+            raise DeviceError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
+        overrides = {k: v for k, v in (("read_latency", read_latency), ("write_latency", write_latency),
+                                       ("read_duty", read_duty), ("write_duty", write_duty)) if v is not None}
+        self.timing = replace(TIMINGS[timing], **overrides)
+        self.config, self.simulator = config, simulator
+        self.size = 1 << max(16, (size - 1).bit_length())
+        self.build_dir = build(config, simulator, build_root)
+        self.proc: subprocess.Popen | None = None
+        self._start()
+
+    def _start(self) -> None:
+        self._work = tempfile.TemporaryDirectory(prefix=f"weft-rtl-{self.simulator}-", dir=self.build_dir.parent)
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(1.0)
+        host, port = listener.getsockname()
+        env = {"WEFT_RTL_SERVER": f"{host}:{port}", "COCOTB_LOG_LEVEL": "WARNING",
+               "WEFT_RTL_SETUP": json.dumps({"config": self.config.to_dict(), "dram_size": self.size,
+                                             "timing": self.timing.to_dict()})}
+        log = open(Path(self._work.name) / "launch.log", "wb")
+        self._log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCH, str(self.build_dir), self._work.name, self.simulator, json.dumps(env),
+             TEST_MODULE], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        try:
+            while True:
+                try:
+                    self.conn, _ = listener.accept()
+                    break
+                except TimeoutError:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        raise DeviceError(f"the {self.simulator} simulation did not start:\n{self._tail()}") from None
+        finally:
+            listener.close()
+        self.conn.settimeout(REPLY_TIMEOUT_S)
+        self.stream = self.conn.makefile("rb")
+
+    def _tail(self) -> str:
+        text = ""
+        for name in ("launch.log", "sim.log"):
+            path = Path(self._work.name) / name
+            if path.exists():
+                text += path.read_text(errors="replace")[-2000:]
+        return text or "(no log)"
+
+    def _call(self, header: dict[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
+        if self.proc is None:
+            raise DeviceError("the RTL simulation is closed")
+        try:
+            self.conn.sendall(json.dumps({**header, "nbytes": len(payload)}).encode() + b"\n" + payload)
+            line = self.stream.readline()
+        except OSError as err:
+            raise DeviceError(f"the {self.simulator} simulation is gone ({err}):\n{self._tail()}") from None
+        if not line:
+            raise DeviceError(f"the {self.simulator} simulation stopped answering:\n{self._tail()}")
+        reply = json.loads(line)
+        data = self.stream.read(reply["nbytes"]) if reply.get("nbytes") else b""
+        if not reply.get("ok"):
+            raise DeviceError(f"RTL server: {reply.get('error')}")
+        return reply, data
+
+    # ---- the Backend interface ---------------------------------------------------------------------------
+    def read_reg(self, offset: int) -> int:
+        return int(self._call({"op": "read_reg", "offset": offset})[0]["value"])
+
+    def write_reg(self, offset: int, value: int) -> None:
+        self._call({"op": "write_reg", "offset": offset, "value": value & 0xFFFFFFFF})
+
+    def read_mem(self, addr: int, nbytes: int) -> bytes:
+        self._range(addr, nbytes)
+        return self._call({"op": "read_mem", "addr": addr, "n": nbytes})[1]
+
+    def write_mem(self, addr: int, data: bytes) -> None:
+        self._range(addr, len(data))
+        self._call({"op": "write_mem", "addr": addr}, data)
+
+    def _range(self, addr: int, nbytes: int) -> None:
+        if addr < 0 or addr + nbytes > self.size:
+            raise DeviceError(f"bytes 0x{addr:x}..0x{addr + nbytes - 1:x} are outside the simulated "
+                              f"{self.size}-byte DRAM")
+
+    def wait_irq(self, cycles: int) -> bool:
+        return bool(self._call({"op": "wait_irq", "cycles": cycles})[0]["irq"])
+
+    def hold_dram(self) -> None:
+        """Stop answering DRAM reads (a stuck bus, for watchdog tests) until the next reset."""
+        self._call({"op": "hold_dram"})
+
+    def reset(self) -> None:
+        self.close()
+        self._start()
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self._call({"op": "quit"})
+        except DeviceError:
+            pass
+        self.stream.close()
+        self.conn.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+        self._log.close()
+        self._work.cleanup()
+
+    def __del__(self) -> None:
+        if getattr(self, "proc", None) is not None:
+            self.close()
+
+
+def rtl_hardware(config: AcceleratorConfig, nbytes: int, **options: Any) -> BackendHardware:
+    """Hardware for the driver on a fresh RTL simulation that holds one `nbytes` buffer."""
+    return BackendHardware(RtlBackend(config, FIRST_ADDRESS + nbytes, **options))
+
+
+class RtlDevice(DriverDevice):
+    """``InferenceSession(art, device="rtl", simulator="verilator"|"icarus", timing="pynq", read_latency=...,
+    write_latency=..., read_duty=..., write_duty=..., timeout_s=...)``. The simulation starts when the
+    artifact is loaded (its DRAM sized for the artifact's image)."""
+
+    name = "rtl"
+
+    def __init__(self, config: AcceleratorConfig, *, timeout_s: float = 600.0, **options: Any):
+        from weft.runtime.fsim_device import FsimDevice
+
+        FsimDevice.__init__(self, config, timing=False)
+        self.options, self.timeout_s = options, timeout_s
+        self.hardware: BackendHardware | None = None
+
+    def load(self, artifact: Any) -> None:
+        from weft.runtime.driver import Driver
+        from weft.runtime.fsim_device import SECTION
+
+        if artifact.target == "accel" and SECTION in artifact.sections:
+            nbytes = int(artifact.sections[SECTION].meta["dram_bytes"])
+            if self.hardware is not None:
+                self.hardware.close()
+            self.hardware = rtl_hardware(self.config, nbytes, **self.options)
+            self.driver = Driver(self.hardware, self.config, timeout_s=self.timeout_s)
+            self.driver.check_hardware()
+        super().load(artifact)
+
+    def close(self) -> None:
+        if self.hardware is not None:
+            self.hardware.close()
+            self.hardware = None
+
+
+register_device("rtl", RtlDevice)

@@ -1,0 +1,90 @@
+"""The cocotb test that serves the RTL simulation to a driver: a small command server on a TCP socket.
+
+The parent (:class:`weft.runtime.rtl_device.RtlBackend`) listens on ``WEFT_RTL_SERVER`` (host:port); this
+test connects and answers one command at a time: a JSON header line, then ``nbytes`` of payload. While it
+waits for a command the simulation does not advance (simulated time only moves inside ``wait_irq`` and the
+AXI-Lite transfers), so a slow host changes nothing the design sees.
+
+Commands: read_reg, write_reg (AXI-Lite through ``AxiLiteMaster``), read_mem, write_mem (the AxiRam
+DRAM model's bytes), wait_irq (run up to ``cycles`` clock cycles or until irq), hold_dram (stop answering
+DRAM reads, for watchdog tests; the parent resets by starting a new simulation), quit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+from typing import Any
+
+import cocotb
+from cocotb.triggers import ClockCycles, First, RisingEdge
+
+from weft.config import load_config
+from weft.sim.cocotb_tb.dram import DramTiming
+from weft.sim.cocotb_tb.tb import Testbench
+
+
+def recv_message(conn: socket.socket, stream: Any) -> tuple[dict[str, Any], bytes]:
+    line = stream.readline()
+    if not line:
+        return {"op": "quit"}, b""
+    header = json.loads(line)
+    payload = stream.read(header.get("nbytes", 0)) if header.get("nbytes") else b""
+    return header, payload
+
+
+def send_message(conn: socket.socket, header: dict[str, Any], payload: bytes = b"") -> None:
+    conn.sendall(json.dumps({**header, "nbytes": len(payload)}).encode() + b"\n" + payload)
+
+
+@cocotb.test()
+async def serve(dut: Any) -> None:
+    host, port = os.environ["WEFT_RTL_SERVER"].rsplit(":", 1)
+    setup = json.loads(os.environ["WEFT_RTL_SETUP"])
+    config = load_config(setup["config"])
+    tb = Testbench(dut, config, dram_size=setup["dram_size"], timing=DramTiming(**setup["timing"]))
+    await tb.reset()
+    conn = socket.create_connection((host, int(port)))
+    stream = conn.makefile("rb")
+    try:
+        while True:
+            cmd, payload = recv_message(conn, stream)
+            op = cmd["op"]
+            if op == "quit":
+                send_message(conn, {"ok": True})
+                return
+            try:
+                reply, data = await _handle(tb, dut, cmd, payload)
+            except Exception as err:  # reported to the parent, which raises it there
+                reply, data = {"error": f"{type(err).__name__}: {err}"}, b""
+            send_message(conn, {"ok": "error" not in reply, **reply}, data)
+    finally:
+        stream.close()
+        conn.close()
+
+
+async def _handle(tb: Testbench, dut: Any, cmd: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+    op = cmd["op"]
+    mem = tb.dram.mem
+    if op == "read_reg":
+        return {"value": await tb.axil.read_dword(cmd["offset"])}, b""
+    if op == "write_reg":
+        await tb.axil.write_dword(cmd["offset"], cmd["value"])
+        return {}, b""
+    if op == "read_mem":
+        addr, n = cmd["addr"], cmd["n"]
+        return {}, bytes(mem[addr:addr + n])
+    if op == "write_mem":
+        addr = cmd["addr"]
+        mem[addr:addr + len(payload)] = payload
+        return {}, b""
+    if op == "wait_irq":
+        if not dut.irq.value:
+            await First(RisingEdge(dut.irq), ClockCycles(dut.clk, cmd["cycles"]))
+        return {"irq": bool(dut.irq.value)}, b""
+    if op == "hold_dram":  # one way: the parent restarts the simulation to reset it
+        tb.dram.read_if.r_channel.set_pause_generator(itertools.repeat(True))
+        return {}, b""
+    raise ValueError(f"unknown command '{op}'")
