@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("weft.compiler.cli", "print the partitioned graph of a .weft artifact"),
     "deploy": ("weft.runtime.cli", "write what a board needs to run an artifact"),
     "bitstream": ("weft.runtime.cli", "generate board projects and list bitstreams"),
-    "tune": ("weft.compiler.cli", "tune schedules of a model's accelerator layers"),
+    "tune": ("weft.compiler.tune.cli", "tune schedules of a model's accelerator layers"),
     "synth": ("weft.hw.cli", "synthesize the design with Yosys and report area"),
     "dse": ("weft.compiler.cli", "sweep configs: cycles and area, CSV and Pareto plot"),
     "report": ("weft.runtime.cli", "per-layer table and roofline plot"),

@@ -48,12 +48,15 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
                   config: str | Path | AcceleratorConfig | Mapping[str, Any] = "default", calibration: Any = None,
                   input_shapes: Mapping[str, Sequence[int]] | None = None, verify: bool = True, seed: int = 0,
                   trace: Callable[[Pass, Graph], None] | None = None, codegen: bool = True,
-                  latency_hiding: bool = True, schedules: Mapping[str, Any] | None = None) -> Artifact:
+                  latency_hiding: bool = True, schedules: Mapping[str, Any] | None = None,
+                  tuning_log: str | Path | None = None) -> Artifact:
     """Compile `model` for `target` ("accel": integer layers for `config`; "cpu": the float graph).
 
     `calibration`: a mapping input name -> array (or a list of them, or an array for a one-input model),
     see :mod:`weft.compiler.calibrate`; `input_shapes` fixes dynamic input dimensions; `verify` checks
-    the graph after every pass; `trace(pass, graph)` sees each intermediate graph.
+    the graph after every pass; `trace(pass, graph)` sees each intermediate graph; `tuning_log` (a
+    ``weft tune`` JSON-lines log) gives each accelerator layer the best logged schedule of its workload on
+    this config (`schedules` still wins for the layers it names).
     """
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
@@ -89,5 +92,12 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
     if target == "accel" and codegen:
         from weft.compiler.backend import generate
 
+        if tuning_log is not None:
+            from weft.compiler.tune.log import best_schedules
+            from weft.compiler.tune.measure import layers_of
+
+            tuned = best_schedules(tuning_log, [layer.geom for layer in layers_of(graph, cfg)], cfg)
+            schedules = {**tuned, **dict(schedules or {})}
+            artifact.meta["tuning_log"] = {"path": str(tuning_log), "tuned_layers": sorted(tuned)}
         generate(artifact, latency_hiding=latency_hiding, schedules=schedules)
     return artifact

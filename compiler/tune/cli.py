@@ -1,0 +1,67 @@
+"""`weft tune MODEL.onnx --trials N -o LOG`: tune the schedules of a model's accelerator layers;
+`weft tune --show LOG [LOG...]`: merge logs and print the best schedule per workload."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_tune_arguments", "run_tune"]
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    from weft.commands import add_config_option
+
+    parser.add_argument("model", nargs="?", help="ONNX model to tune (omit with --show)")
+    add_config_option(parser)
+    parser.add_argument("--trials", type=int, default=64, help="measurements per distinct layer workload")
+    parser.add_argument("--tuner", choices=("xgb", "random"), default="xgb", help="search strategy")
+    parser.add_argument("--measure", choices=("timing",), default="timing", help="where cycles come from")
+    parser.add_argument("--layers", help="comma-separated layer names to tune (default: all accelerator layers)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=8, help="schedules measured between cost-model fits")
+    parser.add_argument("-o", "--output", help="JSON-lines log to append to (resumes from its records)")
+    parser.add_argument("--show", nargs="*", metavar="LOG", help="merge these logs and print the best per workload")
+    parser.add_argument("--merge-into", help="with --show: also write the merged log here")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    import warnings
+
+    from weft.cli import print_json
+    from weft.compiler.tune.log import TuningLog
+    from weft.config import load_config
+
+    if args.show is not None:
+        paths = list(args.show) + ([args.model] if args.model else [])
+        if not paths:
+            raise ValueError("--show needs at least one log")
+        log = TuningLog.merge(paths)
+        if args.merge_into:
+            log.write(args.merge_into)
+        config_hash = load_config(args.config).hash if args.config != "default" else None
+        print_json(log.summary(config_hash))
+        return 0
+    if not args.model:
+        raise ValueError("give a model to tune (or --show LOG)")
+    if not args.output:
+        raise ValueError("give the log to write with -o LOG")
+    from weft.compiler.driver import compile_model
+    from weft.compiler.errors import CalibrationWarning
+    from weft.compiler.tune.measure import TimingMeasurer, layers_of
+    from weft.compiler.tune.tuner import tune_model
+
+    cfg = load_config(args.config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)  # schedules and cycles do not depend on the data
+        art = compile_model(args.model, config=cfg, codegen=False, seed=args.seed)
+    layers = layers_of(art.graph, cfg)
+    if args.layers:
+        wanted = args.layers.split(",")
+        unknown = sorted(set(wanted) - {x.geom.name for x in layers})
+        if unknown:
+            raise ValueError(f"'{unknown[0]}' is not an accelerator layer of the model")
+        layers = [x for x in layers if x.geom.name in wanted]
+    results = tune_model(layers, cfg, TimingMeasurer(cfg), trials=args.trials, tuner=args.tuner,
+                         log=TuningLog(args.output), seed=args.seed, batch=args.batch)
+    print_json([r.summary() for r in results])
+    return 0

@@ -1,0 +1,131 @@
+"""The tuning log: JSON lines, one measurement each, keyed by layer workload and config hash.
+
+A record: ``{"workload": KEY, "config": HASH, "layer": NAME, "schedule": {...}, "cycles": N | null,
+"measurer": "timing", "error": MSG | null, "time": UNIX}``. A workload key is the layer's geometry
+without its name, so every layer of the same shape shares its records; the config hash is
+:attr:`AcceleratorConfig.hash` (only hardware knobs count). Logs are appended to, merged by
+concatenation (duplicates keep the lowest cycles), and resumed: a point already in the log is not measured
+again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from weft.compiler.backend.schedule import LayerGeom, Schedule
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["TuningLog", "best_schedules", "record", "workload_key"]
+
+
+def workload_key(geom: LayerGeom) -> str:
+    """A stable key of what a layer computes (its geometry in blocks, without its name)."""
+    fields = asdict(geom)
+    del fields["name"]
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+
+def record(geom: LayerGeom, config: AcceleratorConfig, schedule: Schedule, cycles: int | None, measurer: str,
+           error: str | None = None) -> dict[str, Any]:
+    return {"workload": workload_key(geom), "config": config.hash, "layer": geom.name,
+            "schedule": schedule.to_dict(), "cycles": cycles, "measurer": measurer, "error": error,
+            "time": time.time()}
+
+
+def _read(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open() as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{i}: not a JSON record ({err.msg})") from None
+            missing = [k for k in ("workload", "config", "schedule", "cycles") if k not in rec]
+            if missing:
+                raise ValueError(f"{path}:{i}: tuning record lacks '{missing[0]}'")
+            yield rec
+
+
+class TuningLog:
+    """Records in memory, optionally backed by a JSON-lines file that new records are appended to."""
+
+    def __init__(self, path: str | Path | None = None, records: Iterable[dict[str, Any]] = ()) -> None:
+        self.path = Path(path) if path is not None else None
+        self.records: list[dict[str, Any]] = list(records)
+        if self.path is not None and self.path.exists():
+            self.records.extend(_read(self.path))
+
+    @classmethod
+    def merge(cls, paths: Iterable[str | Path]) -> TuningLog:
+        out = cls()
+        for p in paths:
+            out.records.extend(_read(Path(p)))
+        return out
+
+    def add(self, rec: dict[str, Any]) -> None:
+        self.records.append(rec)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+
+    def measured(self, workload: str, config_hash: str) -> dict[Schedule, int | None]:
+        """Every schedule measured for a workload on a config -> its best cycles (None: it failed)."""
+        out: dict[Schedule, int | None] = {}
+        for rec in self.records:
+            if rec["workload"] != workload or rec["config"] != config_hash:
+                continue
+            s = Schedule.from_dict(rec["schedule"])
+            c = rec["cycles"]
+            old = out.get(s)
+            out[s] = c if old is None else (old if c is None else min(old, c))
+        return out
+
+    def best(self, workload: str, config_hash: str) -> tuple[Schedule, int] | None:
+        ok = [(c, s) for s, c in self.measured(workload, config_hash).items() if c is not None]
+        if not ok:
+            return None
+        c, s = min(ok, key=lambda cs: (cs[0], json.dumps(cs[1].to_dict(), sort_keys=True)))
+        return s, c
+
+    def summary(self, config_hash: str | None = None) -> list[dict[str, Any]]:
+        """One row per (workload, config): layer names seen, trials, best cycles and schedule."""
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for rec in self.records:
+            if config_hash is None or rec["config"] == config_hash:
+                groups.setdefault((rec["workload"], rec["config"]), []).append(rec)
+        rows = []
+        for (wl, ch), recs in groups.items():
+            best = self.best(wl, ch)
+            rows.append({"layers": sorted({r.get("layer") or "?" for r in recs}), "config": ch,
+                         "workload": json.loads(wl), "trials": len(recs),
+                         "failed": sum(r["cycles"] is None for r in recs),
+                         "best_cycles": best[1] if best else None,
+                         "best_schedule": best[0].to_dict() if best else None})
+        return rows
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
+
+
+def best_schedules(log: TuningLog | str | Path, geoms: Iterable[LayerGeom], config: AcceleratorConfig
+                   ) -> dict[str, Schedule]:
+    """Layer name -> the best logged schedule of its workload on `config` (layers without records are left out)."""
+    if not isinstance(log, TuningLog):
+        path = Path(log)
+        if not path.is_file():
+            raise FileNotFoundError(f"tuning log '{path}' does not exist")
+        log = TuningLog(path)
+    out = {}
+    for g in geoms:
+        best = log.best(workload_key(g), config.hash)
+        if best is not None:
+            out[g.name] = best[0]
+    return out

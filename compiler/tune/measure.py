@@ -1,0 +1,99 @@
+"""Measurers: what one schedule of one layer costs, in cycles.
+
+A measurer implements :class:`Measurer` (``name`` and ``measure(layer, schedule) -> cycles``); the tuner
+never needs more, so a board measurer (run the layer's program, read the cycle counter) drops in.
+
+* :class:`TimingMeasurer` lowers the layer with the back end (its own checks reject a schedule that does
+  not lower: exact micro-op counts, hazards, tokens) and times the program with the timing model
+  (:mod:`weft.sim.timing`): fast, and the figures the compiler's other tools report.
+* An RTL measurer (the same program on the cosimulation) and a board measurer are not written yet; they
+  implement the same protocol.
+
+A layer is lowered on its own DRAM plan (its inputs, outputs and constants), so its addresses, and with
+them the odd 4 KiB burst split, can differ from the whole model's image by a few cycles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from weft.compiler.backend import codegen, memory
+from weft.compiler.backend.schedule import LayerGeom, Schedule
+from weft.compiler.backend.te import tensorize
+from weft.isa.encoding import decode_insns
+
+if TYPE_CHECKING:
+    from weft.compiler.ir import Graph, Node
+    from weft.config import AcceleratorConfig
+
+__all__ = ["Layer", "LoweredLayer", "Measurer", "TimingMeasurer", "layers_of", "lower"]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """An accelerator node of a packed graph with its geometry."""
+
+    node: Node
+    graph: Graph
+    geom: LayerGeom
+    nonnegative: bool = False  # its input is proven >= 0 (as the back end sees it in the whole graph)
+
+
+@dataclass(frozen=True)
+class LoweredLayer:
+    insns: np.ndarray
+    insn_addr: int
+    plan: memory.DramPlan
+    meta: dict[str, Any]
+
+
+def layers_of(graph: Graph, config: AcceleratorConfig) -> list[Layer]:
+    """The accelerator layers of a partitioned, packed graph (``weft.compile(..., codegen=False)``)."""
+    nonneg = codegen._nonnegative(graph)
+    return [Layer(n, graph, codegen.layer_geometry(n, graph, config), n.inputs[0] in nonneg) for n in graph.nodes
+            if n.attrs.get("target") == "accel"]
+
+
+def lower(layer: Layer, schedule: Schedule, config: AcceleratorConfig) -> LoweredLayer:
+    """The layer's program under `schedule` on a DRAM plan of its own; a BackendError when it does not lower."""
+    c, node, graph = config, layer.node, layer.graph
+    tensorize(c, codegen.intrinsic(c))
+    plan = memory.DramPlan(c)
+    values: dict[str, dict[str, Any]] = {}
+    names = [node.inputs[0], *node.inputs[2:3], node.outputs[0]] if node.op == "qconv2d" else \
+        [*node.inputs, node.outputs[0]]
+    for name in names:
+        if name and name not in values and name not in graph.constants:
+            size = codegen._value_bytes(graph, name, c)
+            values[name] = {"addr": plan.alloc(f"value:{name}", size), "bytes": size}
+    meta = codegen._lower_layer(node, graph, c, plan, values, schedule, True, layer.nonnegative)
+    addr = meta["insn_addr"]
+    data = next(d for a, d in plan.chunks if a == addr)
+    return LoweredLayer(decode_insns(c, np.frombuffer(data, dtype=np.uint8)), addr, plan, meta)
+
+
+class Measurer(Protocol):
+    """Cycles of one layer under one schedule; raises (BackendError, ValueError) when it cannot run."""
+
+    name: str
+
+    def measure(self, layer: Layer, schedule: Schedule) -> int: ...
+
+
+class TimingMeasurer:
+    """The timing model's cycles for the lowered program (timing does not depend on the data)."""
+
+    name = "timing"
+
+    def __init__(self, config: AcceleratorConfig) -> None:
+        from weft.sim.timing import TimingModel
+
+        self.config = config
+        self.model = TimingModel(config)
+
+    def measure(self, layer: Layer, schedule: Schedule) -> int:
+        low = lower(layer, schedule, self.config)
+        return int(self.model.simulate(low.insns, low.insn_addr).cycles)

@@ -1,0 +1,128 @@
+"""The tuner: space, cost model, explorer, log, resume, compile hook and command (tiny config, few trials)."""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+from weft.compiler.backend.schedule import fits
+from weft.compiler.driver import compile_model
+from weft.compiler.errors import CalibrationWarning
+from weft.compiler.models import small_resnet
+from weft.compiler.tune import TuningLog, best_schedules, tune_layer, workload_key
+from weft.compiler.tune.cost_model import XGBCostModel
+from weft.compiler.tune.measure import TimingMeasurer, layers_of, lower
+from weft.compiler.tune.space import SearchSpace
+from weft.config import load_config
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = load_config("tiny")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        art = compile_model(small_resnet(), config=cfg, codegen=False)
+    layers = layers_of(art.graph, cfg)
+    # The smallest conv layer keeps the tests fast.
+    small = min((x for x in layers if x.geom.kind == "conv"), key=lambda x: x.geom.ho * x.geom.wo * x.geom.icb)
+    return cfg, layers, small
+
+
+def test_space_points_and_neighbours_stay_legal(setup):
+    cfg, _, layer = setup
+    sp = SearchSpace(layer.geom, cfg)
+    assert len(sp) > 10 and all(fits(layer.geom, s, cfg) for s in sp.points)
+    rng = random.Random(0)
+    s = sp.sample(rng)
+    for _ in range(50):
+        n = sp.neighbour(s, rng)
+        assert n in sp
+        diff = [k for k in s.to_dict() if s.to_dict()[k] != n.to_dict()[k]]
+        assert len(diff) <= 1
+        s = n
+    assert sp.features(sp.points[:5]).shape[0] == 5
+
+
+def test_cost_model_ranks_the_training_order():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 10, size=(60, 3))
+    cycles = 1000 + 100 * x[:, 0] + 5 * x[:, 1]
+    model = XGBCostModel(seed=0)
+    model.fit(x, cycles)
+    score = model.predict(x)
+    # Higher score, fewer cycles: the model's best is among the truly best fifth.
+    assert cycles[np.argmax(score)] <= np.quantile(cycles, 0.2)
+    assert np.corrcoef(score, -cycles)[0, 1] > 0.8
+
+
+def test_timing_measurer_matches_the_whole_compile_for_the_default(setup):
+    cfg, _, layer = setup
+    sp = SearchSpace(layer.geom, cfg)
+    m = TimingMeasurer(cfg)
+    low = lower(layer, sp.points[0], cfg)
+    assert low.meta["schedule"] == sp.points[0].to_dict()
+    assert m.measure(layer, sp.points[0]) > 0
+
+
+@pytest.mark.parametrize("tuner", ["xgb", "random"])
+def test_tune_logs_resumes_and_feeds_compile(setup, tmp_path, tuner):
+    cfg, _, layer = setup
+    path = tmp_path / "log.jsonl"
+    m = TimingMeasurer(cfg)
+    r = tune_layer(layer, cfg, m, trials=10, tuner=tuner, log=TuningLog(path), seed=1, batch=4)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 10 == len(r.history)
+    assert {x["workload"] for x in lines} == {workload_key(layer.geom)} and {x["config"] for x in lines} == {cfg.hash}
+    ok = [x["cycles"] for x in lines if x["cycles"] is not None]
+    assert r.best_cycles == min(ok)
+    # Resuming to 14 trials measures only 4 new, distinct points.
+    r2 = tune_layer(layer, cfg, m, trials=14, tuner=tuner, log=TuningLog(path), seed=2, batch=4)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 14 == len(r2.history)
+    assert len({json.dumps(x["schedule"], sort_keys=True) for x in lines}) == 14
+    # The compile hook picks the logged best for every layer of that workload.
+    chosen = best_schedules(path, [layer.geom], cfg)
+    assert chosen[layer.geom.name].to_dict() == r2.best.to_dict()
+
+
+def test_compile_with_tuning_log_uses_the_best_schedule(setup, tmp_path):
+    cfg, _, layer = setup
+    path = tmp_path / "log.jsonl"
+    r = tune_layer(layer, cfg, TimingMeasurer(cfg), trials=6, tuner="random", log=TuningLog(path), seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        art = compile_model(small_resnet(), config=cfg, tuning_log=path)
+    by_name = {x["name"]: x for x in art.sections["accel"].meta["layers"]}
+    assert by_name[layer.geom.name]["schedule"] == r.best.to_dict()
+    assert layer.geom.name in art.meta["tuning_log"]["tuned_layers"]
+
+
+def test_log_rejects_bad_lines_by_line_number(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"workload": "w", "config": "c", "schedule": {}}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: tuning record lacks 'cycles'"):
+        TuningLog(path)
+    path.write_text("not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: not a JSON record"):
+        TuningLog(path)
+
+
+def test_tune_command_and_show(setup, tmp_path, capsys):
+    from weft.cli import main
+    from weft.compiler.tune.log import TuningLog as Log
+
+    cfg, _, layer = setup
+    model = tmp_path / "m.onnx"
+    model.write_bytes(small_resnet().SerializeToString())
+    log = tmp_path / "t.jsonl"
+    assert main(["tune", str(model), "--config", "tiny", "--trials", "3", "--tuner", "random",
+                 "--layers", layer.geom.name, "-o", str(log)]) == 0
+    assert len(Log(log).records) == 3
+    capsys.readouterr()
+    assert main(["tune", "--show", str(log), str(log), "--config", "tiny"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 1 and rows[0]["trials"] == 6 and rows[0]["best_cycles"] is not None
