@@ -31,12 +31,14 @@ __all__ = [
     "MANIFEST_FORMAT",
     "BitstreamError",
     "Board",
+    "add_bitstream_arguments",
     "find_bitstreams",
     "lookup",
     "make_manifest",
     "project_tcl",
     "read_manifest",
     "record_build",
+    "run_bitstream",
     "write_project",
 ]
 
@@ -238,3 +240,44 @@ def lookup(board_name: str, config: AcceleratorConfig, root: str | Path | None =
     have = ", ".join(f"{m['board']}/{m['config_name']} ({m['config_hash']})" for _, m in found) or "none"
     raise BitstreamError(f"no bitstream for board {board.name} and config '{config.name}' (hash {config.hash}); "
                          f"have: {have}")
+
+
+# ---- `weft bitstream` ----------------------------------------------------------------------------------------
+def add_bitstream_arguments(parser: Any) -> None:
+    parser.add_argument("action", nargs="?", default="project", choices=("project", "list", "record"),
+                        help="project: write a board's Vivado project (default); list: the projects under --root "
+                             "and their configs; record: refresh a project's manifest after Vivado built it")
+    parser.add_argument("--board", choices=sorted(BOARDS), help="target board (project)")
+    parser.add_argument("--config", default="default", help="config preset or file (project; default: default)")
+    parser.add_argument("-o", "--output", help="folder the project folder goes in (project; default: --root)")
+    parser.add_argument("--vivado", default=None, help="Vivado version the script is for (default: the board's)")
+    parser.add_argument("--root", default=None, help=f"folder of projects for list (default: {DEFAULT_ROOT})")
+    parser.add_argument("--project", help="project folder (record)")
+
+
+def run_bitstream(args: Any) -> int:
+    from weft.config import load_config
+
+    if args.action == "list":
+        found = find_bitstreams(args.root)
+        if not found:
+            print(f"no bitstream projects under {args.root or DEFAULT_ROOT}")
+        for folder, m in found:
+            built = "built" if m["bit"] and m["hwh"] else "not built"
+            print(f"{m['board']:<11} config {m['config_name']} ({m['config_hash']}) {m['clock_mhz']} MHz "
+                  f"Vivado {m['vivado']}, {built}: {folder}")
+        return 0
+    if args.action == "record":
+        if not args.project:
+            raise BitstreamError("record needs --project FOLDER")
+        m = record_build(args.project)
+        print(f"{args.project}: bit {m['bit']}, hwh {m['hwh']}")
+        return 0
+    if not args.board:
+        raise BitstreamError(f"--board is required (boards: {', '.join(BOARDS)})")
+    config = load_config(args.config)
+    folder = write_project(args.board, config, args.output or args.root or DEFAULT_ROOT, vivado=args.vivado)
+    print(f"wrote {folder}: build.tcl (Vivado {args.vivado or board_of(args.board).vivado}), weft_top.v, "
+          "manifest.json; run `vivado -mode batch -source build.tcl` there, then `weft bitstream record "
+          f"--project {folder}`")
+    return 0

@@ -6,7 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-__all__ = ["add_run_arguments", "run_run"]
+from weft.runtime.bitstreams import add_bitstream_arguments, run_bitstream
+from weft.runtime.deploy import add_deploy_arguments, run_deploy
+
+__all__ = ["add_bitstream_arguments", "add_deploy_arguments", "add_run_arguments", "run_bitstream", "run_deploy",
+           "run_run"]
 
 
 def _input_arg(text: str) -> tuple[str, str]:

@@ -1,0 +1,183 @@
+"""``weft deploy OUT.weft --board B -o DIR``: everything a board needs to run an artifact.
+
+DIR gets the artifact (``model.weft``), the board runtime (``weft/``: the modules the runtime, the
+driver and the PYNQ device import, copied from this weft; they import with numpy and pynq only, no onnx,
+llvmlite, xgboost, amaranth or cocotb), ``run.py`` (loads the bitstream, runs the model on given or
+random inputs, prints latency and throughput), ``weft_run.ipynb`` (the same in a notebook), the
+bitstream with its manifest when ``weft bitstream`` has a built one for the board and config
+(``bitstream/``), and a README. The runtime refuses a bitstream whose config hash differs from the
+artifact's (the manifest, then the CONFIG_HASH registers).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BLOCKED", "add_deploy_arguments", "board_modules", "deploy", "run_deploy"]
+
+#: Packages the board runtime must not need.
+BLOCKED = ("onnx", "onnxruntime", "llvmlite", "xgboost", "amaranth", "cocotb", "cocotbext", "scipy", "torch")
+#: What the board imports; the file list is what these pull in.
+ENTRY_MODULES = ("weft.runtime", "weft.runtime.pynq_device", "weft.runtime.driver", "weft.runtime.bitstreams")
+
+_BLOCKER = """
+import importlib.abc, sys
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in {blocked!r}:
+            raise ImportError(f"{{name}} is not available on the board")
+        return None
+sys.meta_path.insert(0, _Block())
+"""
+
+_LIST = _BLOCKER + """
+import importlib, json
+for name in {entries!r}:
+    importlib.import_module(name)
+print(json.dumps(sorted(m.__file__ for n, m in sys.modules.items()
+                        if n == "weft" or n.startswith("weft.") and getattr(m, "__file__", None))))
+"""
+
+
+def board_modules() -> list[Path]:
+    """Source files of the weft modules the board runtime imports (found in a fresh interpreter with the
+    blocked packages unimportable, so a heavy import fails here rather than on the board)."""
+    code = _LIST.format(blocked=BLOCKED, entries=ENTRY_MODULES)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if done.returncode:
+        raise RuntimeError(f"the board runtime does not import without {', '.join(BLOCKED)}:\n{done.stderr[-2000:]}")
+    return [Path(p) for p in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+RUN_PY = '''"""Run the deployed model on this board: python run.py [--bitstream bitstream/weft.bit]
+[--input NAME=FILE.npy]
+[--repeat N]. Prints outputs, latency and throughput."""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def main(argv=None):
+    sys.path.insert(0, str(HERE))  # the bundled runtime
+    from weft.runtime import InferenceSession
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--bitstream", default=str(HERE / "bitstream" / "weft.bit"))
+    parser.add_argument("--device", default="pynq", help="pynq (default), or fsim to check without a board")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    options = {"bitstream": args.bitstream} if args.device == "pynq" else {}
+    sess = InferenceSession(str(HERE / "model.weft"), device=args.device, **options)
+    feeds = {}
+    for text in args.input:
+        name, _, path = text.partition("=")
+        feeds[name] = np.load(path, allow_pickle=False)
+    rng = np.random.default_rng(args.seed)
+    for arg in sess.get_inputs():
+        if arg.name not in feeds:
+            feeds[arg.name] = rng.standard_normal(arg.shape).astype(np.float32)
+    outputs = sess.run(None, feeds)  # the first run also allocates buffers
+    times = []
+    for _ in range(max(1, args.repeat)):
+        start = time.perf_counter()
+        outputs = sess.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    for arg, value in zip(sess.get_outputs(), outputs):
+        flat = value.reshape(value.shape[0], -1) if value.ndim > 1 else value.reshape(1, -1)
+        print(f"output '{arg.name}': {list(value.shape)}, argmax {flat.argmax(axis=1).tolist()}")
+    batch = next(iter(feeds.values())).shape[0]
+    latency = float(np.median(times))
+    print(f"latency {latency * 1e3:.3f} ms (median of {len(times)}), throughput {batch / latency:.1f} inferences/s")
+    stats = sess.stats or {}
+    print(f"accelerator cycles {stats.get('cycles')}")
+    close = getattr(sess.device, "close", None)
+    if close is not None:
+        close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def _notebook() -> dict[str, Any]:
+    cells = [
+        ("markdown", "# weft on the board\nLoads the bitstream, runs the deployed model, prints latency and "
+                     "throughput. The runtime refuses a bitstream built for another config."),
+        ("code", "import run\nrun.main(['--repeat', '10'])"),
+    ]
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {"kernelspec": {"name": "python3",
+                                                                             "display_name": "Python 3"}},
+            "cells": [{"cell_type": kind, "metadata": {}, "source": text,
+                       **({"outputs": [], "execution_count": None} if kind == "code" else {}), "id": f"c{k}"}
+                      for k, (kind, text) in enumerate(cells)]}
+
+
+def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_root: str | Path | None = None
+           ) -> dict[str, Any]:
+    """Write the deploy folder; returns what went in it."""
+    from weft.runtime.artifact import load_artifact
+    from weft.runtime.bitstreams import BitstreamError, board_of, lookup
+
+    board_of(board)
+    art = load_artifact(artifact_path)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(artifact_path, out / "model.weft")
+    package_root = Path(__file__).resolve().parent.parent
+    files = board_modules()
+    target = out / "weft"
+    if target.exists():
+        shutil.rmtree(target)
+    for path in files:
+        rel = path.relative_to(package_root)
+        dest = target / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+    for folder in sorted({p.parent for p in target.rglob("*.py")}):
+        (folder / "__init__.py").touch()
+    (out / "run.py").write_text(RUN_PY)
+    (out / "weft_run.ipynb").write_text(json.dumps(_notebook(), indent=1))
+    bit_note = ""
+    try:
+        folder, manifest = lookup(board, art.config, bitstream_root)
+        (out / "bitstream").mkdir(exist_ok=True)
+        for name in (manifest["bit"]["name"], manifest["hwh"]["name"], "manifest.json"):
+            shutil.copyfile(folder / name, out / "bitstream" / name)
+        bit_note = f"bitstream/ holds the {board} bitstream of config {art.config.name} ({art.config.hash})."
+    except BitstreamError as err:
+        bit_note = (f"No built bitstream was found ({err}). Put weft.bit, weft.hwh and manifest.json for board "
+                    f"{board} and config hash {art.config.hash} in bitstream/ (weft bitstream --board {board}).")
+    (out / "README.txt").write_text(
+        f"weft deployment of {Path(artifact_path).name} for {board} (config {art.config.name}, hash "
+        f"{art.config.hash}).\n{bit_note}\nOn the board: python3 run.py (needs numpy and pynq 3.x only); "
+        "or open weft_run.ipynb in Jupyter.\n")
+    return {"files": len(files), "board": board, "bitstream": (out / "bitstream" / "weft.bit").exists()}
+
+
+def add_deploy_arguments(parser: Any) -> None:
+    parser.add_argument("artifact", help="a .weft file compiled for the accelerator")
+    parser.add_argument("--board", required=True, help="target board (pynq-z1, pynq-z2, ultra96-v2, zcu104, kv260)")
+    parser.add_argument("-o", "--output", required=True, help="folder to write")
+    parser.add_argument("--bitstreams", default=None, help="folder of bitstream projects (default: bitstreams/)")
+
+
+def run_deploy(args: Any) -> int:
+    info = deploy(args.artifact, args.board, args.output, bitstream_root=args.bitstreams)
+    print(f"wrote {args.output}: model.weft, run.py, weft_run.ipynb, board runtime ({info['files']} modules), "
+          f"bitstream {'included' if info['bitstream'] else 'missing (see README.txt)'}")
+    return 0
