@@ -30,6 +30,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--output", metavar="OUT.npz", help="write the outputs to this .npz file")
     parser.add_argument("--stats", metavar="FILE.json", help="write the run's figures (per layer) as JSON")
+    parser.add_argument("--trace", metavar="TRACE.json",
+                        help="write a Chrome/Perfetto trace of load, compute and store (timing model)")
 
 
 def run_run(args: argparse.Namespace) -> int:
@@ -70,4 +72,9 @@ def run_run(args: argparse.Namespace) -> int:
         write_atomic(Path(args.output), buf.getvalue())
     if args.stats:
         write_atomic(Path(args.stats), json.dumps(stats, indent=2, default=str).encode())
+    if args.trace:
+        from weft.runtime.trace import write_trace
+
+        info = write_trace(sess.artifact, args.trace)
+        print(f"trace: {args.trace} ({info['cycles']} cycles, timing model)")
     return 0

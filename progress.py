@@ -1,0 +1,71 @@
+"""A progress bar on stderr for sweeps, tuning and long simulations.
+
+No dependency, and quiet when stderr is not a terminal (tests, logs, pipes), so callers never branch on it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import TextIO, TypeVar
+
+__all__ = ["Progress", "progress"]
+
+T = TypeVar("T")
+
+
+class Progress:
+    """``with Progress(total, "sweep") as bar: ... bar.advance()``: a one-line bar, redrawn at most 10x/s."""
+
+    def __init__(self, total: int | None, label: str, *, stream: TextIO | None = None,
+                 enabled: bool | None = None):
+        self.total = total
+        self.label = label
+        self.done = 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self._started = time.monotonic()
+        self._drawn = 0.0
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def advance(self, steps: int = 1) -> None:
+        self.done += steps
+        now = time.monotonic()
+        if self.enabled and (now - self._drawn >= 0.1 or self.done == self.total):
+            self._drawn = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        elapsed = now - self._started
+        if self.total:
+            width = 30
+            filled = width * self.done // self.total
+            bar = "#" * filled + "." * (width - filled)
+            text = f"\r{self.label} [{bar}] {self.done}/{self.total} {elapsed:.0f}s"
+        else:
+            text = f"\r{self.label} {self.done} {elapsed:.0f}s"
+        self.stream.write(text)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(time.monotonic())
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def progress(items: Iterable[T], label: str, total: int | None = None, *,
+             stream: TextIO | None = None, enabled: bool | None = None) -> Iterator[T]:
+    """Yield `items`, advancing a :class:`Progress` bar after each."""
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    with Progress(total, label, stream=stream, enabled=enabled) as bar:
+        for item in items:
+            yield item
+            bar.advance()
