@@ -1,0 +1,68 @@
+"""`weft report`: the per-layer table (cycles, MACs, utilization, bytes) and the roofline plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+import weft
+from weft.cli import main
+from weft.compiler import models
+from weft.runtime import InferenceSession
+from weft.runtime.report import COLUMNS, layer_table, plot_roofline
+
+from .test_frontend_util import rand
+
+
+@pytest.fixture(scope="module")
+def run():
+    art = weft.compile(models.mlp(batch=1, in_features=16, hidden=(32,)), config="tiny",
+                       calibration={"input": rand(2, 1, 16)})
+    sess = InferenceSession(art, device="fsim")
+    sess.run(None, {"input": rand(1, 16, seed=5)})
+    return art, sess.stats
+
+
+def test_table_rows_follow_the_runs_figures(run):
+    art, stats = run
+    config = art.config
+    rows = layer_table(stats, config)
+    assert [r["layer"] for r in rows] == [layer["name"] for layer in stats["layers"]]
+    for row, layer in zip(rows, stats["layers"], strict=True):
+        assert set(row) == set(COLUMNS)
+        if layer["target"] != "accel":
+            assert row["cycles"] is None and row["bytes"] is None and row["utilization"] is None
+            continue
+        assert row["cycles"] == layer["cycles"] > 0
+        assert row["bytes"] == sum(layer["bytes"].values()) > 0
+        assert row["macs_per_cycle"] == pytest.approx(layer["macs"] / layer["cycles"])
+        assert 0 < row["utilization"] <= 1
+        assert row["utilization"] == pytest.approx(layer["accel_macs"] / (config.macs_per_cycle * layer["cycles"]))
+        ridge = config.macs_per_cycle / (config.bus_width // 8)
+        assert row["bound"] == ("compute" if row["intensity"] >= ridge else "memory")
+        # Nothing beats the roofline.
+        assert row["macs_per_cycle"] <= min(config.macs_per_cycle, row["intensity"] * config.bus_width // 8)
+
+
+def test_roofline_is_a_png(run, tmp_path):
+    art, stats = run
+    path = plot_roofline(layer_table(stats, art.config), art.config, tmp_path / "roof.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_weft_report_writes_table_csv_json_and_plot(run, tmp_path, capsys):
+    art, stats = run
+    path = art.save(tmp_path / "m.weft")
+    out = tmp_path / "out"
+    assert main(["report", str(path), "--csv", f"{out}.csv", "--json", f"{out}.json",
+                 "--roofline", f"{out}.png"]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].split() == list(COLUMNS)
+    assert f"total: {stats['cycles']} cycles" in text
+    table = list(csv.DictReader(tmp_path.joinpath("out.csv").read_text().splitlines()))
+    assert [r["layer"] for r in table] == [layer["name"] for layer in stats["layers"]]
+    rows = json.loads(tmp_path.joinpath("out.json").read_text())
+    assert [r["cycles"] for r in rows] == [layer["cycles"] for layer in stats["layers"]]
+    assert tmp_path.joinpath("out.png").read_bytes()[:4] == b"\x89PNG"
