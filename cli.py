@@ -33,8 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bitstream": ("weft.runtime.cli", "generate board projects and list bitstreams"),
     "tune": ("weft.compiler.tune.cli", "tune schedules of a model's accelerator layers"),
     "synth": ("weft.hw.cli", "synthesize the design with Yosys and report area"),
-    "dse": ("weft.compiler.cli", "sweep configs: cycles and area, CSV and Pareto plot"),
-    "report": ("weft.runtime.cli", "per-layer table and roofline plot"),
+    "dse": ("weft.compiler.dse.cli", "sweep configs: cycles and area, CSV and Pareto plot"),
+    "report": ("weft.runtime.report", "per-layer table and roofline plot"),
 }
 
 

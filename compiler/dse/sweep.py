@@ -1,0 +1,90 @@
+"""One design point (compile, time, synthesize) and a sweep of many on a process pool or a Dask cluster.
+
+A point travels to its worker as plain data (the model's bytes, the config as a dict), so the same
+function runs unchanged in a local :class:`~concurrent.futures.ProcessPoolExecutor` and on a Dask
+cluster's workers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from weft.config import AcceleratorConfig
+
+__all__ = ["evaluate_point", "run_sweep"]
+
+
+def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float], *, area: bool = True,
+                   family: str = "xc7", seed: int = 0) -> dict[str, Any]:
+    """Compile `model` for `config`, time every accelerator layer, and (with `area`) synthesize the design.
+
+    A point that the compiler refuses (a layer that does not fit the buffers, say) comes back with its
+    error instead of figures, so one bad point never sinks a sweep.
+    """
+    from weft.compiler.driver import compile_model
+    from weft.compiler.errors import CalibrationWarning
+    from weft.runtime.trace import layer_timings
+
+    cfg = AcceleratorConfig.from_dict(config)
+    row: dict[str, Any] = {"config": cfg.name, "config_hash": cfg.hash, **knobs,
+                           "macs_per_cycle": cfg.macs_per_cycle, "clock_mhz": cfg.clock_mhz}
+    try:
+        with warnings.catch_warnings():
+            # A sweep compares configs on the same seeded calibration; the warning says so once per point.
+            warnings.simplefilter("ignore", CalibrationWarning)
+            artifact = compile_model(model, config=cfg, seed=seed)
+        timings = layer_timings(artifact)
+    except Exception as err:  # every failure of a point is reported in its row
+        row["error"] = f"{type(err).__name__}: {err}"
+        return row
+    cycles = sum(int(t.report.cycles) for t in timings)
+    row.update(cycles=cycles, latency_us=cycles / cfg.clock_mhz, layers=len(timings))
+    if area:
+        from weft.hw.synth import BOARDS, default_cache, fits, synthesize
+
+        try:
+            synth = synthesize(cfg, family=family, cache=default_cache())
+        except Exception as err:
+            row["error"] = f"synth: {type(err).__name__}: {err}"
+            return row
+        row.update(synth["area"])
+        row["fits"] = ",".join(b for b in sorted(BOARDS) if fits(synth["area"], BOARDS[b])["fits"])
+    return row
+
+
+def _local(jobs: list[tuple], workers: int | None) -> Iterator[dict[str, Any]]:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(evaluate_point, *args, **kwargs) for args, kwargs in jobs]
+        for future in concurrent.futures.as_completed(futures):
+            yield future.result()
+
+
+def _dask(jobs: list[tuple], address: str) -> Iterator[dict[str, Any]]:
+    try:
+        from dask.distributed import Client, as_completed
+    except ImportError:
+        raise ValueError("--scheduler needs dask[distributed] (pip install 'weft[dse]')") from None
+    with Client(address) as client:
+        futures = [client.submit(evaluate_point, *args, pure=False, **kwargs) for args, kwargs in jobs]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+def run_sweep(model: bytes, configs: list[tuple[dict[str, float], AcceleratorConfig]], *, area: bool = True,
+              family: str = "xc7", seed: int = 0, workers: int | None = None, scheduler: str | None = None,
+              on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Evaluate every point; rows come back in the order of `configs`. `scheduler`: a Dask scheduler
+    address (or a ``Client``-compatible cluster address); default: a local process pool of `workers`."""
+    jobs = [((model, cfg.to_dict(), knobs), {"area": area, "family": family, "seed": seed})
+            for knobs, cfg in configs]
+    rows = []
+    stream = _dask(jobs, scheduler) if scheduler else _local(jobs, workers)
+    for row in stream:
+        rows.append(row)
+        if on_done is not None:
+            on_done(row)
+    order = {cfg.name: i for i, (_, cfg) in enumerate(configs)}
+    return sorted(rows, key=lambda r: order[r["config"]])

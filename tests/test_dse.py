@@ -1,0 +1,98 @@
+"""`weft dse`: the sweep grammar, skipped invalid points, the Pareto front, local and Dask sweeps, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+
+import pytest
+
+from weft.cli import main
+from weft.compiler import models
+from weft.compiler.dse import evaluate_point, expand_grid, pareto_front, parse_sweep, run_sweep
+from weft.config import load_config
+from weft.progress import Progress, progress
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dse") / "mlp.onnx"
+    models.save(models.mlp(batch=1, in_features=16, hidden=(32,)), path)
+    return path
+
+
+def test_parse_sweep_and_its_errors():
+    assert parse_sweep(["block=8,16", "acc_kib=64"]) == {"block": [8, 16], "acc_kib": [64]}
+    for bad, rule in (("blok=8", "unknown knob 'blok'"), ("block", "expected KNOB=V1,V2"),
+                      ("block=a", "values must be numbers")):
+        with pytest.raises(ValueError, match=rule):
+            parse_sweep([bad])
+    with pytest.raises(ValueError, match="swept twice"):
+        parse_sweep(["bus=64", "bus=128"])
+
+
+def test_grid_maps_knobs_to_fields_and_skips_what_breaks_a_rule():
+    base = load_config("tiny")
+    valid, skipped = expand_grid(base, {"block": [4, 8, 3], "acc_kib": [8]})
+    assert [(c.block_in, c.block_out, c.acc_buff_bytes) for _, c in valid] == [(4, 4, 8192), (8, 8, 8192)]
+    assert valid[1][1].name == "tiny-block8-acc_kib8"
+    assert len(skipped) == 1 and skipped[0][0] == {"block": 3, "acc_kib": 8}
+    assert "config field 'block_in'" in skipped[0][1]
+
+
+def test_pareto_front():
+    rows = [{"lut": 10, "latency_us": 9}, {"lut": 20, "latency_us": 5}, {"lut": 20, "latency_us": 6},
+            {"lut": 30, "latency_us": 5}, {"error": "x"}, {"lut": 5, "latency_us": 12}]
+    assert pareto_front(rows, "lut") == [5, 0, 1]
+
+
+def test_a_point_that_does_not_compile_reports_its_error(model):
+    cfg = load_config("tiny").replace(name="broken")
+    row = evaluate_point(b"not an onnx model", cfg.to_dict(), {"block": 4}, area=False)
+    assert row["config"] == "broken" and "error" in row and "cycles" not in row
+
+
+def test_local_sweep_times_each_point(model):
+    valid, _ = expand_grid(load_config("tiny"), {"block": [4, 8]})
+    done = []
+    rows = run_sweep(model.read_bytes(), valid, area=False, workers=2, on_done=done.append)
+    assert [r["config"] for r in rows] == ["tiny-block4", "tiny-block8"] and len(done) == 2
+    for r, (_, cfg) in zip(rows, valid, strict=True):
+        assert "error" not in r and r["cycles"] > 0 and r["latency_us"] == r["cycles"] / cfg.clock_mhz
+    # Same compile and timing in this process: a point's cycles do not depend on where it ran.
+    assert evaluate_point(model.read_bytes(), valid[1][1].to_dict(), {"block": 8}, area=False)["cycles"] \
+        == rows[1]["cycles"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="needs dask[distributed]")
+def test_dask_sweep_matches_the_local_one(model):
+    from dask.distributed import LocalCluster
+
+    valid, _ = expand_grid(load_config("tiny"), {"block": [4, 8]})
+    local = run_sweep(model.read_bytes(), valid, area=False, workers=1)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        remote = run_sweep(model.read_bytes(), valid, area=False, scheduler=cluster.scheduler_address)
+    assert [(r["config"], r["cycles"]) for r in remote] == [(r["config"], r["cycles"]) for r in local]
+
+
+def test_weft_dse_writes_csv_and_plot(model, tmp_path, capsys):
+    stem = tmp_path / "sweep"
+    assert main(["dse", str(model), "--config", "tiny", "--sweep", "block=4,8,3", "--area", "none",
+                 "--workers", "2", "-o", str(stem)]) == 0
+    out = capsys.readouterr()
+    assert "skipped {'block': 3.0}" in out.err and "2 points, 1 skipped" in out.out
+    rows = list(csv.DictReader(stem.with_suffix(".csv").read_text().splitlines()))
+    assert [r["config"] for r in rows] == ["tiny-block4", "tiny-block8", "tiny-skipped"]
+    assert int(rows[1]["cycles"]) > 0 and rows[2]["error"].startswith("config field")
+    assert stem.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_progress_bar_draws_only_when_enabled():
+    shown = io.StringIO()
+    assert list(progress(range(3), "t", stream=shown, enabled=True)) == [0, 1, 2]
+    assert "3/3" in shown.getvalue() and shown.getvalue().endswith("\n")
+    quiet = io.StringIO()
+    with Progress(2, "t", stream=quiet) as bar:  # a StringIO is not a terminal
+        bar.advance(2)
+    assert quiet.getvalue() == ""
