@@ -23,7 +23,8 @@ __all__ = ["BLOCKED", "add_deploy_arguments", "board_modules", "deploy", "run_de
 #: Packages the board runtime must not need.
 BLOCKED = ("onnx", "onnxruntime", "llvmlite", "xgboost", "amaranth", "cocotb", "cocotbext", "scipy", "torch")
 #: What the board imports; the file list is what these pull in.
-ENTRY_MODULES = ("weft.runtime", "weft.runtime.pynq_device", "weft.runtime.driver", "weft.runtime.bitstreams")
+ENTRY_MODULES = ("weft.runtime", "weft.runtime.pynq_device", "weft.runtime.driver", "weft.runtime.bitstreams",
+                 "weft.runtime.remote")
 
 _BLOCKER = """
 import importlib.abc, sys

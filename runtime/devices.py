@@ -88,6 +88,10 @@ def available_devices() -> list[str]:
 
 def create_device(name: str, config: AcceleratorConfig, **options: Any) -> Device:
     factory = _REGISTRY.get(name)
+    if factory is None and ":" in name:  # "kind:target", e.g. "remote:HOST:PORT"
+        kind, _, target = name.partition(":")
+        if kind in _REGISTRY:
+            return _REGISTRY[kind](config, target=target, **options)
     if factory is None:
         known = ", ".join(available_devices())
         raise DeviceError(f"device '{name}' is not available in this build (available: {known})")
