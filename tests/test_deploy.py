@@ -88,3 +88,26 @@ def test_board_runtime_refuses_a_bitstream_of_another_config(deployed, tmp_path)
     done = _run(out, ["--bitstream", str(folder / "weft.bit")])
     assert done.returncode != 0
     assert "config hash mismatch" in done.stderr
+
+
+@pytest.mark.slow
+def test_deploy_folder_runs_in_a_fresh_venv_with_numpy_only(deployed, tmp_path):
+    """The issue's bar: a real virtual environment holding numpy alone, plus the pynq stand-in."""
+    import venv
+
+    out, _, _ = deployed
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / "bin" / "python"
+    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "numpy"], capture_output=True, text=True,
+                         timeout=600)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(STANDIN), "WEFT_PYNQ_BACKEND": "fsim",
+           "WEFT_PYNQ_DRAM_BYTES": str(1 << 20), "HOME": str(tmp_path)}
+    for heavy in ("onnx", "amaranth", "cocotb", "llvmlite", "xgboost"):
+        probe = subprocess.run([str(python), "-c", f"import {heavy}"], capture_output=True, env=env, timeout=60)
+        assert probe.returncode != 0, f"{heavy} is importable in the fresh venv"
+    done = subprocess.run([str(python), "run.py", "--repeat", "2"], capture_output=True, text=True, cwd=out,
+                          env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "latency" in done.stdout and "throughput" in done.stdout
