@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
+from weft.compiler.backend.codegen import BackendError
 from weft.compiler.backend.schedule import fits
 from weft.compiler.driver import compile_model
 from weft.compiler.errors import CalibrationWarning
@@ -59,13 +60,31 @@ def test_cost_model_ranks_the_training_order():
     assert np.corrcoef(score, -cycles)[0, 1] > 0.8
 
 
-def test_timing_measurer_matches_the_whole_compile_for_the_default(setup):
+def test_timing_measurer_agrees_with_the_whole_compile(setup):
+    """The tuner times a layer on its own image; the whole model's program of the same schedule differs
+    only in where its constants lie (the odd 4 KiB burst split), so within 1%."""
+    from weft.runtime.fsim_device import FsimDevice
+
     cfg, _, layer = setup
     sp = SearchSpace(layer.geom, cfg)
     m = TimingMeasurer(cfg)
-    low = lower(layer, sp.points[0], cfg)
-    assert low.meta["schedule"] == sp.points[0].to_dict()
-    assert m.measure(layer, sp.points[0]) > 0
+    rng = random.Random(5)
+    checked = 0
+    while checked < 2:
+        s = sp.sample(rng)
+        try:
+            low = lower(layer, s, cfg)
+        except BackendError:  # a schedule whose exact micro-op count does not fit: the tuner logs a failure
+            continue
+        assert low.meta["schedule"] == s.to_dict()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CalibrationWarning)
+            art = compile_model(small_resnet(), config=cfg, schedules={layer.geom.name: s})
+        device = FsimDevice(cfg)
+        device.load(art)
+        whole = device.layer_cycles(device.layers[layer.geom.name])
+        assert abs(m.measure(layer, s) - whole) <= 0.01 * whole
+        checked += 1
 
 
 @pytest.mark.parametrize("tuner", ["xgb", "random"])
@@ -104,10 +123,10 @@ def test_compile_with_tuning_log_uses_the_best_schedule(setup, tmp_path):
 def test_log_rejects_bad_lines_by_line_number(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"workload": "w", "config": "c", "schedule": {}}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1: tuning record lacks 'cycles'"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: tuning record lacks 'cycles'"):
         TuningLog(path)
     path.write_text("not json\n")
-    with pytest.raises(ValueError, match="bad.jsonl:1: not a JSON record"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1: not a JSON record"):
         TuningLog(path)
 
 
@@ -115,7 +134,7 @@ def test_tune_command_and_show(setup, tmp_path, capsys):
     from weft.cli import main
     from weft.compiler.tune.log import TuningLog as Log
 
-    cfg, _, layer = setup
+    _, _, layer = setup
     model = tmp_path / "m.onnx"
     model.write_bytes(small_resnet().SerializeToString())
     log = tmp_path / "t.jsonl"
