@@ -17,10 +17,14 @@ pytestmark = [pytest.mark.rtl,
               pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed")]
 
 
-@pytest.fixture(scope="module")
-def mlp_rtl():
+@pytest.fixture(scope="module", params=[
+    "verilator",
+    pytest.param("icarus", marks=[pytest.mark.slow, pytest.mark.skipif(not simulator_available("icarus"),
+                                                                        reason="icarus is not installed")]),
+])
+def mlp_rtl(request):
     art, feeds = compiled("mlp")
-    sess = weft.InferenceSession(art, device="rtl", simulator="verilator", timing="pynq", read_latency=8)
+    sess = weft.InferenceSession(art, device="rtl", simulator=request.param, timing="pynq", read_latency=8)
     yield art, feeds, sess
     sess.device.close()
 
