@@ -1,6 +1,7 @@
 """``weft deploy OUT.weft --board B -o DIR``: everything a board needs to run an artifact.
 
-DIR gets the artifact (``model.weft``), the board runtime (``weft/``: the modules the runtime, the
+DIR gets the artifact (``model.weft``), the register spec (``weft_spec.json``, as ``weft rtl``
+writes it), the board runtime (``weft/``: the modules the runtime, the
 driver and the PYNQ device import, copied from this weft; they import with numpy and pynq only, no onnx,
 llvmlite, xgboost, amaranth or cocotb), ``run.py`` (loads the bitstream, runs the model on given or
 random inputs, prints latency and throughput), ``weft_run.ipynb`` (the same in a notebook), the
@@ -80,7 +81,8 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    options = {"bitstream": args.bitstream} if args.device == "pynq" else {}
+    # register offsets from the generated spec (weft rtl's weft_spec.json), not from the runtime's tables
+    options = {"bitstream": args.bitstream, "spec": str(HERE / "weft_spec.json")} if args.device == "pynq" else {}
     sess = InferenceSession(str(HERE / "model.weft"), device=args.device, **options)
     feeds = {}
     for text in args.input:
@@ -151,6 +153,11 @@ def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_
         shutil.copyfile(path, dest)
     for folder in sorted({p.parent for p in target.rglob("*.py")}):
         (folder / "__init__.py").touch()
+    from weft.hw.regs import registers_spec
+    from weft.isa import isa_spec
+
+    spec = isa_spec(art.config, registers=registers_spec(art.config))  # what `weft rtl` writes
+    (out / "weft_spec.json").write_text(json.dumps(spec, indent=1))
     (out / "run.py").write_text(RUN_PY)
     (out / "weft_run.ipynb").write_text(json.dumps(_notebook(), indent=1))
     bit_note = ""

@@ -54,7 +54,7 @@ def deployed(tmp_path_factory):
 def test_deploy_writes_the_board_folder(deployed):
     out, info, art = deployed
     assert info["bitstream"]
-    for name in ("model.weft", "run.py", "weft_run.ipynb", "README.txt", "bitstream/weft.bit",
+    for name in ("model.weft", "weft_spec.json", "run.py", "weft_run.ipynb", "README.txt", "bitstream/weft.bit",
                  "bitstream/manifest.json", "weft/__init__.py", "weft/runtime/driver.py",
                  "weft/runtime/pynq_device.py", "weft/runtime/safety.py", "weft/hw/regs.py"):
         assert (out / name).exists(), name
