@@ -15,7 +15,8 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_option(parser)
     parser.add_argument("--trials", type=int, default=64, help="measurements per distinct layer workload")
     parser.add_argument("--tuner", choices=("xgb", "random"), default="xgb", help="search strategy")
-    parser.add_argument("--measure", choices=("timing",), default="timing", help="where cycles come from")
+    parser.add_argument("--measure", choices=("timing", "rtl"), default="timing",
+                        help="where cycles come from: the timing model (fast) or the RTL under Verilator (exact, slow)")
     parser.add_argument("--layers", help="comma-separated layer names to tune (default: all accelerator layers)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=8, help="schedules measured between cost-model fits")
@@ -47,7 +48,7 @@ def run_tune(args: argparse.Namespace) -> int:
         raise ValueError("give the log to write with -o LOG")
     from weft.compiler.driver import compile_model
     from weft.compiler.errors import CalibrationWarning
-    from weft.compiler.tune.measure import TimingMeasurer, layers_of
+    from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer, layers_of
     from weft.compiler.tune.tuner import tune_model
 
     cfg = load_config(args.config)
@@ -61,7 +62,8 @@ def run_tune(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"'{unknown[0]}' is not an accelerator layer of the model")
         layers = [x for x in layers if x.geom.name in wanted]
-    results = tune_model(layers, cfg, TimingMeasurer(cfg), trials=args.trials, tuner=args.tuner,
+    measurer = RtlMeasurer(cfg) if args.measure == "rtl" else TimingMeasurer(cfg)
+    results = tune_model(layers, cfg, measurer, trials=args.trials, tuner=args.tuner,
                          log=TuningLog(args.output), seed=args.seed, batch=args.batch)
     print_json([r.summary() for r in results])
     return 0

@@ -6,8 +6,9 @@ never needs more, so a board measurer (run the layer's program, read the cycle c
 * :class:`TimingMeasurer` lowers the layer with the back end (its own checks reject a schedule that does
   not lower: exact micro-op counts, hazards, tokens) and times the program with the timing model
   (:mod:`weft.sim.timing`): fast, and the figures the compiler's other tools report.
-* An RTL measurer (the same program on the cosimulation) and a board measurer are not written yet; they
-  implement the same protocol.
+* :class:`RtlMeasurer` runs the same program on the RTL through the cosimulation (:mod:`weft.sim.cosim`,
+  the same DRAM timing): the RTL's cycle counter, exact but slow (small layers). A board measurer is not
+  written yet; it implements the same protocol.
 
 A layer is lowered on a DRAM plan of its own: activations where the whole model puts them, but its
 constants (weights, micro-ops, instructions) right after them instead of after every earlier layer's, so
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from weft.compiler.ir import Graph, Node
     from weft.config import AcceleratorConfig
 
-__all__ = ["Layer", "LoweredLayer", "Measurer", "TimingMeasurer", "layers_of", "lower"]
+__all__ = ["Layer", "LoweredLayer", "Measurer", "RtlMeasurer", "TimingMeasurer", "layers_of", "lower"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +105,26 @@ class TimingMeasurer:
     def measure(self, layer: Layer, schedule: Schedule) -> int:
         low = lower(layer, schedule, self.config)
         return int(self.model.simulate(low.insns, low.insn_addr).cycles)
+
+
+class RtlMeasurer:
+    """The RTL's cycle counter for the lowered program (Verilator or Icarus through cocotb; the DRAM answers
+    with the timing model's default, the PYNQ-Z1 timing), on an image of zero activations and the layer's
+    constants. A run that stops with an error code is an error, never a measurement."""
+
+    name = "rtl"
+
+    def __init__(self, config: AcceleratorConfig, sim: str = "verilator", timing: str = "pynq") -> None:
+        self.config, self.sim, self.timing = config, sim, timing
+
+    def measure(self, layer: Layer, schedule: Schedule) -> int:
+        from weft.sim.cosim import Job, run_jobs
+
+        low = lower(layer, schedule, self.config)
+        image = low.plan.image(0)
+        job = Job(dram=image, insn_addr=low.insn_addr, insn_count=len(low.insns), label=layer.geom.name)
+        result = run_jobs(self.config, self.sim, [job], timing=self.timing)[0]
+        if result.error_code:
+            raise ValueError(f"layer '{layer.geom.name}': the RTL stopped with error code {result.error_code} "
+                             f"under {schedule}")
+        return result.cycles
