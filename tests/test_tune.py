@@ -98,6 +98,8 @@ def test_tune_logs_resumes_and_feeds_compile(setup, tmp_path, tuner):
     assert {x["workload"] for x in lines} == {workload_key(layer.geom)} and {x["config"] for x in lines} == {cfg.hash}
     ok = [x["cycles"] for x in lines if x["cycles"] is not None]
     assert r.best_cycles == min(ok)
+    # The back end's own choice is the first trial, so tuning never loses to it.
+    assert lines[0]["schedule"] == r.default.to_dict() and r.best_cycles <= r.default_cycles
     # Resuming to 14 trials measures only 4 new, distinct points.
     r2 = tune_layer(layer, cfg, m, trials=14, tuner=tuner, log=TuningLog(path), seed=2, batch=4)
     lines = [json.loads(x) for x in path.read_text().splitlines()]

@@ -110,8 +110,10 @@ def _default(layer: Layer, config: AcceleratorConfig, measurer: Measurer) -> tup
 
 def tune_layer(layer: Layer, config: AcceleratorConfig, measurer: Measurer, *, trials: int, tuner: str = "xgb",
                log: TuningLog | None = None, seed: int = 0, batch: int = 8, epsilon: float = 0.1,
-               progress: Progress | None = None) -> LayerResult:
-    """Tune one layer for `trials` measurements in all (those already logged included)."""
+               progress: Progress | None = None, include_default: bool = True) -> LayerResult:
+    """Tune one layer for `trials` measurements in all (those already logged included). With
+    `include_default` the back end's own choice is the first trial, so a tuned layer is never slower than
+    an untuned one; the benchmark turns it off to compare the searches alone."""
     if tuner not in TUNERS:
         raise ValueError(f"tuner must be one of {', '.join(TUNERS)}, got '{tuner}'")
     if trials < 1:
@@ -148,6 +150,9 @@ def tune_layer(layer: Layer, config: AcceleratorConfig, measurer: Measurer, *, t
         history.append(c)
         log.add(record(g, config, s, c, measurer.name, err))
 
+    default, default_cycles = _default(layer, config, measurer)
+    if include_default and default in sp and sp.index(default) not in measured:
+        measure(sp.index(default))
     budget = min(trials, len(sp))
     if progress is not None:
         progress.update(len(history))
@@ -168,7 +173,6 @@ def tune_layer(layer: Layer, config: AcceleratorConfig, measurer: Measurer, *, t
             if progress is not None:
                 best = min((c for c in measured.values() if c is not None), default=None)
                 progress.update(len(history), f"best {best}" if best is not None else "")
-    default, default_cycles = _default(layer, config, measurer)
     best = log.best(key, config.hash)
     return LayerResult(g.name, key, len(sp), default, default_cycles, best[0] if best else None,
                        best[1] if best else None, history)
@@ -176,7 +180,7 @@ def tune_layer(layer: Layer, config: AcceleratorConfig, measurer: Measurer, *, t
 
 def tune_model(layers: list[Layer], config: AcceleratorConfig, measurer: Measurer, *, trials: int,
                tuner: str = "xgb", log: TuningLog | None = None, seed: int = 0, batch: int = 8,
-               show_progress: bool = True) -> list[LayerResult]:
+               show_progress: bool = True, include_default: bool = True) -> list[LayerResult]:
     """Tune every distinct workload of `layers` once (layers of one shape share their records)."""
     log = log if log is not None else TuningLog()
     results, done = [], set()
@@ -187,7 +191,7 @@ def tune_model(layers: list[Layer], config: AcceleratorConfig, measurer: Measure
         done.add(key)
         bar = Progress(trials, f"[{n}/{len(layers)}] {layer.geom.name}") if show_progress else None
         results.append(tune_layer(layer, config, measurer, trials=trials, tuner=tuner, log=log, seed=seed,
-                                  batch=batch, progress=bar))
+                                  batch=batch, progress=bar, include_default=include_default))
         if bar is not None:
             bar.close()
     return results
