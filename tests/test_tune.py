@@ -163,3 +163,16 @@ def test_rtl_measurer_agrees_with_the_timing_model(setup):
     rtl = RtlMeasurer(cfg).measure(layer, s)
     model = TimingMeasurer(cfg).measure(layer, s)
     assert abs(rtl - model) <= 0.05 * rtl
+
+
+def test_progress_bar_draws_tenths_to_a_log():
+    import io
+
+    from weft.compiler.tune.tuner import Progress
+
+    out = io.StringIO()
+    bar = Progress(20, "conv", stream=out, width=10)
+    for done in range(21):
+        bar.update(done, f"best {100 - done}")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 11 and lines[-1] == "conv [##########] 20/20 best 80"

@@ -45,10 +45,13 @@ class Progress:
         self.done = 0
 
     def update(self, done: int, note: str = "") -> None:
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        step = max(1, self.total // 10)
+        if not tty and done % step and done < self.total:  # a log file gets a line per tenth, not per trial
+            return
         self.done = done
         filled = int(self.width * min(done, self.total) / self.total)
         bar = "#" * filled + "." * (self.width - filled)
-        tty = getattr(self.stream, "isatty", lambda: False)()
         end = "\r" if tty else "\n"
         self.stream.write(f"{self.label} [{bar}] {done}/{self.total} {note}{end}")
         self.stream.flush()
