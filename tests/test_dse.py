@@ -96,3 +96,14 @@ def test_progress_bar_draws_only_when_enabled():
     with Progress(2, "t", stream=quiet) as bar:  # a StringIO is not a terminal
         bar.advance(2)
     assert quiet.getvalue() == ""
+
+
+def test_pareto_plot_colours_by_board_and_survives_a_sweep_of_errors(tmp_path):
+    from weft.compiler.dse.pareto import plot_pareto
+
+    rows = [{"config": "t-block4", "lut": 7000, "latency_us": 15.0, "fits": "kv260,pynq-z1", "pareto": True},
+            {"config": "t-block64", "lut": 90000, "latency_us": 3.0, "fits": "zcu104", "pareto": True},
+            {"config": "t-block128", "lut": 400000, "latency_us": 2.0, "fits": "", "pareto": True}]
+    assert plot_pareto(rows, "lut", tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    errors = [{"config": "t-x", "error": "ConfigError"}]
+    assert plot_pareto(errors, "lut", tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"

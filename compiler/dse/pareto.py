@@ -39,26 +39,38 @@ def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def plot_pareto(rows: list[dict[str, Any]], x: str, path: str | Path, *, title: str = "weft dse") -> Path:
-    """Latency against resource `x`, the Pareto front as a line; each point labelled with the boards it fits
-    (none: a hollow marker)."""
+    """Latency against resource `x`, the Pareto front as a line (its points labelled with their knobs), each
+    point coloured by the smallest board it fits (hollow: none)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from weft.hw.synth import BOARDS
     from weft.runtime.artifact import write_atomic
 
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     points = [r for r in rows if r.get(x) is not None and r.get("latency_us") is not None]
+    # Colour: the smallest board (fewest LUTs) the point fits; hollow: it fits none.
+    by_size = sorted(BOARDS, key=lambda b: (BOARDS[b].lut, b))
+    colours = {b: f"C{i}" for i, b in enumerate(by_size)}
+    seen: set[str] = set()
     for r in points:
-        fits = r.get("fits")
-        ax.scatter(r[x], r["latency_us"], s=28, facecolors="tab:blue" if fits or fits is None else "none",
-                   edgecolors="tab:blue")
-        label = r["config"].split("-", 1)[-1] + (f" [{fits}]" if fits else "")
-        ax.annotate(label, (r[x], r["latency_us"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        fitting = [b for b in by_size if b in (r.get("fits") or "").split(",")]
+        key = fitting[0] if fitting else ("no board" if r.get("fits") is not None else "")
+        colour = colours.get(key, "grey")
+        ax.scatter(r[x], r["latency_us"], s=30, facecolors=colour if fitting or r.get("fits") is None else "none",
+                   edgecolors=colour, label=(f"fits {key} (smallest)" if fitting else key or None)
+                   if key not in seen else None)
+        seen.add(key)
+        if r.get("pareto"):
+            ax.annotate(r["config"].split("-", 1)[-1], (r[x], r["latency_us"]), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
     front = [rows[i] for i in pareto_front(rows, x)]
     if front:
-        ax.plot([r[x] for r in front], [r["latency_us"] for r in front], color="tab:red", label="Pareto front")
+        ax.plot([r[x] for r in front], [r["latency_us"] for r in front], color="black", lw=0.8,
+                label="Pareto front")
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
     ax.set_xlabel(x)
     ax.set_ylabel("latency (us, timing model)")
