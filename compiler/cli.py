@@ -38,6 +38,7 @@ def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-shape", action="append", type=_shape_arg, default=[], metavar="NAME=D0,D1,...",
                         help="fix the shape of an input with dynamic dimensions (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the default random calibration inputs")
+    parser.add_argument("--tuning-log", metavar="LOG.jsonl", help="use the best schedules of a `weft tune` log")
     parser.add_argument("--no-verify", action="store_true", help="skip the graph verifier between passes")
     parser.add_argument("--list-passes", action="store_true", help="print the pass pipeline and exit")
 
@@ -63,7 +64,8 @@ def run_compile(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         artifact = compile_model(args.model, target=args.target, config=config, calibration=calibration,
-                                 input_shapes=dict(args.input_shape), verify=not args.no_verify, seed=args.seed)
+                                 input_shapes=dict(args.input_shape), verify=not args.no_verify, seed=args.seed,
+                                 tuning_log=args.tuning_log)
     for w in caught:
         print(f"weft compile: warning: {w.message}", file=sys.stderr)
     artifact.save(output)

@@ -176,3 +176,19 @@ def test_progress_bar_draws_tenths_to_a_log():
         bar.update(done, f"best {100 - done}")
     lines = out.getvalue().splitlines()
     assert len(lines) == 11 and lines[-1] == "conv [##########] 20/20 best 80"
+
+
+def test_compile_command_takes_a_tuning_log(setup, tmp_path, capsys):
+    from weft.cli import main
+    from weft.runtime.artifact import Artifact
+
+    cfg, _, layer = setup
+    log = tmp_path / "t.jsonl"
+    r = tune_layer(layer, cfg, TimingMeasurer(cfg), trials=3, tuner="random", log=TuningLog(log), seed=4)
+    model = tmp_path / "m.onnx"
+    model.write_bytes(small_resnet().SerializeToString())
+    out = tmp_path / "m.weft"
+    assert main(["compile", str(model), "--config", "tiny", "--tuning-log", str(log), "-o", str(out)]) == 0
+    art = Artifact.load(out)
+    by_name = {x["name"]: x for x in art.sections["accel"].meta["layers"]}
+    assert by_name[layer.geom.name]["schedule"] == r.best.to_dict()
