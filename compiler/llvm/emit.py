@@ -291,13 +291,12 @@ class Emitter:
             r = b.fptosi(v.value, t) if dst != "u8" else b.fptoui(v.value, t)
         elif is_float(dst):
             r = b.uitofp(v.value, t) if src in ("u8", "bool") else b.sitofp(v.value, t)
-        else:
-            sw, dw = np_dtype(src).itemsize if src != "bool" else 0, np_dtype(dst).itemsize
-            if src == "bool" or src == "u8":
-                r = b.zext(v.value, t) if sw < dw or src == "bool" else (b.trunc(v.value, t) if sw > dw else v.value)
-            elif sw < dw:
-                r = b.sext(v.value, t)
-            elif sw > dw:
+        else:  # integers: widen by the source's signedness, narrow by truncation (numpy's astype)
+            src_bits = 1 if src == "bool" else np_dtype(src).itemsize * 8
+            dst_bits = 1 if dst == "bool" else np_dtype(dst).itemsize * 8
+            if src_bits < dst_bits:
+                r = b.zext(v.value, t) if src in ("bool", "u8") else b.sext(v.value, t)
+            elif src_bits > dst_bits:
                 r = b.trunc(v.value, t)
             else:
                 r = v.value
