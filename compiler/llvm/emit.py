@@ -285,6 +285,11 @@ class Emitter:
         b = self.b
         if src == dst:
             return v
+        if dst == "bool":  # numpy: nonzero is True
+            zero = self.widen(Val(ir.Constant(v.value.type if v.lanes == 1 else v.value.type.element, 0), 1, src),
+                              v.lanes).value
+            cmp = b.fcmp_unordered("!=", v.value, zero) if is_float(src) else b.icmp_unsigned("!=", v.value, zero)
+            return Val(cmp, v.lanes, dst)
         if is_float(src) and is_float(dst):
             r = b.fpext(v.value, t) if dst == "f64" else b.fptrunc(v.value, t)
         elif is_float(src):
