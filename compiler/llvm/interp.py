@@ -179,6 +179,8 @@ def _div0(a: Any, b: Any) -> Any:
 def _cast(v: Any, src: str, dst: str) -> Any:
     if dst == src:
         return v
+    if dst == "bool":
+        return bool(v != 0)
     if is_float(dst):
         return np_dtype(dst).type(v)
     if is_float(src):
