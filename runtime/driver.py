@@ -161,7 +161,7 @@ class Driver:
     def run_image(self, image: np.ndarray, insn_addr: int, insn_count: int) -> dict[str, Any]:
         """Run the program at `insn_addr` of the DRAM `image` (uint8, addresses from 0); the image is
         updated in place with the DRAM after the run. Returns the counters and wall seconds."""
-        words = image[insn_addr:insn_addr + insn_count * self.insn_bytes]
+        words = image[insn_addr:insn_addr + insn_count * self.insn_bytes].copy()  # image is overwritten below
         insns = decode_insns(self.config, words)
         buf = self.ensure_buffer(image.size)
         base = int(buf.physical_address)

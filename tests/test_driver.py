@@ -53,3 +53,20 @@ def test_hardware_error_names_the_instruction():
     with pytest.raises(RunError, match=f"instruction {i} ") as info:
         driver.run_image(with_insns(art, image, layer, bad), layer["insn_addr"], layer["insn_count"])
     assert info.value.index == i
+
+
+def test_run_image_leaves_the_same_dram_as_the_simulator():
+    """The whole image, the caller's (unrelocated) instruction stream included."""
+    from weft.sim.dram import Dram
+    from weft.sim.fsim import FunctionalSimulator
+
+    art, _ = compiled()
+    image, layer, _ = first_layer_image(art)
+    expected = Dram(image.size)
+    expected.write(0, image)
+    FunctionalSimulator(art.config).run(expected, layer["insn_addr"], layer["insn_count"])
+    driver = DriverDevice(art.config, fsim_hardware(art.config, FIRST_ADDRESS + image.size)).driver
+    got = image.copy()
+    driver.run_image(got, layer["insn_addr"], layer["insn_count"])
+    assert driver.buffer.physical_address != 0
+    np.testing.assert_array_equal(got, expected.data)
