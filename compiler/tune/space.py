@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weft.compiler.backend.schedule import ORDERS, LayerGeom, Schedule, space, usage
+from weft.compiler.backend.schedule import ORDERS, LayerGeom, Schedule, cost, space, usage
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -81,7 +81,8 @@ class SearchSpace:
 
     def features(self, schedules: list[Schedule]) -> np.ndarray:
         """One row per schedule: its knobs and what its loop nest does (tiles, stages, executions, DRAM
-        bytes and instructions per unit, SRAM rows), log-scaled so that trees split on ratios."""
+        bytes and instructions per unit, SRAM rows, the back end's analytic cycle estimate), log-scaled so
+        that trees split on ratios."""
         return np.array([_features(self.geom, s, self.config) for s in schedules], dtype=np.float64)
 
 
@@ -91,5 +92,7 @@ def _features(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> list[floa
     knobs = [s.tile_n, s.tile_h, s.tile_w, s.tile_oc, s.tile_ic, kh, ORDERS.index(s.order), s.vthreads]
     nest = [u.tasks, u.stages, u.gemm_execs, u.alu_execs, u.load_bytes, u.load_insns, u.acc_bytes,
             u.compute_insns, u.store_bytes, u.store_insns, u.inp, u.wgt, u.acc, u.uops,
-            s.tile_n * s.tile_h * s.tile_w, u.gemm_execs / max(u.stages, 1), u.load_bytes / max(u.stages, 1)]
+            s.tile_n * s.tile_h * s.tile_w, u.gemm_execs / max(u.stages, 1), u.load_bytes / max(u.stages, 1),
+            # The back end's analytic estimate: a strong prior the trees can correct from few measurements.
+            cost(g, s, config)]
     return [float(k) for k in knobs] + [float(np.log2(1.0 + x)) for x in nest]
