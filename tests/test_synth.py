@@ -83,3 +83,5 @@ def test_tiny_synthesizes_to_xilinx_cells_and_fits_a_pynq(tmp_path, capsys):
 def test_tiny_places_and_routes_on_ecp5(tmp_path):
     report = place_and_route_ecp5(load_config("tiny"), cache=tmp_path)
     assert report["fmax_mhz"] and all(f > 0 for f in report["fmax_mhz"].values())
+    assert report["meets_clock"] == (min(report["fmax_mhz"].values()) >= report["target_mhz"])
+    assert report["utilization"]["TRELLIS_FF"]["used"] > 0
