@@ -192,3 +192,16 @@ def test_compile_command_takes_a_tuning_log(setup, tmp_path, capsys):
     art = Artifact.load(out)
     by_name = {x["name"]: x for x in art.sections["accel"].meta["layers"]}
     assert by_name[layer.geom.name]["schedule"] == r.best.to_dict()
+
+
+def test_bench_tune_compares_tuners_and_never_loses_to_the_default(setup):
+    from weft.compiler.tune.bench import bench_tune
+
+    _, _, layer = setup
+    out = bench_tune("tiny", model="small_resnet", trials=4, seeds=1, layers=layer.geom.name, batch=2)
+    (row,) = out["layers"]
+    assert row["layer"] == layer.geom.name and len(row["xgb_trials_to_95"]) == 1
+    assert row["tuned_cycles"] <= row["default_cycles"]
+    assert out["model_cycles_tuned"] <= out["model_cycles_default"]
+    assert out["model_cycles_default"] - out["model_cycles_tuned"] >= row["default_cycles"] - row["tuned_cycles"] - \
+        0.01 * row["default_cycles"]

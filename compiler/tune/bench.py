@@ -69,7 +69,7 @@ def _whole_model(proto: Any, cfg: Any, schedules: dict[str, Schedule]) -> tuple[
 
 
 def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int = 48, seeds: int = 3,
-               layers: str | None = None, repeat: int | None = None) -> dict[str, Any]:
+               layers: str | None = None, repeat: int | None = None, batch: int = 8) -> dict[str, Any]:
     """Per conv layer (distinct workloads): trials each tuner needs to reach 95% of the best found; and the
     whole model's accelerator cycles with default and with the best found schedules (timing model)."""
     from weft.compiler import models
@@ -97,7 +97,8 @@ def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int 
         default_cycles = None
         for tuner in runs:
             for seed in range(seeds):
-                r = tune_layer(layer, cfg, measurer, trials=trials, tuner=tuner, seed=seed, include_default=False)
+                r = tune_layer(layer, cfg, measurer, trials=trials, tuner=tuner, seed=seed, include_default=False,
+                               batch=batch)
                 key = workload_key(layer.geom)
                 if r.best is not None and r.best_cycles is not None and \
                         (key not in best_of or r.best_cycles < best_of[key][0]):
@@ -125,7 +126,7 @@ def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int 
     default = sum((r["default_cycles"] or 0) * n for r, n in zip(rows, layer_count.values(), strict=True))
     whole = _whole_model(getattr(models, model)(), cfg, {x.geom.name: best_of[workload_key(x.geom)][1]
                                                          for x in chosen if workload_key(x.geom) in best_of})
-    return {"config": cfg.name, "model": model, "trials": trials, "seeds": seeds, "layers": rows,
+    return {"config": cfg.name, "model": model, "trials": trials, "seeds": seeds, "batch": batch, "layers": rows,
             "xgb_trials_to_95_total": xgb, "random_trials_to_95_total": rnd,
             "speedup_trials": rnd / xgb if xgb else None,
             "conv_cycles_default": default, "conv_cycles_tuned": tuned,
