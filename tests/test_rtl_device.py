@@ -62,3 +62,21 @@ def test_watchdog_names_the_stuck_unit_and_the_session_recovers(mlp_rtl):
     again = sess.run(None, feeds)  # the simulation was restarted: the session still works
     for a, b in zip(expected, again, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_small_cnn_on_rtl_equals_fsim_equals_ref():
+    """The issue's bar: a compiled small CNN (the digits CNN: two convolutions, one stride 2, and a dense
+    layer) on `tiny`, through the driver on Verilator, to the bit."""
+    art, feeds = compiled("digits_cnn")
+    ref = weft.InferenceSession(art, device="ref").run(None, feeds)
+    fsim = weft.InferenceSession(art, device="fsim").run(None, feeds)
+    sess = weft.InferenceSession(art, device="rtl", simulator="verilator", timing="pynq", read_latency=8)
+    try:
+        out = sess.run(None, feeds)
+        assert sess.stats["cycles"] > 0
+    finally:
+        sess.device.close()
+    assert len(out) == len(ref)
+    for r, f, d in zip(ref, fsim, out, strict=True):
+        np.testing.assert_array_equal(r, f)
+        np.testing.assert_array_equal(f, d)
