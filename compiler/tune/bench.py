@@ -69,7 +69,7 @@ def _whole_model(proto: Any, cfg: Any, schedules: dict[str, Schedule]) -> tuple[
 
 
 def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int = 48, seeds: int = 3,
-               layers: str | None = None, repeat: int | None = None, batch: int = 8) -> dict[str, Any]:
+               layers: str | None = None, repeat: int | None = None, batch: int = 4) -> dict[str, Any]:
     """Per conv layer (distinct workloads): trials each tuner needs to reach 95% of the best found; and the
     whole model's accelerator cycles with default and with the best found schedules (timing model)."""
     from weft.compiler import models

@@ -19,7 +19,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where cycles come from: the timing model (fast) or the RTL under Verilator (exact, slow)")
     parser.add_argument("--layers", help="comma-separated layer names to tune (default: all accelerator layers)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch", type=int, default=8, help="schedules measured between cost-model fits")
+    parser.add_argument("--batch", type=int, default=4, help="schedules measured between cost-model fits")
     parser.add_argument("-o", "--output", help="JSON-lines log to append to (resumes from its records)")
     parser.add_argument("--show", nargs="*", metavar="LOG", help="merge these logs and print the best per workload")
     parser.add_argument("--merge-into", help="with --show: also write the merged log here")

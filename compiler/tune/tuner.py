@@ -112,7 +112,7 @@ def _default(layer: Layer, config: AcceleratorConfig, measurer: Measurer) -> tup
 
 
 def tune_layer(layer: Layer, config: AcceleratorConfig, measurer: Measurer, *, trials: int, tuner: str = "xgb",
-               log: TuningLog | None = None, seed: int = 0, batch: int = 8, epsilon: float = 0.1,
+               log: TuningLog | None = None, seed: int = 0, batch: int = 4, epsilon: float = 0.1,
                progress: Progress | None = None, include_default: bool = True) -> LayerResult:
     """Tune one layer for `trials` measurements in all (those already logged included). With
     `include_default` the back end's own choice is the first trial, so a tuned layer is never slower than
@@ -182,7 +182,7 @@ def tune_layer(layer: Layer, config: AcceleratorConfig, measurer: Measurer, *, t
 
 
 def tune_model(layers: list[Layer], config: AcceleratorConfig, measurer: Measurer, *, trials: int,
-               tuner: str = "xgb", log: TuningLog | None = None, seed: int = 0, batch: int = 8,
+               tuner: str = "xgb", log: TuningLog | None = None, seed: int = 0, batch: int = 4,
                show_progress: bool = True, include_default: bool = True) -> list[LayerResult]:
     """Tune every distinct workload of `layers` once (layers of one shape share their records)."""
     log = log if log is not None else TuningLog()
