@@ -107,7 +107,9 @@ def test_run_errors_exit_2(model_path, tmp_path, capsys):
     out = tmp_path / "n.weft"
     weft.compile(model_path, calibration={"input": rand(1, 3, 32, 32)}).save(out)
     _fails(["run", str(out), "--config", "tiny"], capsys, PRESETS["tiny"].hash, PRESETS["default"].hash)
-    _fails(["run", str(out), "--device", "pynq"], capsys, "device 'pynq' is not available")
+    _fails(["run", str(out), "--device", "tpu"], capsys, "device 'tpu' is not available")
+    # The board device exists but cannot start without its bitstream: it says what is missing.
+    _fails(["run", str(out), "--device", "pynq"], capsys, "device 'pynq' needs the bitstream")
     _fails(["run", str(out), "--input", f"image={tmp_path / 'x.npy'}"], capsys, "'image', which is not a model input")
     np.save(tmp_path / "x.npy", rand(1, 3, 16, 16))
     _fails(["run", str(out), "--input", f"input={tmp_path / 'x.npy'}", "--output", str(tmp_path / "y.npz")], capsys,
