@@ -20,9 +20,25 @@ def _input_arg(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _device_option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a name, got '{text}'")
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("artifact", help="a .weft file")
-    parser.add_argument("--device", default="ref", help="device to run on (ref; later fsim, rtl, cpu, pynq)")
+    parser.add_argument("--device", default="ref",
+                        help="device to run on: ref, fsim, rtl, pynq, cpu, cuda or remote:HOST:PORT")
+    parser.add_argument("--device-option", action="append", type=_device_option, default=[], metavar="KEY=VALUE",
+                        help="an option of the device (repeatable), e.g. bitstream=DIR for pynq, simulator=icarus "
+                             "for rtl, threads=2 for cpu; numbers are read as numbers")
     parser.add_argument("--config", default=None,
                         help="config the device is built for (default: the artifact's); another config is refused")
     parser.add_argument("--input", action="append", type=_input_arg, default=[], metavar="NAME=FILE.npy",
@@ -42,7 +58,8 @@ def run_run(args: argparse.Namespace) -> int:
     from weft.runtime.artifact import write_atomic
     from weft.runtime.session import InferenceSession
 
-    sess = InferenceSession(args.artifact, device=args.device, config=args.config)
+    options = dict(args.device_option)
+    sess = InferenceSession(args.artifact, device=args.device, config=args.config, **options)
     inputs = {arg.name: arg for arg in sess.get_inputs()}
     feeds: dict[str, np.ndarray] = {}
     for name, path in args.input:

@@ -95,7 +95,22 @@ def create_device(name: str, config: AcceleratorConfig, **options: Any) -> Devic
     if factory is None:
         known = ", ".join(available_devices())
         raise DeviceError(f"device '{name}' is not available in this build (available: {known})")
+    _check_options(name, factory, options)
     return factory(config, **options)
+
+
+def _check_options(name: str, factory: Callable[..., Device], options: Mapping[str, Any]) -> None:
+    """Refuse an option the device's factory does not take, naming it (factories that pass options on
+    through **kwargs check them themselves)."""
+    import inspect
+
+    params = inspect.signature(factory).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        accepted = [p for p in params if p != "config"]
+        raise DeviceError(f"device '{name}' has no option '{unknown[0]}' (options: {', '.join(accepted) or 'none'})")
 
 
 register_device("ref", RefDevice)

@@ -69,6 +69,15 @@ class FsimDevice(Device):
     def __init__(self, config: AcceleratorConfig, *, timing: bool = True,
                  on_layer: Callable[[dict[str, Any], Dram, str], None] | None = None, **sim_options: Any):
         super().__init__(config)
+        import inspect
+
+        from weft.sim.fsim import FunctionalSimulator
+
+        known = [p for p in inspect.signature(FunctionalSimulator).parameters if p != "config"]
+        unknown = sorted(set(sim_options) - set(known))
+        if unknown:
+            options = ", ".join(dict.fromkeys(["timing", "on_layer", *known]))
+            raise DeviceError(f"device 'fsim' has no option '{unknown[0]}' (options: {options})")
         self.sim_options = sim_options
         self.timing = timing
         #: Called as ``on_layer(layer, dram, "before" | "after")`` around each accelerator program (to

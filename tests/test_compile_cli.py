@@ -110,6 +110,10 @@ def test_run_errors_exit_2(model_path, tmp_path, capsys):
     _fails(["run", str(out), "--device", "tpu"], capsys, "device 'tpu' is not available")
     # The board device exists but cannot start without its bitstream: it says what is missing.
     _fails(["run", str(out), "--device", "pynq"], capsys, "device 'pynq' needs the bitstream")
+    _fails(["run", str(out), "--device", "fsim", "--device-option", "bogus=1"], capsys,
+           "device 'fsim' has no option 'bogus'")
+    _fails(["run", str(out), "--device", "ref", "--device-option", "threads=2"], capsys,
+           "device 'ref' has no option 'threads'")
     _fails(["run", str(out), "--input", f"image={tmp_path / 'x.npy'}"], capsys, "'image', which is not a model input")
     np.save(tmp_path / "x.npy", rand(1, 3, 16, 16))
     _fails(["run", str(out), "--input", f"input={tmp_path / 'x.npy'}", "--output", str(tmp_path / "y.npz")], capsys,
@@ -128,3 +132,13 @@ def test_calibration_file_path_works_from_python_and_bad_files_are_named(model_p
            capsys, "bad.npz: not a readable .npz file")
     _fails(["compile", str(model_path), "--calibration", str(tmp_path / "none.npz")], capsys,
            "no such calibration file")
+
+
+def test_run_passes_device_options(model_path, tmp_path, capsys):
+    out = tmp_path / "n.weft"
+    weft.compile(model_path, calibration={"input": rand(1, 3, 32, 32)}).save(out)
+    stats = tmp_path / "s.json"
+    assert main(["run", str(out), "--device", "fsim", "--device-option", "timing=0", "--stats", str(stats)]) == 0
+    assert json.loads(stats.read_text())["cycles"] is None  # the option reached the device: no timing model
+    assert main(["run", str(out), "--device", "fsim", "--stats", str(stats)]) == 0
+    assert json.loads(stats.read_text())["cycles"] > 0
