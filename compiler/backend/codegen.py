@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.runtime.artifact import Artifact
 
-__all__ = ["SECTION", "BackendError", "generate", "layer_geometry"]
+__all__ = ["SECTION", "BackendError", "generate", "layer_geometry", "lower_layer", "nonnegative_values", "value_bytes"]
 
 #: Name of the artifact section the back end writes.
 SECTION = "accel"
@@ -97,7 +97,7 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
     return LayerGeom(**common, kh=kh, kw=kw, sh=sh, sw=sw, pads=pads)  # type: ignore[arg-type]
 
 
-def _nonnegative(graph: Graph) -> set[str]:
+def nonnegative_values(graph: Graph) -> set[str]:
     """Values proven >= 0: outputs of layers whose epilogue ends clamping at >= 0 (and max-pools of them)."""
     out: set[str] = set()
     for node in graph.nodes:
@@ -118,7 +118,8 @@ def _nonnegative(graph: Graph) -> set[str]:
     return out
 
 
-def _value_bytes(graph: Graph, name: str, config: AcceleratorConfig) -> int:
+def value_bytes(graph: Graph, name: str, config: AcceleratorConfig) -> int:
+    """Bytes a packed activation value takes in the DRAM image (out_width integers)."""
     return int(np.prod(graph.values[name].shape)) * config.out_width // 8
 
 
@@ -154,14 +155,14 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
         for name in [node.inputs[0], *node.inputs[2:3], node.outputs[0]] if node.op == "qconv2d" else \
                 [*node.inputs, node.outputs[0]]:
             if name and name not in values and name not in graph.constants:
-                addr = plan.alloc(f"value:{name}", _value_bytes(graph, name, c))
-                values[name] = {"addr": addr, "bytes": _value_bytes(graph, name, c),
+                addr = plan.alloc(f"value:{name}", value_bytes(graph, name, c))
+                values[name] = {"addr": addr, "bytes": value_bytes(graph, name, c),
                                 "shape": list(graph.values[name].shape), "dtype": graph.values[name].dtype}
     const_base = plan.size
-    nonneg = _nonnegative(graph)
+    nonneg = nonnegative_values(graph)
     layers = []
     for node in accel:
-        layers.append(_lower_layer(node, graph, c, plan, values, schedules.get(node.name), latency_hiding,
+        layers.append(lower_layer(node, graph, c, plan, values, schedules.get(node.name), latency_hiding,
                                    node.inputs[0] in nonneg))
     meta = {
         "version": SECTION_VERSION, "dram_bytes": plan.size, "const_base": const_base,
@@ -173,8 +174,12 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     return meta
 
 
-def _lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.DramPlan,
-                 values: dict[str, dict[str, Any]], given: Any, latency_hiding: bool, nonneg: bool) -> dict[str, Any]:
+def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.DramPlan,
+                values: dict[str, dict[str, Any]], given: Any, latency_hiding: bool, nonneg: bool) -> dict[str, Any]:
+    """Lower one accelerator layer into `plan` (its instruction stream, uops and constants) and return the
+    layer's metadata. `values` maps value names to their DRAM placement; `given` is a schedule (or None for
+    the default); `nonneg` says the layer's input is proven >= 0. Used by :func:`generate` and by the
+    tuner's measurer, which lowers single layers with candidate schedules."""
     geom = layer_geometry(node, graph, c)
     rb = memory.row_bytes(c)
     steps = _steps(node)

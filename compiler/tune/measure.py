@@ -55,7 +55,7 @@ class LoweredLayer:
 
 def layers_of(graph: Graph, config: AcceleratorConfig) -> list[Layer]:
     """The accelerator layers of a partitioned, packed graph (``weft.compile(..., codegen=False)``)."""
-    nonneg = codegen._nonnegative(graph)
+    nonneg = codegen.nonnegative_values(graph)
     return [Layer(n, graph, codegen.layer_geometry(n, graph, config), n.inputs[0] in nonneg) for n in graph.nodes
             if n.attrs.get("target") == "accel"]
 
@@ -75,9 +75,9 @@ def lower(layer: Layer, schedule: Schedule, config: AcceleratorConfig) -> Lowere
             [*other.inputs, other.outputs[0]]
         for name in names:
             if name and name not in values and name not in graph.constants:
-                size = codegen._value_bytes(graph, name, c)
+                size = codegen.value_bytes(graph, name, c)
                 values[name] = {"addr": plan.alloc(f"value:{name}", size), "bytes": size}
-    meta = codegen._lower_layer(node, graph, c, plan, values, schedule, True, layer.nonnegative)
+    meta = codegen.lower_layer(node, graph, c, plan, values, schedule, True, layer.nonnegative)
     addr = meta["insn_addr"]
     data = next(d for a, d in plan.chunks if a == addr)
     return LoweredLayer(decode_insns(c, np.frombuffer(data, dtype=np.uint8)), addr, plan, meta)
