@@ -25,8 +25,10 @@ class Progress:
         self.done = 0
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.note = ""
         self._started = time.monotonic()
         self._drawn = 0.0
+        self._width = 0
 
     def __enter__(self) -> Progress:
         return self
@@ -34,8 +36,11 @@ class Progress:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def advance(self, steps: int = 1) -> None:
+    def advance(self, steps: int = 1, note: str | None = None) -> None:
+        """Count `steps` more done; `note` (shown after the bar, e.g. the current item) replaces the last."""
         self.done += steps
+        if note is not None:
+            self.note = note
         now = time.monotonic()
         if self.enabled and (now - self._drawn >= 0.1 or self.done == self.total):
             self._drawn = now
@@ -45,12 +50,16 @@ class Progress:
         elapsed = now - self._started
         if self.total:
             width = 30
-            filled = width * self.done // self.total
+            filled = width * min(self.done, self.total) // self.total
             bar = "#" * filled + "." * (width - filled)
-            text = f"\r{self.label} [{bar}] {self.done}/{self.total} {elapsed:.0f}s"
+            text = f"{self.label} [{bar}] {self.done}/{self.total} {elapsed:.0f}s"
         else:
-            text = f"\r{self.label} {self.done} {elapsed:.0f}s"
-        self.stream.write(text)
+            text = f"{self.label} {self.done} {elapsed:.0f}s"
+        if self.note:
+            text += f" {self.note}"
+        # Pad over what a longer previous line left.
+        self.stream.write("\r" + text.ljust(self._width))
+        self._width = len(text)
         self.stream.flush()
 
     def close(self) -> None:

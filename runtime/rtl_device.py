@@ -6,6 +6,11 @@
 reads and writes go over the design's AXI-Lite port, buffers into its AXI DRAM model (latency and
 bandwidth from :data:`weft.sim.dram_timing.TIMINGS`, optionally overridden). Resetting starts a fresh
 simulation (after a watchdog timeout the old one may be stuck mid-burst).
+
+With ``trace=True`` the testbench also records when the core runs and when each unit is busy or stalled
+(edge triggers, so the cost is a few callbacks per instruction), and the device keeps, per accelerator
+layer of the last run, the rows :func:`weft.runtime.trace.activity_rows` makes of them
+(:attr:`RtlDevice.trace_layers`, what ``weft run --device rtl --trace`` writes).
 """
 
 from __future__ import annotations
@@ -23,9 +28,15 @@ from typing import TYPE_CHECKING, Any
 from weft.runtime.devices import DeviceError, register_device
 from weft.runtime.driver import DriverDevice
 from weft.runtime.driver_fsim import FIRST_ADDRESS, BackendHardware
+from weft.runtime.trace import RtlLayer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    import numpy as np
+
     from weft.config import AcceleratorConfig
+    from weft.sim.dram import Dram
 
 __all__ = ["RtlBackend", "RtlDevice", "rtl_hardware"]
 
@@ -54,7 +65,8 @@ class RtlBackend:
 
     def __init__(self, config: AcceleratorConfig, size: int, *, simulator: str = "verilator",
                  timing: str = "pynq", read_latency: int | None = None, write_latency: int | None = None,
-                 read_duty: float | None = None, write_duty: float | None = None, build_root: Path | None = None):
+                 read_duty: float | None = None, write_duty: float | None = None, build_root: Path | None = None,
+                 trace: bool = False):
         from weft.sim.cosim import build
         from weft.sim.dram_timing import TIMINGS
 
@@ -63,7 +75,7 @@ class RtlBackend:
         overrides = {k: v for k, v in (("read_latency", read_latency), ("write_latency", write_latency),
                                        ("read_duty", read_duty), ("write_duty", write_duty)) if v is not None}
         self.timing = replace(TIMINGS[timing], **overrides)
-        self.config, self.simulator = config, simulator
+        self.config, self.simulator, self.trace = config, simulator, trace
         self.size = 1 << max(16, (size - 1).bit_length())
         self.build_dir = build(config, simulator, build_root)
         self.proc: subprocess.Popen | None = None
@@ -95,6 +107,8 @@ class RtlBackend:
             listener.close()
         self.conn.settimeout(REPLY_TIMEOUT_S)
         self.stream = self.conn.makefile("rb")
+        if self.trace:
+            self._call({"op": "trace_on"})
 
     def _tail(self) -> str:
         text = ""
@@ -143,6 +157,14 @@ class RtlBackend:
     def wait_irq(self, cycles: int) -> bool:
         return bool(self._call({"op": "wait_irq", "cycles": cycles})[0]["irq"])
 
+    def take_activity(self) -> dict[str, list[tuple[int, int]]]:
+        """The intervals (clock cycles) the recorder closed since the last take: ``run``, and per unit its
+        busy (``load``...) and stall (``stall_load``...) intervals. Needs ``trace=True``."""
+        if not self.trace:
+            raise DeviceError("this RTL simulation records no activity: create it with trace=True")
+        spans = self._call({"op": "trace_take"})[0]["intervals"]
+        return {name: [(int(a), int(b)) for a, b in pairs] for name, pairs in spans.items()}
+
     def hold_dram(self) -> None:
         """Stop answering DRAM reads (a stuck bus, for watchdog tests) until the next reset."""
         self._call({"op": "hold_dram"})
@@ -181,17 +203,22 @@ def rtl_hardware(config: AcceleratorConfig, nbytes: int, **options: Any) -> Back
 
 class RtlDevice(DriverDevice):
     """``InferenceSession(art, device="rtl", simulator="verilator"|"icarus", timing="pynq", read_latency=...,
-    write_latency=..., read_duty=..., write_duty=..., timeout_s=...)``. The simulation starts when the
-    artifact is loaded (its DRAM sized for the artifact's image)."""
+    write_latency=..., read_duty=..., write_duty=..., timeout_s=..., trace=False)``. The simulation starts
+    when the artifact is loaded (its DRAM sized for the artifact's image). With `trace`, each run keeps the
+    RTL's activity per accelerator layer in :attr:`trace_layers`. `on_layer` is the fsim device's hook."""
 
     name = "rtl"
 
-    def __init__(self, config: AcceleratorConfig, *, timeout_s: float = 600.0, **options: Any):
+    def __init__(self, config: AcceleratorConfig, *, timeout_s: float = 600.0, trace: bool = False,
+                 on_layer: Callable[[dict[str, Any], Dram, str], None] | None = None, **options: Any):
         from weft.runtime.fsim_device import FsimDevice
 
-        FsimDevice.__init__(self, config, timing=False)
-        self.options, self.timeout_s = options, timeout_s
+        FsimDevice.__init__(self, config, timing=False, on_layer=on_layer)
+        self.options, self.timeout_s, self.trace = {**options, "trace": trace}, timeout_s, trace
         self.hardware: BackendHardware | None = None
+        #: Per accelerator layer of the last run, in order (with ``trace=True``).
+        self.trace_layers: list[RtlLayer] = []
+        self._measured: dict[str, int] = {}
 
     def load(self, artifact: Any) -> None:
         from weft.runtime.driver import Driver
@@ -206,10 +233,59 @@ class RtlDevice(DriverDevice):
             self.driver.check_hardware()
         super().load(artifact)
 
+    def _make_simulator(self) -> Any:
+        return _Recording(self, super()._make_simulator())
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+        self.trace_layers = []
+        return super().run(feeds, keep_intermediates=keep_intermediates)
+
+    def layer_cycles(self, layer: dict[str, Any]) -> int | None:
+        """Cycles the RTL took for the layer's program when it last ran (None before)."""
+        return self._measured.get(layer["name"])
+
+    def _ran(self, dram: Dram, insn_addr: int, insn_count: int, stats: dict[str, Any]) -> None:
+        from weft.isa.encoding import decode_insns, layout_of
+        from weft.runtime.trace import activity_rows
+
+        assert self.artifact is not None and self.hardware is not None
+        layer = next((x for x in self.layers.values() if x["insn_addr"] == insn_addr), None)
+        name = layer["name"] if layer is not None else f"program at 0x{insn_addr:x}"
+        cycles = int(stats["cycles"])
+        self._measured[name] = cycles
+        if not self.trace:
+            return
+        activity = self.hardware.backend.take_activity()
+        words = dram.read(insn_addr, insn_count * (layout_of(self.config).insn_bits // 8))
+        rows, traced = activity_rows(self.config, decode_insns(self.config, words), activity)
+        if traced != cycles:
+            raise DeviceError(f"layer '{name}': the RTL trace spans {traced} cycles, the cycle counter says {cycles}")
+        ops = {node.name: node.op for node in self.artifact.graph.nodes}
+        offset = sum(x.cycles for x in self.trace_layers)
+        macs = cycles * self.config.batch * self.config.block_in * self.config.block_out
+        self.trace_layers.append(RtlLayer(name, ops.get(name, "?"), offset, cycles, rows,
+                                          stats["macs"] / macs if macs else 0.0))
+
     def close(self) -> None:
         if self.hardware is not None:
             self.hardware.close()
             self.hardware = None
+
+
+class _Recording:
+    """The driver's runner, followed by the device's bookkeeping (cycles, trace) after each program."""
+
+    def __init__(self, device: RtlDevice, runner: Any):
+        self.device, self.runner = device, runner
+
+    def run(self, dram: Dram, insn_addr: int, insn_count: int) -> dict[str, Any]:
+        hardware = self.device.hardware
+        if self.device.trace and hardware is not None:
+            hardware.backend.take_activity()  # what a failed run may have left
+        stats = self.runner.run(dram, insn_addr, insn_count)
+        self.device._ran(dram, insn_addr, insn_count, stats)
+        return stats
 
 
 register_device("rtl", RtlDevice)

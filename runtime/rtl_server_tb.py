@@ -7,7 +7,8 @@ AXI-Lite transfers), so a slow host changes nothing the design sees.
 
 Commands: read_reg, write_reg (AXI-Lite through ``AxiLiteMaster``), read_mem, write_mem (the AxiRam
 DRAM model's bytes), wait_irq (run up to ``cycles`` clock cycles or until irq), hold_dram (stop answering
-DRAM reads, for watchdog tests; the parent resets by starting a new simulation), quit.
+DRAM reads, for watchdog tests; the parent resets by starting a new simulation), trace_on (start an
+:class:`ActivityRecorder`), trace_take (its intervals so far, which it then forgets), quit.
 """
 
 from __future__ import annotations
@@ -19,11 +20,53 @@ import socket
 from typing import Any
 
 import cocotb
-from cocotb.triggers import ClockCycles, First, RisingEdge
+from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge
+from cocotb.utils import get_sim_time
 
 from weft.config import load_config
 from weft.sim.cocotb_tb.dram import DramTiming
-from weft.sim.cocotb_tb.tb import Testbench
+from weft.sim.cocotb_tb.tb import PERIOD_NS, Testbench
+
+#: The signals the recorder watches (paths below the core), by track: the core's run flag, each unit's
+#: busy register (it drops for at least a cycle between two instructions, so every high interval is one
+#: instruction) and its stall signal. Their high cycles are what the cycles, busy_* and stall_* counters
+#: count.
+WATCHED = {"run": ("running",), **{unit: (unit, "busy") for unit in ("load", "compute", "store")},
+           **{f"stall_{unit}": (unit, "stall") for unit in ("load", "compute", "store")}}
+
+
+class ActivityRecorder:
+    """High intervals [rise, fall) of the WATCHED signals, in clock cycles since time 0, from edge triggers:
+    the simulation calls back into Python twice per instruction, never once per cycle."""
+
+    def __init__(self, dut: Any):
+        self.intervals: dict[str, list[tuple[int, int]]] = {name: [] for name in WATCHED}
+        for name, path in WATCHED.items():
+            signal = dut.core
+            for part in path:
+                signal = getattr(signal, part)
+            cocotb.start_soon(self._watch(signal, self.intervals[name]))
+
+    @staticmethod
+    async def _watch(signal: Any, out: list[tuple[int, int]]) -> None:
+        while True:
+            if not (signal.value.is_resolvable and int(signal.value)):
+                await RisingEdge(signal)
+            rise = _cycle()
+            await FallingEdge(signal)
+            out.append((rise, _cycle()))
+
+    def take(self) -> dict[str, list[tuple[int, int]]]:
+        """The intervals closed so far, by track; the recorder forgets them."""
+        taken = {name: list(spans) for name, spans in self.intervals.items()}
+        for spans in self.intervals.values():
+            spans.clear()
+        return taken
+
+
+def _cycle() -> int:
+    """The clock cycle of now: signals change on rising clock edges, at multiples of the period."""
+    return round(get_sim_time("ns") / PERIOD_NS)
 
 
 def recv_message(conn: socket.socket, stream: Any) -> tuple[dict[str, Any], bytes]:
@@ -48,6 +91,7 @@ async def serve(dut: Any) -> None:
     await tb.reset()
     conn = socket.create_connection((host, int(port)))
     stream = conn.makefile("rb")
+    recorder: list[ActivityRecorder] = []  # one, once trace_on asked for it
     try:
         while True:
             cmd, payload = recv_message(conn, stream)
@@ -56,7 +100,16 @@ async def serve(dut: Any) -> None:
                 send_message(conn, {"ok": True})
                 return
             try:
-                reply, data = await _handle(tb, dut, cmd, payload)
+                if op == "trace_on":
+                    if not recorder:
+                        recorder.append(ActivityRecorder(dut))
+                    reply, data = {}, b""
+                elif op == "trace_take":
+                    if not recorder:
+                        raise ValueError("trace_take before trace_on")
+                    reply, data = {"intervals": recorder[0].take()}, b""
+                else:
+                    reply, data = await _handle(tb, dut, cmd, payload)
             except Exception as err:  # reported to the parent, which raises it there
                 reply, data = {"error": f"{type(err).__name__}: {err}"}, b""
             send_message(conn, {"ok": "error" not in reply, **reply}, data)

@@ -1,26 +1,36 @@
-"""Chrome/Perfetto traces of an artifact's accelerator activity, from the timing model.
+"""Chrome/Perfetto traces of an artifact's accelerator activity, from the timing model or from the RTL.
 
-Each accelerator layer's program is timed by :class:`weft.sim.timing.TimingModel` (timing does not depend
-on the data, so no run is needed); layers follow each other on one time axis as the runtime issues them.
+By default each accelerator layer's program is timed by :class:`weft.sim.timing.TimingModel` (timing does
+not depend on the data, so no run is needed). On the "rtl" device with ``trace=True`` the rows come from
+the simulated hardware instead: the testbench records when each unit's busy and stall signals rise and
+fall (:class:`weft.runtime.rtl_server_tb.ActivityRecorder`) and :func:`activity_rows` turns those
+intervals into the same per-instruction rows (:data:`weft.sim.timing.TRACE_DTYPE`). Either way layers
+follow each other on one time axis as the runtime issues them.
+
 The trace has one track per unit (load, compute, store) with one "X" slice per instruction and its stall,
 a slice per layer on a "layers" track, and a counter of how many units are busy, so the overlap that
-latency hiding buys shows as stacked slices and a counter above 1. Open it in ui.perfetto.dev or
-chrome://tracing.
+latency hiding buys shows as stacked slices and a counter above 1. ``otherData.source`` says where the
+times come from ("timing model" or "rtl"). Open it in ui.perfetto.dev or chrome://tracing.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from weft.isa.encoding import decode_insns
+from weft.isa.program import insn_kind
 from weft.runtime.artifact import Artifact, write_atomic
 from weft.runtime.devices import DeviceError
 
-__all__ = ["LayerTiming", "layer_timings", "trace_document", "write_trace"]
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+
+__all__ = ["LayerTiming", "RtlLayer", "activity_rows", "layer_timings", "trace_document", "write_trace"]
 
 SECTION = "accel"
 #: Track id of the per-layer slices, after the unit tracks (0..2).
@@ -35,6 +45,88 @@ class LayerTiming:
         self.op = op
         self.offset = offset
         self.report = report
+
+    @property
+    def cycles(self) -> int:
+        return int(self.report.cycles)
+
+    @property
+    def trace(self) -> np.ndarray:
+        return self.report.trace
+
+    @property
+    def utilization(self) -> float:
+        return float(self.report.utilization)
+
+
+@dataclass
+class RtlLayer:
+    """One accelerator layer as the RTL ran it: rows from :func:`activity_rows`, its cycles from the start of
+    the run (`offset`) and its MAC utilization."""
+
+    name: str
+    op: str
+    offset: int
+    cycles: int
+    trace: np.ndarray
+    utilization: float
+
+
+def activity_rows(config: AcceleratorConfig, insns: np.ndarray, intervals: dict[str, list[tuple[int, int]]]
+                  ) -> tuple[np.ndarray, int]:
+    """(TRACE_DTYPE rows, cycles) of one RTL run of `insns` from the recorder's intervals in clock cycles:
+    ``run`` (the core's run flag: exactly one), ``<unit>`` (busy) and ``stall_<unit>`` per unit.
+
+    Each unit runs its instructions in stream order and its busy register drops between two of them, so
+    the k-th busy interval of a unit is its k-th instruction. As in the timing model's rows, an
+    instruction starts in the cycle its unit takes it (one cycle before busy rises), ends when busy falls,
+    and is ready when the stall that ended as it was taken began (else when it started). So ``end - start
+    - 1`` summed over a unit is its busy counter, and ``start - ready`` its stall counter, to the cycle.
+    """
+    from weft.runtime.safety import unit_of
+    from weft.sim.fsim import INSN_KINDS
+    from weft.sim.timing import TRACE_DTYPE, UNIT_NAMES
+
+    runs = intervals["run"]
+    if len(runs) != 1:
+        raise DeviceError(f"the RTL trace holds {len(runs)} runs where one was expected")
+    origin, end = runs[0]
+    units = np.array([int(unit_of(r)) for r in insns], dtype=np.int8)
+    rows = np.zeros(len(insns), dtype=TRACE_DTYPE)
+    for u, unit in enumerate(UNIT_NAMES):
+        mine = np.flatnonzero(units == u)
+        busy = intervals[unit]
+        if len(busy) != len(mine):
+            raise DeviceError(f"the RTL's {unit} unit was busy {len(busy)} times for {len(mine)} instructions "
+                              "of its stream (the run stopped early?)")
+        stall_end = {fall: rise for rise, fall in _merged(intervals[f"stall_{unit}"])}
+        for i, (rise, fall) in zip(mine.tolist(), busy, strict=True):
+            start = rise - 1
+            ready = stall_end.get(start, start)
+            rows[i] = (i, u, INSN_KINDS.index(_kind(insns[i])), ready - origin, start - origin, fall - origin)
+    return rows, end - origin
+
+
+def _kind(insn: np.void) -> str:
+    """The instruction's kind as the functional simulator counts it (an empty LOAD or STORE is a nop)."""
+    kind = insn_kind(insn)
+    if kind.startswith("load") or kind == "store":
+        return kind if int(insn["x_size"]) else "nop"
+    return kind
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Intervals without empty ones, abutting ones joined (a simulator may show a combinational signal
+    glitch within one time step; the hardware's stall never ends and restarts in the same cycle)."""
+    out: list[tuple[int, int]] = []
+    for rise, fall in spans:
+        if fall <= rise:
+            continue
+        if out and out[-1][1] == rise:
+            out[-1] = (out[-1][0], fall)
+        else:
+            out.append((rise, fall))
+    return out
 
 
 def layer_timings(artifact: Artifact) -> list[LayerTiming]:
@@ -76,16 +168,19 @@ def _busy_counter(trace: np.ndarray, offset: int, us: float, pid: int) -> list[d
     return events
 
 
-def trace_document(artifact: Artifact) -> dict[str, Any]:
-    """The Chrome trace-event JSON object (``traceEvents`` in microseconds at the config's clock)."""
+def trace_document(artifact: Artifact, layers: list[RtlLayer] | None = None) -> dict[str, Any]:
+    """The Chrome trace-event JSON object (``traceEvents`` in microseconds at the config's clock): of the
+    RTL's `layers` when given (``RtlDevice.trace_layers``), else of the timing model's."""
     from weft.sim.timing import trace_events
 
     config = artifact.config
     us = 1.0 / config.clock_mhz
     events: list[dict[str, Any]] = []
-    timings = layer_timings(artifact)
+    timings: list[LayerTiming] | list[RtlLayer] = layer_timings(artifact) if layers is None else layers
+    if not timings:
+        raise DeviceError("nothing to trace: no accelerator layer ran (trace after a run of the session)")
     for i, lt in enumerate(timings):
-        layer_events = trace_events(lt.report.trace, config.clock_mhz, name=config.name)
+        layer_events = trace_events(lt.trace, config.clock_mhz, name=config.name)
         if i:  # the process and thread names once
             layer_events = [e for e in layer_events if e["ph"] != "M"]
         for e in layer_events:
@@ -94,19 +189,19 @@ def trace_document(artifact: Artifact) -> dict[str, Any]:
                 e["args"]["layer"] = lt.name
         events.extend(layer_events)
         events.append({"ph": "X", "pid": 0, "tid": _LAYER_TID, "name": lt.name, "ts": lt.offset * us,
-                       "dur": lt.report.cycles * us,
-                       "args": {"op": lt.op, "cycles": lt.report.cycles,
-                                "utilization": lt.report.utilization}})
-        events.extend(_busy_counter(lt.report.trace, lt.offset, us, 0))
+                       "dur": lt.cycles * us,
+                       "args": {"op": lt.op, "cycles": lt.cycles, "utilization": lt.utilization}})
+        events.extend(_busy_counter(lt.trace, lt.offset, us, 0))
     events.append({"ph": "M", "pid": 0, "tid": _LAYER_TID, "name": "thread_name", "args": {"name": "layers"}})
-    total = sum(int(lt.report.cycles) for lt in timings)
+    total = sum(lt.cycles for lt in timings)
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"config": config.name, "config_hash": config.hash, "clock_mhz": config.clock_mhz,
-                          "cycles": total, "source": "timing model"}}
+                          "cycles": total, "source": "timing model" if layers is None else "rtl"}}
 
 
-def write_trace(artifact: Artifact, path: str | Path) -> dict[str, Any]:
-    """Write the trace of `artifact` to `path` (JSON); returns the document's ``otherData``."""
-    doc = trace_document(artifact)
+def write_trace(artifact: Artifact, path: str | Path, layers: list[RtlLayer] | None = None) -> dict[str, Any]:
+    """Write the trace of `artifact` (of the RTL's `layers` when given) to `path` (JSON); returns the
+    document's ``otherData``."""
+    doc = trace_document(artifact, layers)
     write_atomic(Path(path), json.dumps(doc).encode())
     return doc["otherData"]
