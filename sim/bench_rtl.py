@@ -175,8 +175,9 @@ def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: s
     Verilator and Icarus (on `speed_config`, small enough for Icarus; the median of `repeat` runs).
 
     Cycle counts are deterministic; only the speeds vary from run to run. Other options of `weft bench`
-    (``model``) do not apply and are refused.
+    (``model``) do not apply and are refused. A progress bar on stderr (a terminal only) follows the runs.
     """
+    from weft.progress import Progress
     from weft.sim.cosim import simulator_available
     from weft.sim.dram_timing import TIMINGS
     from weft.sim.timing_calibrate import calibration_figures
@@ -189,18 +190,25 @@ def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: s
         raise ValueError("verilator is not installed: the RTL benchmark needs it")
     config = load_config(config_name)
     figures: dict[str, Any] = {"dram_model": {"name": timing, **TIMINGS[timing].to_dict()}}
-    figures["utilization"] = _measure(config, "verilator", blocks, timing)
     speed = load_config(speed_config)
-    figures["speed"] = {}
-    for sim in ("verilator", "icarus"):
-        if not simulator_available(sim):
-            continue
-        runs = [_measure(speed, sim, 8, timing) for _ in range(repeat)]
-        runs.sort(key=lambda r: r["sim_cycles_per_s"] or 0)
-        figures["speed"][sim] = runs[len(runs) // 2] | {"repeats": repeat}
-    # The timing model against the RTL on the random regression streams and a conv (weft.sim.timing).
-    figures["timing_model"] = {c.name: calibration_figures(c, timing=timing) for c in {config.hash: config,
-                                                                                      speed.hash: speed}.values()}
+    sims = [sim for sim in ("verilator", "icarus") if simulator_available(sim)]
+    calibrated = list({c.hash: c for c in (config, speed)}.values())
+    with Progress(1 + len(sims) * repeat + len(calibrated), "bench rtl") as bar:
+        figures["utilization"] = _measure(config, "verilator", blocks, timing)
+        bar.advance(note=f"{config.name} utilization: {figures['utilization']['cycles']:,} cycles")
+        figures["speed"] = {}
+        for sim in sims:
+            runs = []
+            for _ in range(repeat):
+                runs.append(_measure(speed, sim, 8, timing))
+                bar.advance(note=f"{speed.name} speed on {sim}: {runs[-1]['sim_cycles_per_s'] or 0:,} cycles/s")
+            runs.sort(key=lambda r: r["sim_cycles_per_s"] or 0)
+            figures["speed"][sim] = runs[len(runs) // 2] | {"repeats": repeat}
+        # The timing model against the RTL on the random regression streams and a conv (weft.sim.timing).
+        figures["timing_model"] = {}
+        for c in calibrated:
+            figures["timing_model"][c.name] = calibration_figures(c, timing=timing)
+            bar.advance(note=f"{c.name} timing model against the RTL")
     figures["speed"]["verilator_main"] = {
         key: figures["utilization"][key] for key in ("config", "cycles", "sim_wall_s", "sim_cycles_per_s")}
     return figures

@@ -6,7 +6,9 @@ simulator process runs a batch of jobs in order on one accelerator instance, so 
 over from job to job; the functional simulator runs the batch the same way on one instance.
 
 Builds are cached under ``build/`` by (config hash, fingerprint of the generator's sources, simulator),
-with a file lock so parallel test workers share one build.
+with a file lock so parallel test workers share one build. A :class:`weft.progress.Progress` given to
+:func:`run_jobs` or :func:`run_random` advances as each job's report appears (a thread watches the work
+directory while the simulator runs, so the simulation itself pays nothing).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -36,6 +39,7 @@ from weft.sim.fsim import FunctionalSimulator, SimError, insn_region
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
+    from weft.progress import Progress
     from weft.sim.dram import Dram
 
 __all__ = [
@@ -206,11 +210,13 @@ def job_from_program(config: AcceleratorConfig, insns: np.ndarray, dram: Dram, l
 
 
 def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing: str = "ideal",
-             build_root: Path | None = None, seed: int = 0, log_level: str = "WARNING") -> list[JobResult]:
+             build_root: Path | None = None, seed: int = 0, log_level: str = "WARNING",
+             progress: Progress | None = None) -> list[JobResult]:
     """Run `jobs` in order in one simulator process; returns the RTL's final DRAM and registers of each.
 
     `timing` names the DRAM model (:data:`weft.sim.dram_timing.TIMINGS`); `seed` seeds its random
-    stalls; `log_level` is cocotb's (the simulator's log is kept only when a run fails).
+    stalls; `log_level` is cocotb's (the simulator's log is kept only when a run fails); `progress`
+    advances once per finished job.
     """
     from weft.sim.dram_timing import TIMINGS
 
@@ -234,6 +240,7 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
                                         "jobs": entries}))
         runner = _runner(sim)
         log = work / "sim.log"
+        follower = _JobFollower(jobs, [Path(e["report_out"]) for e in entries], progress)
         try:
             with redirect_stdout(sys.stderr):
                 runner.test(test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
@@ -242,6 +249,8 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
                             log_file=log)
         except SystemExit:
             pass  # judged below from what the jobs wrote
+        finally:
+            follower.stop()
         results = []
         for k, entry in enumerate(entries):
             if not Path(entry["report_out"]).exists():
@@ -250,6 +259,39 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
             results.append(JobResult(dram=np.load(entry["dram_out"], allow_pickle=False),
                                      report=json.loads(Path(entry["report_out"]).read_text())))
     return results
+
+
+class _JobFollower:
+    """Advances `bar` as the simulator writes each job's report (polled 5x/s from a thread); nothing
+    without a bar, or with a quiet one."""
+
+    POLL_S = 0.2
+
+    def __init__(self, jobs: Sequence[Job], reports: list[Path], bar: Progress | None):
+        self.jobs, self.reports, self.bar = jobs, reports, bar
+        self.seen = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if bar is not None and bar.enabled:
+            self._thread = threading.Thread(target=self._follow, name="cosim-progress", daemon=True)
+            self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(self.POLL_S):
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        assert self.bar is not None
+        while self.seen < len(self.reports) and self.reports[self.seen].exists():
+            self.seen += 1
+            label = self.jobs[self.seen - 1].label or f"job {self.seen - 1}"
+            self.bar.advance(note=label)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._catch_up()
 
 
 @dataclass
@@ -365,8 +407,10 @@ def check_job(config: AcceleratorConfig, result: JobResult, expected: np.ndarray
 
 
 def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_insns: int = 120,
-               timing: str = "ideal", build_root: Path | None = None, **program_options: Any) -> RandomReport:
-    """Random legal programs (:func:`weft.sim.randprog.random_program`) on the RTL and on the oracle."""
+               timing: str = "ideal", build_root: Path | None = None, progress: Progress | None = None,
+               **program_options: Any) -> RandomReport:
+    """Random legal programs (:func:`weft.sim.randprog.random_program`) on the RTL and on the oracle;
+    `progress` advances once per seed the RTL has run."""
     from weft.sim.randprog import random_program
 
     started = time.perf_counter()
@@ -387,7 +431,8 @@ def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_i
         expected.append(image.data)
         programs.append(insns)
         stats.append(st)
-    results = run_jobs(config, sim, jobs, timing=timing, build_root=build_root, seed=int(seeds[0]) if seeds else 0)
+    results = run_jobs(config, sim, jobs, timing=timing, build_root=build_root, seed=int(seeds[0]) if seeds else 0,
+                       progress=progress)
     for seed, result, want, insns, st in zip(seeds, results, expected, programs, stats, strict=True):
         problem = check_job(config, result, want, insns)
         mismatch = compare(config, want, result.dram, insns) if "DRAM byte" in problem else None

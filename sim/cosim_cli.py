@@ -23,13 +23,15 @@ def add_cosim_arguments(parser: argparse.ArgumentParser) -> None:
 def run_cosim(args: argparse.Namespace) -> int:
     from weft.cli import print_json
     from weft.config import load_config
+    from weft.progress import Progress
     from weft.sim.cosim import run_random
 
     if args.count < 1:
         raise ValueError(f"--count must be at least 1, got {args.count}")
     config = load_config(args.config)
     seeds = list(range(args.seed, args.seed + args.count))
-    report = run_random(config, args.sim, seeds, n_insns=args.insns, timing=args.dram)
+    with Progress(len(seeds), f"cosim {config.name} on {args.sim}") as bar:
+        report = run_random(config, args.sim, seeds, n_insns=args.insns, timing=args.dram, progress=bar)
     print_json(report.summary())
     for result in report.results:
         if not result.passed:
