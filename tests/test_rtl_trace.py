@@ -26,12 +26,16 @@ verilator = pytest.mark.skipif(not simulator_available("verilator"), reason="ver
 TOLERANCE = 0.05
 
 
-@pytest.fixture(scope="module")
-def traced():
+@pytest.fixture(scope="module", params=[
+    "verilator",
+    pytest.param("icarus", marks=[pytest.mark.slow, pytest.mark.skipif(not simulator_available("icarus"),
+                                                                        reason="icarus is not installed")]),
+])
+def traced(request):
     """The small MLP on `tiny` through the rtl device with trace=True, and the counters after each layer."""
     art, feeds = compiled("mlp")
     counters: dict[str, dict[str, int]] = {}
-    sess = weft.InferenceSession(art, device="rtl", trace=True)
+    sess = weft.InferenceSession(art, device="rtl", simulator=request.param, trace=True)
 
     def after(layer, dram, when):
         if when == "after":  # the counters hold until the next START
