@@ -26,13 +26,14 @@ from cocotb.utils import get_sim_time
 from weft.config import load_config
 from weft.sim.cocotb_tb.dram import DramTiming
 from weft.sim.cocotb_tb.tb import PERIOD_NS, Testbench
+from weft.sim.timing import UNIT_NAMES
 
-#: The signals the recorder watches (paths below the core), by track: the core's run flag, each unit's
-#: busy register (it drops for at least a cycle between two instructions, so every high interval is one
-#: instruction) and its stall signal. Their high cycles are what the cycles, busy_* and stall_* counters
-#: count.
-WATCHED = {"run": ("running",), **{unit: (unit, "busy") for unit in ("load", "compute", "store")},
-           **{f"stall_{unit}": (unit, "stall") for unit in ("load", "compute", "store")}}
+#: The signals the recorder watches, by track, as paths below the core (the Verilog keeps the hierarchy
+#: and the submodule names of :class:`weft.hw.top.Core`): the core's run flag, each unit's busy register
+#: (it drops for at least a cycle between two instructions, so every high interval is one instruction)
+#: and its stall signal. Their high cycles are what the cycles, busy_* and stall_* counters count.
+WATCHED = {"run": ("running",), **{unit: (unit, "busy") for unit in UNIT_NAMES},
+           **{f"stall_{unit}": (unit, "stall") for unit in UNIT_NAMES}}
 
 
 class ActivityRecorder:
