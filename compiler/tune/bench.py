@@ -1,43 +1,59 @@
 """`weft bench tune`: trials to reach 95% of the best-found cycles, XGBoost vs random search, over seeds,
-on a model's conv layers; and tuned vs default cycles of the tuned layers (timing model).
+on a model's conv layers; and tuned vs default cycles of the tuned layers and of the whole model (timing
+model).
+
+Three searches per layer and seed, on the same budget, none given the back end's default:
+
+* ``random``: uniform samples without repetition (the baseline);
+* ``xgb``: the model-based tuner starting cold (its first batch is random);
+* ``xgb_transfer``: the same tuner whose cost model also learns from the layers tuned before this one in
+  the same run (model order, this seed's ``xgb_transfer`` measurements only; the first layer starts cold),
+  which is how ``weft tune`` runs over a model (AutoTVM's transfer learning).
 
 Each distinct workload is measured through a cache shared by every run (measurements are deterministic),
-so several seeds cost little more than one. The best found is the best any run of that layer measured.
+and batches are measured on a process pool, so several seeds cost little more than one. The best found
+is the best any run of that layer measured.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from typing import Any
 
-from weft.compiler.backend.codegen import BackendError
 from weft.compiler.backend.schedule import Schedule
 from weft.compiler.tune.log import workload_key
 from weft.compiler.tune.measure import Layer, TimingMeasurer, layers_of
-from weft.compiler.tune.tuner import tune_layer
+from weft.compiler.tune.parallel import PoolMeasurer
+from weft.compiler.tune.tuner import Transfer, tune_layer
+from weft.progress import Progress
 
-__all__ = ["bench_tune"]
+__all__ = ["SEARCHES", "bench_tune"]
+
+SEARCHES = ("random", "xgb", "xgb_transfer")
 
 
 class _Cached:
-    """A measurer that remembers (failures included)."""
+    """A measurer that remembers (failures included) and measures what it lacks as one batch."""
 
-    def __init__(self, inner: TimingMeasurer) -> None:
+    def __init__(self, inner: PoolMeasurer) -> None:
         self.inner, self.name = inner, inner.name
         self.cache: dict[tuple[str, Schedule], int | Exception] = {}
 
     def measure(self, layer: Layer, schedule: Schedule) -> int:
-        key = (workload_key(layer.geom), schedule)
-        if key not in self.cache:
-            try:
-                self.cache[key] = self.inner.measure(layer, schedule)
-            except (BackendError, ValueError) as err:  # refused by the back end: remembered, raised again
-                self.cache[key] = err
-        got = self.cache[key]
+        got = self.measure_many(layer, [schedule])[0]
         if isinstance(got, Exception):
             raise got
         return got
+
+    def measure_many(self, layer: Layer, schedules: list[Schedule]) -> list[int | Exception]:
+        key = workload_key(layer.geom)
+        todo = list(dict.fromkeys(s for s in schedules if (key, s) not in self.cache))
+        if todo:
+            for s, got in zip(todo, self.inner.measure_many(layer, todo), strict=True):
+                self.cache[key, s] = got
+        return [self.cache[key, s] for s in schedules]
 
 
 def _trials_to(history: list[int | None], target: float) -> int | None:
@@ -69,9 +85,11 @@ def _whole_model(proto: Any, cfg: Any, schedules: dict[str, Schedule]) -> tuple[
 
 
 def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int = 48, seeds: int = 3,
-               layers: str | None = None, repeat: int | None = None, batch: int = 4) -> dict[str, Any]:
-    """Per conv layer (distinct workloads): trials each tuner needs to reach 95% of the best found; and the
-    whole model's accelerator cycles with default and with the best found schedules (timing model)."""
+               layers: str | None = None, repeat: int | None = None, batch: int = 4,
+               jobs: int | None = None, threads: int | None = None) -> dict[str, Any]:
+    """Per conv layer (distinct workloads, model order): trials each search needs to reach 95% of the best
+    found; and the whole model's accelerator cycles with default and with the best found schedules.
+    Measurements run on `jobs` processes (`weft bench tune --threads N`; default: every core)."""
     from weft.compiler import models
     from weft.compiler.driver import compile_model
     from weft.compiler.errors import CalibrationWarning
@@ -85,50 +103,63 @@ def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int 
         art = compile_model(getattr(models, model)(), config=cfg, codegen=False)
     chosen = [x for x in layers_of(art.graph, cfg) if x.geom.kind == "conv"]
     if layers:
-        chosen = [x for x in chosen if x.geom.name in layers.split(",")]
+        wanted = layers.split(",")
+        unknown = sorted(set(wanted) - {x.geom.name for x in chosen})
+        if unknown:
+            raise ValueError(f"'{unknown[0]}' is not a conv layer of {model} on the accelerator")
+        chosen = [x for x in chosen if x.geom.name in wanted]
     distinct: dict[str, Layer] = {}
     for x in chosen:
         distinct.setdefault(workload_key(x.geom), x)
-    measurer = _Cached(TimingMeasurer(cfg))
+    jobs = jobs if jobs is not None else threads if threads is not None else (os.cpu_count() or 1)
     best_of: dict[str, tuple[int, Schedule]] = {}
+    transfers = [Transfer() for _ in range(seeds)]
     rows, started = [], time.perf_counter()
-    for layer in distinct.values():
-        runs: dict[str, list[list[int | None]]] = {"xgb": [], "random": []}
-        default_cycles = None
-        for tuner in runs:
+    with PoolMeasurer(lambda: TimingMeasurer(cfg), jobs) as pool, \
+            Progress(len(distinct) * seeds * len(SEARCHES), "bench tune") as bar:
+        measurer = _Cached(pool)
+        for layer in distinct.values():
+            key = workload_key(layer.geom)
+            runs: dict[str, list[list[int | None]]] = {name: [] for name in SEARCHES}
+            default_cycles, default_schedule = None, None
             for seed in range(seeds):
-                r = tune_layer(layer, cfg, measurer, trials=trials, tuner=tuner, seed=seed, include_default=False,
-                               batch=batch)
-                key = workload_key(layer.geom)
-                if r.best is not None and r.best_cycles is not None and \
-                        (key not in best_of or r.best_cycles < best_of[key][0]):
-                    best_of[key] = (r.best_cycles, r.best)
-                runs[tuner].append(r.history)
-                default_cycles, default_schedule = r.default_cycles, r.default
-        best = min(c for hs in runs.values() for h in hs for c in h if c is not None)
-        target = best / 0.95  # 95% of the best's speed
-        row: dict[str, Any] = {"layer": layer.geom.name, "best_cycles": best, "default_cycles": default_cycles}
-        for tuner, hs in runs.items():
-            reach = [_trials_to(h, target) for h in hs]
-            # A run that never reached the target counts as the whole budget plus one.
-            row[f"{tuner}_trials_to_95"] = reach
-            row[f"{tuner}_mean"] = sum(trials + 1 if t is None else t for t in reach) / len(reach)
-        # What a compile with the log uses: the best found, or the default where the search did worse.
-        key = workload_key(layer.geom)
-        if default_cycles is not None and (key not in best_of or default_cycles <= best_of[key][0]):
-            best_of[key] = (default_cycles, default_schedule)
-        row["tuned_cycles"] = best_of[key][0]
-        rows.append(row)
-    xgb = sum(r["xgb_mean"] for r in rows)
-    rnd = sum(r["random_mean"] for r in rows)
+                for search in SEARCHES:
+                    r = tune_layer(layer, cfg, measurer, trials=trials, tuner="random" if search == "random" else "xgb",
+                                   seed=seed, include_default=False, batch=batch,
+                                   transfer=transfers[seed] if search == "xgb_transfer" else None)
+                    if search == "xgb_transfer" and r.features is not None and r.costs is not None:
+                        transfers[seed].add(r.features, r.costs)
+                    if r.best is not None and r.best_cycles is not None and \
+                            (key not in best_of or r.best_cycles < best_of[key][0]):
+                        best_of[key] = (r.best_cycles, r.best)
+                    runs[search].append(r.history)
+                    default_cycles, default_schedule = r.default_cycles, r.default
+                    bar.advance()
+            best = min(c for hs in runs.values() for h in hs for c in h if c is not None)
+            target = best / 0.95  # 95% of the best's speed
+            row: dict[str, Any] = {"layer": layer.geom.name, "best_cycles": best, "default_cycles": default_cycles}
+            for search, hs in runs.items():
+                reach = [_trials_to(h, target) for h in hs]
+                # A run that never reached the target counts as the whole budget plus one.
+                row[f"{search}_trials_to_95"] = reach
+                row[f"{search}_mean"] = sum(trials + 1 if t is None else t for t in reach) / len(reach)
+            # What a compile with the log uses: the best found, or the default where the search did worse.
+            if default_cycles is not None and (key not in best_of or default_cycles <= best_of[key][0]):
+                best_of[key] = (default_cycles, default_schedule)
+            row["tuned_cycles"] = best_of[key][0]
+            rows.append(row)
+    totals = {search: sum(r[f"{search}_mean"] for r in rows) for search in SEARCHES}
     layer_count = {k: sum(workload_key(x.geom) == k for x in chosen) for k in distinct}
     tuned = sum(r["tuned_cycles"] * n for r, n in zip(rows, layer_count.values(), strict=True))
     default = sum((r["default_cycles"] or 0) * n for r, n in zip(rows, layer_count.values(), strict=True))
     whole = _whole_model(getattr(models, model)(), cfg, {x.geom.name: best_of[workload_key(x.geom)][1]
                                                          for x in chosen if workload_key(x.geom) in best_of})
-    return {"config": cfg.name, "model": model, "trials": trials, "seeds": seeds, "batch": batch, "layers": rows,
-            "xgb_trials_to_95_total": xgb, "random_trials_to_95_total": rnd,
-            "speedup_trials": rnd / xgb if xgb else None,
+    return {"config": cfg.name, "model": model, "trials": trials, "seeds": seeds, "batch": batch, "jobs": jobs,
+            "layers": rows,
+            **{f"{search}_trials_to_95_total": totals[search] for search in SEARCHES},
+            # Fewer trials than random to reach 95% of the best: cold, and with transfer between layers.
+            "speedup_trials": totals["random"] / totals["xgb"] if totals["xgb"] else None,
+            "speedup_trials_transfer": totals["random"] / totals["xgb_transfer"] if totals["xgb_transfer"] else None,
             "conv_cycles_default": default, "conv_cycles_tuned": tuned,
             "model_cycles_default": whole[0], "model_cycles_tuned": whole[1],
             "measurements": len(measurer.cache), "seconds": time.perf_counter() - started}

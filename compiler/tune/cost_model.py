@@ -21,15 +21,26 @@ class XGBCostModel:
     def trained(self) -> bool:
         return self._booster is not None
 
-    def fit(self, x: np.ndarray, cycles: np.ndarray) -> None:
+    def fit(self, x: np.ndarray, cycles: np.ndarray, groups: list[int] | None = None) -> None:
+        """Learn the order of `cycles` within each group (consecutive rows; one group when None): the rows
+        of one workload form a group, so other workloads' measurements (transfer learning) teach which
+        features make a schedule fast without mixing their scales."""
         import xgboost as xgb
 
         if len(x) < 2:
             return
-        # Relevance: higher for fewer cycles, normalised by the best seen so the labels are scale free.
-        y = np.min(cycles) / np.asarray(cycles, dtype=np.float64)
+        cycles = np.asarray(cycles, dtype=np.float64)
+        groups = [len(x)] if groups is None else list(groups)
+        if sum(groups) != len(x):
+            raise ValueError(f"groups cover {sum(groups)} rows, the data has {len(x)}")
+        # Relevance: higher for fewer cycles, normalised by the group's best so the labels are scale free.
+        y = np.empty_like(cycles)
+        start = 0
+        for n in groups:
+            y[start:start + n] = np.min(cycles[start:start + n]) / cycles[start:start + n]
+            start += n
         data = xgb.DMatrix(x, label=y)
-        data.set_group([len(x)])
+        data.set_group(groups)
         params = {"objective": "rank:pairwise", "max_depth": 6, "eta": 0.3, "min_child_weight": 1,
                   "subsample": 1.0, "seed": self.seed, "nthread": 1, "verbosity": 0}
         self._booster = xgb.train(params, data, num_boost_round=self.rounds)

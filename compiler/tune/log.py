@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ from weft.compiler.backend.schedule import LayerGeom, Schedule
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["TuningLog", "best_schedules", "record", "workload_key"]
+__all__ = ["TuningLog", "best_schedules", "record", "task_record", "workload_key"]
 
 
 def workload_key(geom: LayerGeom) -> str:
@@ -37,6 +37,20 @@ def record(geom: LayerGeom, config: AcceleratorConfig, schedule: Schedule, cycle
     return {"workload": workload_key(geom), "config": config.hash, "layer": geom.name,
             "schedule": schedule.to_dict(), "cycles": cycles, "measurer": measurer, "error": error,
             "time": time.time()}
+
+
+def _as_dict(schedule: Any) -> dict[str, Any]:
+    return schedule.to_dict() if hasattr(schedule, "to_dict") else dict(schedule)
+
+
+def task_record(workload: str, target: str, layer: str, schedule: dict[str, Any], cost: int | None, measurer: str,
+                error: str | None = None, unit: str = "cycles") -> dict[str, Any]:
+    """A record of any tuning task (accelerator layer or host kernel); `unit` says what `cycles` counts."""
+    rec = {"workload": workload, "config": target, "layer": layer, "schedule": schedule, "cycles": cost,
+           "measurer": measurer, "error": error, "time": time.time()}
+    if unit != "cycles":
+        rec["unit"] = unit
+    return rec
 
 
 def _read(path: Path) -> Iterator[dict[str, Any]]:
@@ -76,24 +90,40 @@ class TuningLog:
             with self.path.open("a") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
 
-    def measured(self, workload: str, config_hash: str) -> dict[Schedule, int | None]:
-        """Every schedule measured for a workload on a config -> its best cycles (None: it failed)."""
-        out: dict[Schedule, int | None] = {}
+    def measured(self, workload: str, config_hash: str,
+                 parse: Callable[[Mapping[str, Any]], Hashable] = Schedule.from_dict) -> dict[Any, int | None]:
+        """Every schedule measured for a workload on a config (or host target) -> its best cycles (None: it
+        failed); `parse` turns a logged schedule into a point (accelerator schedules by default)."""
+        out: dict[Any, int | None] = {}
         for rec in self.records:
             if rec["workload"] != workload or rec["config"] != config_hash:
                 continue
-            s = Schedule.from_dict(rec["schedule"])
+            s = parse(rec["schedule"])
             c = rec["cycles"]
             old = out.get(s)
             out[s] = c if old is None else (old if c is None else min(old, c))
         return out
 
-    def best(self, workload: str, config_hash: str) -> tuple[Schedule, int] | None:
-        ok = [(c, s) for s, c in self.measured(workload, config_hash).items() if c is not None]
+    def best(self, workload: str, config_hash: str,
+             parse: Callable[[Mapping[str, Any]], Hashable] = Schedule.from_dict) -> tuple[Any, int] | None:
+        ok = [(c, s) for s, c in self.measured(workload, config_hash, parse).items() if c is not None]
         if not ok:
             return None
-        c, s = min(ok, key=lambda cs: (cs[0], json.dumps(cs[1].to_dict(), sort_keys=True)))
+        c, s = min(ok, key=lambda cs: (cs[0], json.dumps(_as_dict(cs[1]), sort_keys=True)))
         return s, c
+
+    def others(self, config_hash: str, exclude: set[str]) -> dict[str, dict[str, tuple[dict[str, Any], int]]]:
+        """Successful records on a config (or host target) of workloads outside `exclude`: workload ->
+        schedule JSON -> (schedule dict, best cycles). What a cost model learns from before a new task."""
+        out: dict[str, dict[str, tuple[dict[str, Any], int]]] = {}
+        for rec in self.records:
+            if rec["config"] != config_hash or rec["workload"] in exclude or rec["cycles"] is None:
+                continue
+            by = out.setdefault(rec["workload"], {})
+            key = json.dumps(rec["schedule"], sort_keys=True)
+            if key not in by or rec["cycles"] < by[key][1]:
+                by[key] = (rec["schedule"], rec["cycles"])
+        return out
 
     def summary(self, config_hash: str | None = None) -> list[dict[str, Any]]:
         """One row per (workload, config): layer names seen, trials, best cycles and schedule."""

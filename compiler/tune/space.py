@@ -18,7 +18,7 @@ from weft.compiler.backend.schedule import ORDERS, LayerGeom, Schedule, cost, sp
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["KNOBS", "SearchSpace"]
+__all__ = ["KNOBS", "SearchSpace", "features_of_schedule"]
 
 #: The knobs a schedule turns, in feature order.
 KNOBS = ("tile_n", "tile_h", "tile_w", "tile_oc", "tile_ic", "tile_kh", "order", "vthreads")
@@ -83,10 +83,11 @@ class SearchSpace:
         """One row per schedule: its knobs and what its loop nest does (tiles, stages, executions, DRAM
         bytes and instructions per unit, SRAM rows, the back end's analytic cycle estimate), log-scaled so
         that trees split on ratios."""
-        return np.array([_features(self.geom, s, self.config) for s in schedules], dtype=np.float64)
+        return np.array([features_of_schedule(self.geom, s, self.config) for s in schedules], dtype=np.float64)
 
 
-def _features(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> list[float]:
+def features_of_schedule(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> list[float]:
+    """The cost model's feature row of schedule `s` of layer `g` (see :meth:`SearchSpace.features`)."""
     u = usage(g, s, config)
     kh = g.kh if s.tile_kh is None else s.tile_kh
     knobs = [s.tile_n, s.tile_h, s.tile_w, s.tile_oc, s.tile_ic, kh, ORDERS.index(s.order), s.vthreads]
