@@ -37,17 +37,23 @@ class CpuDevice(Device):
     """Generated host code: float graphs (``target="cpu"``) and the integer layers of quantized ones.
 
     `threads`: threads per kernel (default: every core this process may use); `cache_dir`: a folder for
-    compiled object files shared between processes (none by default: compiling is cached in memory only).
+    compiled object files shared between processes (none by default: compiling is cached in memory only);
+    `tuning_log`: a ``weft tune --target cpu`` log whose fastest schedules, timed on this machine with
+    as many threads, the convolutions of float graphs take (the others keep the heuristic's tiles).
     """
 
     name = "cpu"
 
-    def __init__(self, config: AcceleratorConfig, *, threads: int | None = None, cache_dir: str | Path | None = None):
+    def __init__(self, config: AcceleratorConfig, *, threads: int | None = None, cache_dir: str | Path | None = None,
+                 tuning_log: str | Path | None = None):
         super().__init__(config)
         if threads is not None and int(threads) < 1:
             raise DeviceError(f"device 'cpu': threads must be at least 1, got {threads}")
+        if tuning_log is not None and not Path(tuning_log).is_file():
+            raise DeviceError(f"device 'cpu': tuning log '{tuning_log}' does not exist")
         self.threads = int(threads) if threads is not None else default_threads()
         self.cache_dir = cache_dir
+        self.tuning_log = tuning_log
         self.plan: Any = None
 
     def load(self, artifact: Artifact) -> None:
@@ -56,7 +62,13 @@ class CpuDevice(Device):
             from weft.compiler.llvm.graph import plan_graph
         except ImportError as err:
             raise DeviceError(f"device 'cpu' needs llvmlite ({err}); install weft[compiler]") from None
-        self.plan = plan_graph(artifact.graph, cache_dir=self.cache_dir)
+        try:
+            self.plan = plan_graph(artifact.graph, cache_dir=self.cache_dir, tuning_log=self.tuning_log,
+                                   threads=self.threads)
+        except ValueError as err:  # an unreadable tuning log
+            if self.tuning_log is None:
+                raise
+            raise DeviceError(f"device 'cpu': {err}") from None
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
@@ -68,7 +80,8 @@ class CpuDevice(Device):
         outputs, layers = self.plan.run(arrays, self.threads, timings=True)
         values = self.plan.values() if keep_intermediates else {}
         figures = {"cycles": None, "layers": layers, "threads": self.threads, "kernels": self.plan.kernels,
-                   "compile_seconds": self.plan.compile_seconds}
+                   "compile_seconds": self.plan.compile_seconds,
+                   "tuned_convs": sum(tuned for _, _, tuned in self.plan.convs.values())}
         return outputs, figures, values
 
 

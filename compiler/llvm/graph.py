@@ -13,9 +13,10 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,12 +32,18 @@ from weft.compiler.llvm.jit import CompiledKernel, compile_ir
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.target import Target, host_target
 
+if TYPE_CHECKING:
+    from weft.compiler.llvm.nn import ConvSchedule
+    from weft.compiler.tune.log import TuningLog
+
 __all__ = ["HostPlan", "allocate_host", "cross_compile", "plan_graph", "plan_steps"]
 
 
-def plan_steps(graph: Graph, target: Target) -> HostPlan:
-    """The layouts, tensors and kernel steps of `graph` for `target`, not yet compiled or allocated."""
+def plan_steps(graph: Graph, target: Target, tuned: Mapping[str, ConvSchedule] | None = None) -> HostPlan:
+    """The layouts, tensors and kernel steps of `graph` for `target`, not yet compiled or allocated.
+    `tuned`: conv workload key -> schedule (from a tuning log); other convolutions take the heuristic's."""
     p = Planner(graph, target, {**FLOAT_HANDLERS, **QUANT_HANDLERS}, QUANT_OPS)
+    p.tuned = dict(tuned or {})
     p.halos = plan_halos(graph)
     inputs = {}
     for name in graph.inputs:
@@ -49,13 +56,27 @@ def plan_steps(graph: Graph, target: Target) -> HostPlan:
         outs = [graph.values[o].logical_shape for o in node.outputs]
         layers.append((node.name, node.op, macs_of(node, ins, outs), list(outs[0] or ())))
     outputs = {name: p.primary[name] if name in p.primary else p.get(name) for name in graph.outputs}
-    return HostPlan(graph, target, p.steps, inputs, outputs, p.all, layers, 0.0, dict(p.primary))
+    return HostPlan(graph, target, p.steps, inputs, outputs, p.all, layers, 0.0, dict(p.primary), convs=p.convs)
 
 
 def plan_graph(graph: Graph, target: Target | None = None, *, cache_dir: str | Path | None = None,
-               compile_threads: int | None = None) -> HostPlan:
-    """Plan, compile and allocate `graph` for the host (see the module docstring)."""
-    plan = plan_steps(graph, target or host_target())
+               compile_threads: int | None = None, tuning_log: str | Path | TuningLog | None = None,
+               threads: int | None = None) -> HostPlan:
+    """Plan, compile and allocate `graph` for the host (see the module docstring).
+
+    `tuning_log`: a ``weft tune --target cpu`` log; each convolution whose workload the log timed on this
+    machine with `threads` threads (required with a log: timings depend on it) takes its fastest logged
+    schedule (:func:`weft.compiler.tune.host.tuned_schedules`), the others the heuristic's tiles.
+    ``plan.convs`` says which schedule each convolution got."""
+    target = target or host_target()
+    tuned = None
+    if tuning_log is not None:
+        if threads is None:
+            raise ValueError("plan_graph: a tuning log needs `threads` (tuning records are per thread count)")
+        from weft.compiler.tune.host import tuned_schedules
+
+        tuned = tuned_schedules(tuning_log, threads, target)
+    plan = plan_steps(graph, target, tuned)
     start = time.perf_counter()
     _compile(plan.steps, plan.target, cache_dir, compile_threads)
     plan.compile_seconds = time.perf_counter() - start

@@ -16,8 +16,7 @@ from weft.compiler.float_ops import conv_out_size, full_pads, pool_geometry
 from weft.compiler.ir import Graph, Node, numpy_dtype
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import nn
-from weft.compiler.llvm.elementwise import Operand
-from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
+from weft.compiler.llvm.expr import Expr, cast, dtype_of_numpy, maximum, minimum
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
 from weft.compiler.llvm.te import Kernel
@@ -73,8 +72,7 @@ def _fused_conv(p: Planner, node: Node) -> None:
     spec = nn.ConvSpec(x_shape[0], c, phys[2], phys[3], o, kh, kw, strides, bi, bo,  # type: ignore[arg-type]
                        offset=offset, out=(oh, ow), out_halo=out_halo)
     args = [src, _const(p, node, "w", nn.pack_conv_weights(w, bi, bo)), _const(p, node, "b", bias.reshape(o // bo, bo))]
-    residual = None
-    conv_shape = (x_shape[0], o, oh, ow)
+    r_layout = None
     if res_name:
         if len(out_shape) == 4:
             r_t = p.get(res_name, None, node)
@@ -84,8 +82,11 @@ def _fused_conv(p: Planner, node: Node) -> None:
             r_t = p.get(res_name, PLAIN, node)
         args.append(r_t)
         r_layout = r_t.layout if r_t.layout.blocked else Layout(bo)  # (N, O) is (N, O/bo, 1, 1, bo)
-        residual = Operand(Buffer("residual", r_layout.physical(conv_shape)), conv_shape, r_layout)
-    kernel = nn.conv_kernel("conv", spec, p.target, act=act, clip=clip, residual=residual)
+    # the kernel comes from its workload, exactly as host tuning builds and times it
+    workload = nn.ConvWorkload(spec, act, clip, r_layout)
+    schedule = p.tuned.get(workload.key)
+    p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
+    kernel = workload.kernel(p.target, schedule)
     if len(out_shape) == 2:  # a dense layer over a whole image: (N, O/bo, 1, 1, bo) is (N, O)
         y = p.new(node.outputs[0], out_shape, PLAIN)
     else:

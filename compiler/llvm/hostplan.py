@@ -83,6 +83,8 @@ class HostPlan:
     values_by_name: dict[str, Tensor] = field(default_factory=dict)
     #: the plan's buffers are reused by every run: one run at a time
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: conv node -> (ConvWorkload, ConvSchedule, whether a tuning log chose it)
+    convs: dict[str, tuple[Any, Any, bool]] = field(default_factory=dict)
 
     @property
     def kernels(self) -> int:
@@ -152,6 +154,10 @@ class Planner:
         self.primary: dict[str, Tensor] = {}
         self.steps: list[Step] = []
         self.all: list[Tensor] = []
+        #: conv workload key -> the schedule a tuning log picked (the rest take the heuristic's)
+        self.tuned: Mapping[str, Any] = {}
+        #: conv node -> (workload, schedule, tuned), as the handlers chose them
+        self.convs: dict[str, tuple[Any, Any, bool]] = {}
 
     # ---- tensors -----------------------------------------------------------------------------------
     def new(self, name: str, shape: Sequence[int], layout: Layout, dtype: str = "f32", primary: bool = True) -> Tensor:

@@ -13,13 +13,18 @@ and its schedule builds the register-blocked micro-kernel::
         y = act(acc + bias (+ residual))         # the epilogue, once per output element
 
 Tile sizes come from the target: ``bo`` is the SIMD width in floats, and ``r * ocb`` accumulators plus
-``ocb`` weight registers stay well inside the register file.
+``ocb`` weight registers stay well inside the register file. :func:`conv_tiles` is the heuristic choice;
+a :class:`ConvSchedule` (tiles, the order of the reduction loops, which loops run outermost) is what host
+tuning (:mod:`weft.compiler.tune.host`) measures instead, per :class:`ConvWorkload`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import itertools
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +35,9 @@ from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, reduce_sum
 
 __all__ = [
-    "ConvSpec", "conv_kernel", "conv_tiles", "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights",
-    "pack_dense_weights", "pool_kernel", "softmax_kernel",
+    "OUTER_ORDERS", "REDUCE_LOOPS", "ConvSchedule", "ConvSpec", "ConvWorkload", "conv_kernel", "conv_tiles",
+    "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights", "pack_dense_weights", "pool_kernel",
+    "reduce_orders", "softmax_kernel",
 ]
 
 Epilogue = Callable[[Expr, list[Expr]], Expr]
@@ -107,10 +113,146 @@ def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:
     return best
 
 
+#: the reduction loops outside the innermost input-channel loop (rc.i), in the default order
+REDUCE_LOOPS = ("rco", "rkh", "rkw")
+#: which loops run outside the micro-kernel, outermost first ("|" ends the parallel, fused loops):
+#: "co": n, oc.o, oh | ow.o   (a thread keeps one block of weights hot over many rows)
+#: "oh": n, oh, oc.o | ow.o   (a row of input stays hot over every block of output channels)
+#: "ow": n, oh | ow.o, oc.o   (one input tile stays hot over every block of output channels)
+OUTER_ORDERS = ("co", "oh", "ow")
+
+
+@dataclass(frozen=True)
+class ConvSchedule:
+    """How a convolution's micro-kernel is blocked and its loops ordered (see the module docstring).
+
+    `r` output pixels along W times `ocb` output channel blocks accumulate in registers; `order` is the
+    order of the reduction loops outside rc.i (outermost first); `outer` one of :data:`OUTER_ORDERS`.
+    Every schedule computes the same sums, in another order: results differ only by float rounding.
+    """
+
+    r: int
+    ocb: int
+    order: tuple[str, ...] = REDUCE_LOOPS
+    outer: str = "co"
+
+    def __post_init__(self) -> None:
+        if self.r < 1 or self.ocb < 1:
+            raise ValueError(f"conv schedule: r and ocb must be positive, got r={self.r}, ocb={self.ocb}")
+        if sorted(self.order) != sorted(REDUCE_LOOPS):
+            raise ValueError(f"conv schedule: order must be a permutation of {','.join(REDUCE_LOOPS)}, got "
+                             f"{','.join(self.order)}")
+        if self.outer not in OUTER_ORDERS:
+            raise ValueError(f"conv schedule: outer must be one of {', '.join(OUTER_ORDERS)}, got '{self.outer}'")
+
+    def registers(self) -> int:
+        """Vector registers the micro-kernel keeps live: r * ocb accumulators and ocb weight vectors."""
+        return self.r * self.ocb + self.ocb
+
+    def illegal_for(self, spec: ConvSpec, target: Target) -> str | None:
+        """Why this schedule is not one tuning may pick for `spec` on `target` (None: it is)."""
+        _, ow = spec.out_hw
+        blocks = spec.cout // spec.bo
+        if ow % self.r:
+            return f"r={self.r} does not divide the output width {ow}"
+        if blocks % self.ocb:
+            return f"ocb={self.ocb} does not divide the {blocks} output channel blocks"
+        if self.registers() > target.vector_registers:
+            return f"r*ocb + ocb = {self.registers()} registers, the target has {target.vector_registers}"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"r": self.r, "ocb": self.ocb, "order": ",".join(self.order), "outer": self.outer}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ConvSchedule:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a conv schedule is a mapping, got {data!r}")
+        unknown = sorted(set(data) - {"r", "ocb", "order", "outer"})
+        if unknown or "r" not in data or "ocb" not in data:
+            raise ValueError(f"not a conv schedule: {dict(data)} (fields: r, ocb, order, outer)")
+        r, ocb = data["r"], data["ocb"]
+        if not (isinstance(r, int) and isinstance(ocb, int)) or isinstance(r, bool) or isinstance(ocb, bool):
+            raise ValueError(f"conv schedule: r and ocb must be integers, got {dict(data)}")
+        order = data.get("order", ",".join(REDUCE_LOOPS))
+        if not isinstance(order, str):
+            raise ValueError(f"conv schedule: order must be a string like 'rco,rkh,rkw', got {order!r}")
+        return cls(r, ocb, tuple(order.split(",")), str(data.get("outer", "co")))
+
+    @classmethod
+    def default(cls, spec: ConvSpec, target: Target) -> ConvSchedule:
+        """The heuristic's choice (:func:`conv_tiles`), in the default loop orders."""
+        return cls(*conv_tiles(spec, target))
+
+
+def reduce_orders(spec: ConvSpec) -> list[tuple[str, ...]]:
+    """The orders of :data:`REDUCE_LOOPS` that differ for `spec`: loops of one iteration go anywhere, so
+    only the first order (in permutation order) of each arrangement of the longer loops is kept."""
+    extents = {"rco": spec.cin // spec.bi, "rkh": spec.kh, "rkw": spec.kw}
+    seen, out = set(), []
+    for order in itertools.permutations(REDUCE_LOOPS):
+        real = tuple(a for a in order if extents[a] > 1)
+        if real not in seen:
+            seen.add(real)
+            out.append(order)
+    return out
+
+
+@dataclass(frozen=True)
+class ConvWorkload:
+    """What one convolution kernel computes, without the node's name: the spec and its fused epilogue
+    (activation, clip bounds, and the layout of a residual it adds; None: no residual). Layers of the
+    same shape share a workload, and so a tuning record (:attr:`key`)."""
+
+    spec: ConvSpec
+    act: str = "none"
+    clip: tuple[float | None, float | None] | None = None
+    residual: Layout | None = None
+
+    def __post_init__(self) -> None:
+        if self.clip is not None:
+            lo, hi = self.clip
+            object.__setattr__(self, "clip", (None if lo is None else float(lo), None if hi is None else float(hi)))
+
+    @property
+    def key(self) -> str:
+        fields = {"kind": "conv", **asdict(self.spec), "act": self.act,
+                  "clip": list(self.clip) if self.clip is not None else None,
+                  "residual": [self.residual.block, self.residual.halo] if self.residual is not None else None}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_key(cls, key: str) -> ConvWorkload:
+        """The workload of a :attr:`key` (ValueError when `key` is not one)."""
+        try:
+            fields = json.loads(key)
+            if not isinstance(fields, dict) or fields.pop("kind", None) != "conv":
+                raise ValueError("not a conv workload")
+            act, clip, res = fields.pop("act"), fields.pop("clip"), fields.pop("residual")
+            for name in ("stride", "offset", "out"):
+                if fields.get(name) is not None:
+                    fields[name] = tuple(fields[name])
+            spec = ConvSpec(**fields)
+            return cls(spec, act, tuple(clip) if clip is not None else None,  # type: ignore[arg-type]
+                       Layout(*res) if res is not None else None)
+        except (json.JSONDecodeError, TypeError, KeyError, AttributeError, ValueError) as err:
+            raise ValueError(f"not a conv workload key: {key[:120]} ({err})") from None
+
+    def kernel(self, target: Target, schedule: ConvSchedule | None = None, name: str = "conv") -> Kernel:
+        residual = None
+        if self.residual is not None:
+            s = self.spec
+            shape = (s.n, s.cout, *s.out_hw)
+            residual = Operand(Buffer("residual", self.residual.physical(shape)), shape, self.residual)
+        return conv_kernel(name, self.spec, target, act=self.act, clip=self.clip, residual=residual,
+                           tiles=schedule)
+
+
 def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,
-                residual: Operand | None = None, tiles: tuple[int, int] | None = None) -> Kernel:
+                residual: Operand | None = None, tiles: tuple[int, int] | ConvSchedule | None = None) -> Kernel:
     """Convolution + bias (+ residual) (+ ReLU or clip), blocked layouts. Parameters: x, w (packed), bias
-    (O/bo, bo), [residual], y."""
+    (O/bo, bo), [residual], y. `tiles`: (r, ocb) or a whole :class:`ConvSchedule` (default: the
+    heuristic's, :func:`conv_tiles`)."""
     s = spec
     oh_, ow_ = s.out_hw
     x = Buffer("x", (s.n, s.cin // s.bi, s.h, s.w, s.bi))
@@ -142,16 +284,21 @@ def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none",
                     store=lambda idx: halo.at(*idx))
     else:
         y = compute("y", domain, body, epilogue=epilogue)
-    r, ocb = tiles or conv_tiles(s, target)
+    if tiles is None:
+        tiles = ConvSchedule.default(s, target)
+    elif not isinstance(tiles, ConvSchedule):
+        tiles = ConvSchedule(*tiles)
     n, co, oh, ow, c = y.axes
-    owo, owi = y.split(ow, r)
-    coo, coi = y.split(co, ocb)
-    y.reorder(n, coo, oh, owo, rco, rkh, rkw, rci, owi, coi, c)
+    owo, owi = y.split(ow, tiles.r)
+    coo, coi = y.split(co, tiles.ocb)
+    reduction = [{"rco": rco, "rkh": rkh, "rkw": rkw}[a] for a in tiles.order]
+    outside = {"co": (n, coo, oh, owo), "oh": (n, oh, coo, owo), "ow": (n, oh, owo, coo)}[tiles.outer]
+    y.reorder(*outside, *reduction, rci, owi, coi, c)
     y.cache_write()
     y.vectorize(c)
     y.unroll(owi)
     y.unroll(coi)
-    outer = y.fuse(n, coo, oh)
+    outer = y.fuse(*outside[:2 if tiles.outer == "ow" else 3])
     y.parallel(outer)
     inputs = [x, w, b] + ([residual.buffer] if residual is not None else [])
     return Kernel(name, inputs, [y.out], [y])

@@ -13,6 +13,12 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("model", nargs="?", help="ONNX model to tune (omit with --show)")
     add_config_option(parser)
+    parser.add_argument("--target", choices=("accel", "cpu"), default="accel",
+                        help="what to tune: the accelerator layers, or the host convolutions of the model's float "
+                             "graph (as `weft run --device cpu` runs it), timed on this CPU")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="with --target cpu: threads the kernels run on (default: every core this process may "
+                             "use); records are per thread count")
     parser.add_argument("--trials", type=int, default=64, help="measurements per distinct layer workload")
     parser.add_argument("--tuner", choices=("xgb", "random"), default="xgb", help="search strategy")
     parser.add_argument("--measure", choices=("timing", "rtl"), default="timing",
@@ -48,6 +54,17 @@ def run_tune(args: argparse.Namespace) -> int:
         raise ValueError("give the log to write with -o LOG")
     from weft.compiler.driver import compile_model
     from weft.compiler.errors import CalibrationWarning
+
+    if args.target == "cpu":
+        from weft.compiler.tune.host import tune_host
+        from weft.runtime.cpu_device import default_threads
+
+        graph = compile_model(args.model, target="cpu", config=args.config).graph
+        results = tune_host(graph, args.threads or default_threads(), trials=args.trials, tuner=args.tuner,
+                            log=TuningLog(args.output), seed=args.seed, batch=args.batch,
+                            layers=args.layers.split(",") if args.layers else None)
+        print_json([r.summary() for r in results])
+        return 0
     from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer, layers_of
     from weft.compiler.tune.tuner import tune_model
 

@@ -133,12 +133,13 @@ class TuningLog:
                 groups.setdefault((rec["workload"], rec["config"]), []).append(rec)
         rows = []
         for (wl, ch), recs in groups.items():
-            best = self.best(wl, ch)
+            # schedules as logged (accelerator layers and host kernels alike), hashable
+            best = self.best(wl, ch, lambda d: frozenset(d.items()))
             rows.append({"layers": sorted({r.get("layer") or "?" for r in recs}), "config": ch,
                          "workload": json.loads(wl), "trials": len(recs),
-                         "failed": sum(r["cycles"] is None for r in recs),
+                         "failed": sum(r["cycles"] is None for r in recs), "unit": recs[0].get("unit", "cycles"),
                          "best_cycles": best[1] if best else None,
-                         "best_schedule": best[0].to_dict() if best else None})
+                         "best_schedule": dict(sorted(best[0])) if best else None})
         return rows
 
     def write(self, path: str | Path) -> None:
