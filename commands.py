@@ -19,6 +19,7 @@ BENCHES: dict[str, str] = {
     "compile": "weft.compiler.bench:bench_compile",
     "latency": "weft.compiler.bench:bench_latency",
     "cpu": "weft.compiler.llvm.bench:bench_cpu",
+    "cpu-tune": "weft.compiler.llvm.bench:bench_cpu_tune",
     "tune": "weft.compiler.tune.bench:bench_tune",
 }
 

@@ -49,7 +49,7 @@ class CpuDevice(Device):
         super().__init__(config)
         if threads is not None and int(threads) < 1:
             raise DeviceError(f"device 'cpu': threads must be at least 1, got {threads}")
-        if tuning_log is not None and not Path(tuning_log).is_file():
+        if isinstance(tuning_log, (str, Path)) and not Path(tuning_log).is_file():  # (or a TuningLog)
             raise DeviceError(f"device 'cpu': tuning log '{tuning_log}' does not exist")
         self.threads = int(threads) if threads is not None else default_threads()
         self.cache_dir = cache_dir

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bench_cpu", "measure_peak"]
+__all__ = ["bench_cpu", "bench_cpu_tune", "measure_peak"]
 
 #: the issue's goal: weft's latency at most this many times onnxruntime's
 GOAL_RATIO = 1.5
@@ -132,12 +132,21 @@ def _bench_matmul(threads: int, repeat: int) -> dict[str, Any]:
     return _op_figures("512x512 @ 512x512", 2 * n**3, times, err)
 
 
+def _ort_session(onnx_model: Any, threads: int) -> Any:
+    """onnxruntime's CPU provider on `threads` threads, one operator at a time (as weft runs)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
 def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: int | None = None,
               seed: int = 0) -> dict[str, Any]:
     """Latency of `model` (batch 1) on weft's "cpu" device and on onnxruntime, same threads; then the
     conv and matmul operator figures against the measured peak. Times are medians in milliseconds."""
-    import onnxruntime as ort
-
     from weft.compiler import models
     from weft.compiler.driver import compile_model
     from weft.runtime.cpu_device import default_threads
@@ -154,11 +163,7 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
     artifact = compile_model(onnx_model, target="cpu", config=config)
     sess = InferenceSession(artifact, device="cpu", threads=threads)
     compile_seconds = time.perf_counter() - start
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    ort_sess = ort.InferenceSession(onnx_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ort_sess = _ort_session(onnx_model, threads)
     x = {inp.name: np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
     got, want = sess.run(None, x)[0], ort_sess.run(None, x)[0]
     err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
@@ -194,4 +199,88 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
         "slowest_layers": [{"name": layer["name"], "op": layer["op"], "ms": layer["seconds"] * 1e3,
                             "gflops": 2 * layer["macs"] / max(layer["seconds"], 1e-12) / 1e9}
                            for layer in slowest],
+    }
+
+
+def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threads: int | None = None,
+                   trials: int = 24, seed: int = 0, log: str | None = None) -> dict[str, Any]:
+    """Tune the model's distinct host convolutions against CPU time (`trials` per workload, xgb with
+    transfer between workloads; `log`: a JSON-lines log to resume from and append to), then per workload
+    the heuristic's schedule against the tuned one, and the whole model (batch 1) untuned, tuned and on
+    onnxruntime, all on `threads` threads.
+
+    The machine is shared, so each comparison alternates its contenders in blocks: per workload, three
+    rounds of (default, tuned) measurements, each the fastest of its samples, keeping each contender's
+    fastest; for the model, three rounds of (untuned, tuned, onnxruntime) runs, reporting medians and
+    best runs in milliseconds."""
+    from weft.compiler import models
+    from weft.compiler.driver import compile_model
+    from weft.compiler.tune.host import CpuTimeMeasurer, host_tasks, tuned_schedules
+    from weft.compiler.tune.log import TuningLog
+    from weft.compiler.tune.tuner import tune_tasks
+    from weft.runtime.cpu_device import default_threads
+    from weft.runtime.session import InferenceSession
+
+    if model not in models.MODELS:
+        raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
+    threads = threads or default_threads()
+    onnx_model = models.MODELS[model]()
+    artifact = compile_model(onnx_model, target="cpu", config=config)
+    tasks = host_tasks(artifact.graph, threads)
+    tuning_log = TuningLog(log)
+    measurer = CpuTimeMeasurer()
+    start = time.perf_counter()
+    results = tune_tasks(tasks, measurer, trials=trials, log=tuning_log, seed=seed, batch=8)  # type: ignore[arg-type]
+    tune_seconds = time.perf_counter() - start
+    best = tuned_schedules(tuning_log, threads)
+    workloads = []
+    for r in results:
+        task = next(t for t in tasks if t.workload == r.workload)
+        default, tuned = task.defaults()[0], best.get(r.workload, task.defaults()[0])
+        ns = {"default": [], "tuned": []}
+        for _ in range(3):
+            for name, s in (("default", default), ("tuned", tuned)):
+                ns[name].append(measurer.measure(task.subject, s))
+        d, t = min(ns["default"]), min(ns["tuned"])
+        workloads.append({"layers": [x.name for x in tasks if x.workload == r.workload], "space": r.space,
+                          "trials": len(r.history), "default_ns": d, "tuned_ns": t, "speedup": d / t,
+                          "default": default.to_dict(), "tuned": tuned.to_dict()})
+    conv_default = sum(w["default_ns"] * len(w["layers"]) for w in workloads) / 1e6
+    conv_tuned = sum(w["tuned_ns"] * len(w["layers"]) for w in workloads) / 1e6
+
+    inp = onnx_model.graph.input[0]
+    shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+    x = {inp.name: np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+    plain = InferenceSession(artifact, device="cpu", threads=threads)
+    tuned_sess = InferenceSession(artifact, device="cpu", threads=threads, tuning_log=tuning_log)
+    ort_sess = _ort_session(onnx_model, threads)
+    want = ort_sess.run(None, x)[0]
+    errors = {}
+    for name, sess in (("untuned", plain), ("tuned", tuned_sess)):
+        got = sess.run(None, x)[0]
+        errors[name] = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+    runners = {"untuned": lambda: plain.run(None, x), "tuned": lambda: tuned_sess.run(None, x),
+               "onnxruntime": lambda: ort_sess.run(None, x)}
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    rounds = 3
+    for _ in range(rounds):
+        for name, fn in runners.items():
+            time.sleep(0.05)  # let onnxruntime's spinning threads park
+            times[name] += _times(fn, max(1, repeat // rounds), warmup=2)
+    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    best_ms = {k: min(v) * 1e3 for k, v in times.items()}
+    return {
+        "model": model, "batch": 1, "threads": threads, "trials_per_workload": trials,
+        "workloads": len(workloads), "conv_layers": len(tasks), "tune_seconds": tune_seconds,
+        "measurements": sum(w["trials"] for w in workloads), "target": tasks[0].target if tasks else None,
+        "per_workload": workloads,
+        "conv_ms_default": conv_default, "conv_ms_tuned": conv_tuned, "conv_speedup": conv_default / conv_tuned,
+        "untuned_ms": ms["untuned"], "tuned_ms": ms["tuned"], "onnxruntime_ms": ms["onnxruntime"],
+        "untuned_best_ms": best_ms["untuned"], "tuned_best_ms": best_ms["tuned"],
+        "onnxruntime_best_ms": best_ms["onnxruntime"],
+        "speedup": ms["untuned"] / ms["tuned"], "best_speedup": best_ms["untuned"] / best_ms["tuned"],
+        "ratio_untuned": ms["untuned"] / ms["onnxruntime"], "ratio_tuned": ms["tuned"] / ms["onnxruntime"],
+        "best_ratio_tuned": best_ms["tuned"] / best_ms["onnxruntime"], "goal_ratio": GOAL_RATIO,
+        "tuned_convs": (tuned_sess.stats or {}).get("tuned_convs"),
+        "max_rel_err_vs_onnxruntime": errors,
     }
