@@ -4,6 +4,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+# The same KEY=VALUE parser as `weft run --device-option` (numbers read as numbers).
+from weft.runtime.cli import _device_option
+
+if TYPE_CHECKING:
+    from weft.compiler.tune.measure import Measurer
+    from weft.config import AcceleratorConfig
 
 __all__ = ["add_tune_arguments", "run_tune"]
 
@@ -21,8 +29,15 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                              "use); records are per thread count")
     parser.add_argument("--trials", type=int, default=64, help="measurements per distinct layer workload")
     parser.add_argument("--tuner", choices=("xgb", "random"), default="xgb", help="search strategy")
-    parser.add_argument("--measure", choices=("timing", "rtl"), default="timing",
-                        help="where cycles come from: the timing model (fast) or the RTL under Verilator (exact, slow)")
+    parser.add_argument("--measure", choices=("timing", "rtl", "board"), default="timing",
+                        help="where cycles come from: the timing model (fast), the RTL under Verilator (exact, "
+                             "slow) or a PYNQ board's cycle counter (needs a board with the pynq package, or the "
+                             "stand-in tests/fake_pynq on PYTHONPATH, and --device-option bitstream=PATH)")
+    parser.add_argument("--device-option", action="append", type=_device_option, default=[], metavar="KEY=VALUE",
+                        help="with --measure board: an option of the pynq device (repeatable): bitstream=PATH "
+                             "(required; its manifest.json beside it), spec=REGS.json, ip_name=NAME, timeout_s=S")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="with --measure board: runs per schedule, the fewest cycles kept (DRAM refresh jitter)")
     parser.add_argument("--layers", help="comma-separated layer names to tune (default: all accelerator layers)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=4, help="schedules measured between cost-model fits")
@@ -65,7 +80,7 @@ def run_tune(args: argparse.Namespace) -> int:
                             layers=args.layers.split(",") if args.layers else None)
         print_json([r.summary() for r in results])
         return 0
-    from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer, layers_of
+    from weft.compiler.tune.measure import layers_of
     from weft.compiler.tune.tuner import tune_model
 
     cfg = load_config(args.config)
@@ -79,8 +94,29 @@ def run_tune(args: argparse.Namespace) -> int:
         if unknown:
             raise ValueError(f"'{unknown[0]}' is not an accelerator layer of the model")
         layers = [x for x in layers if x.geom.name in wanted]
-    measurer = RtlMeasurer(cfg) if args.measure == "rtl" else TimingMeasurer(cfg)
-    results = tune_model(layers, cfg, measurer, trials=args.trials, tuner=args.tuner,
-                         log=TuningLog(args.output), seed=args.seed, batch=args.batch)
+    measurer = _measurer(args, cfg)
+    try:
+        results = tune_model(layers, cfg, measurer, trials=args.trials, tuner=args.tuner,
+                             log=TuningLog(args.output), seed=args.seed, batch=args.batch)
+    finally:
+        close = getattr(measurer, "close", None)
+        if close is not None:
+            close()
     print_json([r.summary() for r in results])
     return 0
+
+
+def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:
+    from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer
+
+    if args.measure != "board":
+        if args.device_option or args.repeat != 1:
+            raise ValueError(f"--device-option and --repeat are for --measure board, not --measure {args.measure}")
+        return RtlMeasurer(cfg) if args.measure == "rtl" else TimingMeasurer(cfg)
+    from weft.compiler.tune.measure_board import BoardMeasurer
+
+    options = dict(args.device_option)
+    if "bitstream" not in options:
+        raise ValueError("--measure board needs the bitstream: --device-option bitstream=PATH (on a PYNQ board, "
+                         "or with the stand-in tests/fake_pynq on PYTHONPATH)")
+    return BoardMeasurer(cfg, repeat=args.repeat, **options)
