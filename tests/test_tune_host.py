@@ -128,6 +128,24 @@ def test_measurer_times_in_ns_and_names_what_does_not_compile():
         _fast().measure(HostConv("c9", broken, 1), nn.ConvSchedule(2, 1))
 
 
+def test_measurer_retries_while_the_machine_is_busy(monkeypatch):
+    """A measurement that the probe finds busy (before or after it) is taken again, the fastest kept;
+    one never quiet is kept after the last attempt and counted."""
+    me = CpuTimeMeasurer(repeat=2, min_sample_s=1e-4, attempts=3)
+    busy = iter([True, False, False, False])  # busy before the first attempt, quiet around the second
+    times = iter([900, 700])
+    monkeypatch.setattr(me, "_busy", lambda threads: next(busy))
+    monkeypatch.setattr(me, "_time", lambda fn, ptrs, threads: next(times))
+    assert me.measure(HostConv("c", _workload(), 1), nn.ConvSchedule(2, 1)) == 700
+    assert (me.busy_retries, me.busy) == (1, 0)
+    monkeypatch.setattr(me, "_busy", lambda threads: True)
+    monkeypatch.setattr(me, "_time", lambda fn, ptrs, threads: 800)
+    assert me.measure(HostConv("c", _workload(), 1), nn.ConvSchedule(2, 1)) == 800
+    assert (me.busy_retries, me.busy) == (3, 1)
+    real = CpuTimeMeasurer()
+    assert real._busy(1) in (True, False) and 0 < real._fastest < 1e-2  # the probe runs: a call of ~0.25 ms
+
+
 def test_tuning_logs_ns_records_on_the_host_target_and_resumes(graph, tmp_path):
     path = tmp_path / "host.jsonl"
     results = tune_host(graph, 1, trials=3, log=TuningLog(path), seed=0, batch=2, show_progress=False,

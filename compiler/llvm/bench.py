@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bench_cpu", "bench_cpu_tune", "measure_peak"]
+__all__ = ["bench_cpu", "bench_cpu_tune", "measure_peak", "peak_kernel"]
 
 #: the issue's goal: weft's latency at most this many times onnxruntime's
 GOAL_RATIO = 1.5
@@ -46,6 +46,16 @@ def _median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> floa
 
 def measure_peak(threads: int, samples: int = 200) -> float:
     """GFLOP/s of a register-only FMA loop on `threads` threads (the machine's practical peak)."""
+    run, flops = peak_kernel(threads)
+    # the best of many short calls, like the best run of an operator: other processes can only slow a
+    # call down, and a short one often slips between their time slices
+    best = min(_times(run, samples, 2))
+    return flops / best / 1e9
+
+
+def peak_kernel(threads: int) -> tuple[Callable[[], None], int]:
+    """A call of independent fused multiply-adds on registers on `threads` threads (one load per 14 FMAs,
+    about 0.25 ms), and its FLOPs: the machine's practical peak, or a probe of how busy it is."""
     from weft.compiler.llvm.expr import Buffer
     from weft.compiler.llvm.jit import build
     from weft.compiler.llvm.target import host_target
@@ -75,10 +85,7 @@ def measure_peak(threads: int, samples: int = 200) -> float:
     def run() -> None:
         fn(a, b, y, nthreads=threads)
 
-    # the best of many short calls, like the best run of an operator: other processes can only slow a
-    # call down, and a short one often slips between their time slices
-    best = min(_times(run, samples, 2))
-    return flops / best / 1e9
+    return run, flops
 
 
 def _bench_conv(threads: int, repeat: int) -> dict[str, Any]:
@@ -237,7 +244,7 @@ def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threa
     for r in results:
         task = next(t for t in tasks if t.workload == r.workload)
         default, tuned = task.defaults()[0], best.get(r.workload, task.defaults()[0])
-        ns = {"default": [], "tuned": []}
+        ns: dict[str, list[int]] = {"default": [], "tuned": []}
         for _ in range(3):
             for name, s in (("default", default), ("tuned", tuned)):
                 ns[name].append(measurer.measure(task.subject, s))
@@ -282,5 +289,7 @@ def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threa
         "ratio_untuned": ms["untuned"] / ms["onnxruntime"], "ratio_tuned": ms["tuned"] / ms["onnxruntime"],
         "best_ratio_tuned": best_ms["tuned"] / best_ms["onnxruntime"], "goal_ratio": GOAL_RATIO,
         "tuned_convs": (tuned_sess.stats or {}).get("tuned_convs"),
+        # measurements retried because the probe found the machine busy, and those never found it quiet
+        "busy_retries": measurer.busy_retries, "busy_measurements": measurer.busy,
         "max_rel_err_vs_onnxruntime": errors,
     }
