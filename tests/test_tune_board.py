@@ -203,6 +203,12 @@ def test_device_options_are_refused_before_the_board_opens(setup, standin):
         BoardMeasurer(setup[0])
 
 
+def test_board_measurer_without_pynq_says_so(setup, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynq", None)  # import pynq fails as where it is not installed
+    with pytest.raises(ValueError, match=r"runs on a PYNQ board .*tests/fake_pynq on PYTHONPATH"):
+        BoardMeasurer(setup[0], bitstream=_bitstream(tmp_path, setup[0]))
+
+
 @pytest.mark.slow
 @pytest.mark.rtl
 def test_board_cycles_equal_the_rtl_measurer(setup, standin, tmp_path):

@@ -11,6 +11,10 @@ The measurement is the 64-bit CYCLES counter, which counts from START to done in
 host-side polling does not enter it. On the stand-in (``tests/fake_pynq``) it is the functional simulator's
 register model (cycles from the timing model) or the RTL simulation, so the figures equal
 :class:`~weft.compiler.tune.measure.TimingMeasurer`'s or :class:`~weft.compiler.tune.measure.RtlMeasurer`'s.
+One exception, as on a board: a DRAM whose bandwidth limit is a free-running pattern (the RTL's Pynq
+timing: 3 beats in 4 cycles) makes a program's count depend on the pattern's phase at START by a cycle or
+two; the cosimulation starts every job in one phase, a board wherever the previous run left it. Hence
+``repeat``, which keeps the fewest.
 """
 
 from __future__ import annotations
@@ -71,7 +75,13 @@ class BoardMeasurer:
                              "manifest.json beside it)")
         self.config, self.repeat = config, repeat
         # The registry's factory checks the option names against the device's and refuses others.
-        device = create_device("pynq", config, **device_options)
+        try:
+            device = create_device("pynq", config, **device_options)
+        except ModuleNotFoundError as err:
+            if err.name != "pynq":
+                raise
+            raise ValueError("the board measurer runs on a PYNQ board (the pynq package is not installed here); "
+                             "without one, put the stand-in tests/fake_pynq on PYTHONPATH") from err
         assert isinstance(device, PynqDevice)
         self.device = device
         self.driver: Driver = device.driver
