@@ -19,6 +19,7 @@ counts never mix. :func:`tuned_schedules` reads a log back for :func:`weft.compi
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import statistics
 import time
@@ -209,12 +210,19 @@ class CpuTimeMeasurer:
     than `quiet` times the fastest call of the one-thread probe, the threads did not each have a core,
     and the measurement is taken again after a back-off, up to `attempts` times in all, keeping the
     fastest (``quiet=0`` turns the probe off). :attr:`busy_retries` counts the retries, :attr:`busy` the
-    measurements that never saw a quiet machine."""
+    measurements that never saw a quiet machine.
+
+    In a model, a convolution's input was just written by the layer before it, but its weights come from
+    memory: a network's weights outgrow the last-level cache (ResNet-18: 46 MB), so each run evicts them
+    before the next. Back-to-back calls on one weight buffer would time them cache-hot instead, so calls
+    rotate over copies of the weights that together take at least `cold_bytes` (0: one buffer, hot), as
+    AutoTVM's ``enable_cpu_cache_flush`` does."""
 
     name = "cpu"
 
     def __init__(self, *, repeat: int = 15, warmup: int = 2, min_sample_s: float = 2e-3, statistic: str = "min",
-                 quiet: float = 1.25, attempts: int = 4, cache_dir: str | Path | None = None) -> None:
+                 quiet: float = 1.25, attempts: int = 4, cold_bytes: int = 64 << 20,
+                 cache_dir: str | Path | None = None) -> None:
         if repeat < 1 or attempts < 1:
             raise ValueError(f"repeat and attempts must be at least 1, got {repeat} and {attempts}")
         if statistic not in STATISTICS:
@@ -222,11 +230,13 @@ class CpuTimeMeasurer:
         if quiet and quiet < 1:
             raise ValueError(f"quiet must be 0 (no probe) or at least 1, got {quiet}")
         self.repeat, self.warmup, self.min_sample_s, self.cache_dir = repeat, warmup, min_sample_s, cache_dir
-        self.statistic, self.quiet, self.attempts = statistic, quiet, attempts
+        self.statistic, self.quiet, self.attempts, self.cold_bytes = statistic, quiet, attempts, cold_bytes
         self.busy_retries = self.busy = 0
         self._probes: dict[int, Any] = {}  # threads -> a probe call
         self._fastest = math.inf  # the one-thread probe's fastest call
-        self._buffers: dict[str, list[np.ndarray]] = {}
+        #: the workload whose buffers are allocated (one at a time: cold weights take `cold_bytes`), its
+        #: arrays and one pointer array per copy of the weights
+        self._buffers: tuple[str, list[np.ndarray], list[ctypes.Array]] | None = None
         self._expected: dict[str, np.ndarray] = {}
 
     def _compile(self, subject: HostConv, schedule: ConvSchedule) -> Any:
@@ -238,9 +248,11 @@ class CpuTimeMeasurer:
         except (ValueError, RuntimeError) as err:
             raise ValueError(f"conv '{subject.name}': schedule {schedule.to_dict()} does not compile: {err}") from None
 
-    def _arrays(self, subject: HostConv, fn: Any) -> list[np.ndarray]:
+    def _arrays(self, subject: HostConv, fn: Any) -> tuple[list[np.ndarray], list[ctypes.Array]]:
+        """Random inputs, a zeroed output, and pointer arrays over the copies of the weights."""
         key = subject.workload.key
-        if key not in self._buffers:
+        if self._buffers is None or self._buffers[0] != key:
+            self._buffers = None  # free the last workload's copies first
             rng = np.random.default_rng(0)
             n_in = fn.n_inputs - 1  # one output: y
             arrays = []
@@ -249,14 +261,20 @@ class CpuTimeMeasurer:
                 if k < n_in:
                     a[...] = rng.standard_normal(p.shape) * (0.1 if p.name == "w" else 1.0)
                 arrays.append(a)
-            self._buffers[key] = arrays
-        return self._buffers[key]
+            w = next(k for k, p in enumerate(fn.params) if p.name == "w")
+            copies = [arrays[w]] + [arrays[w].copy() for _ in range(math.ceil(self.cold_bytes / arrays[w].nbytes))]
+            ptr_sets = []
+            for c in copies if self.cold_bytes else copies[:1]:
+                ptr_sets.append((ctypes.c_void_p * len(arrays))(
+                    *[(c if k == w else a).ctypes.data for k, a in enumerate(arrays)]))
+            self._buffers = (key, arrays + copies[1:], ptr_sets)  # the copies live as long as their pointers
+        return self._buffers[1][:len(fn.params)], self._buffers[2]
 
     def measure(self, subject: HostConv, schedule: ConvSchedule) -> int:
         fn = self._compile(subject, schedule)
-        arrays = self._arrays(subject, fn)
+        arrays, ptr_sets = self._arrays(subject, fn)
         out = arrays[fn.n_inputs - 1]
-        ptrs = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        ptrs = ptr_sets[0]
         key = subject.workload.key
         if key not in self._expected:
             ref = self._compile(subject, ConvSchedule(*conv_tiles(subject.workload.spec, host_target())))
@@ -272,7 +290,7 @@ class CpuTimeMeasurer:
         best = None
         for attempt in range(self.attempts):
             busy = self._busy(subject.threads)
-            ns = self._time(fn, ptrs, subject.threads)
+            ns = self._time(fn, ptr_sets, subject.threads)
             busy = self._busy(subject.threads) or busy
             best = ns if best is None else min(best, ns)
             if not busy:
@@ -284,17 +302,19 @@ class CpuTimeMeasurer:
             time.sleep(0.05 * 2 ** attempt)
         raise AssertionError("unreachable")
 
-    def _time(self, fn: Any, ptrs: ctypes.Array, threads: int) -> int:
+    def _time(self, fn: Any, ptr_sets: list[ctypes.Array], threads: int) -> int:
+        turn = itertools.cycle(ptr_sets)  # each call on the copy of the weights used longest ago
         for _ in range(self.warmup):
-            fn.raw(ptrs, threads)
+            fn.raw(next(turn), threads)
         start = time.perf_counter()
-        fn.raw(ptrs, threads)
+        fn.raw(next(turn), threads)
         once = time.perf_counter() - start
         calls = max(1, min(1000, math.ceil(self.min_sample_s / max(once, 1e-7))))
         samples = []
         for _ in range(self.repeat):
+            sets = [next(turn) for _ in range(calls)]
             start = time.perf_counter()
-            for _ in range(calls):
+            for ptrs in sets:
                 fn.raw(ptrs, threads)
             samples.append((time.perf_counter() - start) / calls)
         return max(1, round(STATISTICS[self.statistic](samples) * 1e9))
