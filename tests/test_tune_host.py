@@ -128,6 +128,20 @@ def test_measurer_times_in_ns_and_names_what_does_not_compile():
         _fast().measure(HostConv("c9", broken, 1), nn.ConvSchedule(2, 1))
 
 
+def test_measurer_rotates_over_cold_copies_of_the_weights():
+    from weft.compiler.llvm.jit import build
+
+    wl = _workload()
+    fn = build(wl.kernel(host_target()))
+    w = next(k for k, p in enumerate(fn.params) if p.name == "w")
+    for cold, want in ((0, 1), (1 << 20, 2 + (1 << 20) // (4 * wl.spec.cout * wl.spec.cin * 9))):
+        me = CpuTimeMeasurer(cold_bytes=cold)
+        arrays, ptr_sets = me._arrays(HostConv("c", wl, 1), fn)
+        assert len(ptr_sets) == want and len({ps[w] for ps in ptr_sets}) == want
+        assert all(ps[k] == ptr_sets[0][k] for ps in ptr_sets for k in range(len(arrays)) if k != w)
+        assert all(np.array_equal(a, arrays[w]) for a in me._buffers[1][len(arrays):])  # type: ignore[index]
+
+
 def test_measurer_retries_while_the_machine_is_busy(monkeypatch):
     """A measurement that the probe finds busy (before or after it) is taken again, the fastest kept;
     one never quiet is kept after the last attempt and counted."""
