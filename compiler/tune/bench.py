@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from weft.compiler.backend.schedule import Schedule
-from weft.compiler.tune.log import workload_key
+from weft.compiler.tune.log import TuningLog, task_record, workload_key
 from weft.compiler.tune.measure import Layer, TimingMeasurer, layers_of
 from weft.compiler.tune.parallel import PoolMeasurer
 from weft.compiler.tune.tuner import Transfer, tune_layer
@@ -35,11 +35,34 @@ SEARCHES = ("random", "xgb", "xgb_transfer")
 
 
 class _Cached:
-    """A measurer that remembers (failures included) and measures what it lacks as one batch."""
+    """A measurer that remembers (failures included) and measures what it lacks as one batch; with a log,
+    it starts from the log's measurements (same config and measurer) and appends its own, so an
+    interrupted benchmark resumes."""
 
-    def __init__(self, inner: PoolMeasurer) -> None:
-        self.inner, self.name = inner, inner.name
+    def __init__(self, inner: PoolMeasurer, config_hash: str, log: TuningLog | None = None) -> None:
+        self.inner, self.name, self.config_hash, self.log = inner, inner.name, config_hash, log
         self.cache: dict[tuple[str, Schedule], int | Exception] = {}
+        for rec in log.records if log is not None else ():
+            if rec["config"] == config_hash and rec.get("measurer") == self.name:
+                got = rec["cycles"] if rec["cycles"] is not None else ValueError(rec.get("error") or "failed")
+                self.cache[rec["workload"], Schedule.from_dict(rec["schedule"])] = got
+        self.reused = len(self.cache)
+
+    def _store(self, pairs: list[tuple[Layer, Schedule]], outcomes: list[int | Exception]) -> None:
+        for (layer, s), got in zip(pairs, outcomes, strict=True):
+            self.cache[workload_key(layer.geom), s] = got
+            if self.log is not None:
+                self.log.add(task_record(workload_key(layer.geom), self.config_hash, layer.geom.name, s.to_dict(),
+                                         None if isinstance(got, Exception) else got, self.name,
+                                         str(got) if isinstance(got, Exception) else None))
+
+    def prefetch(self, pairs: list[tuple[Layer, Schedule]]) -> None:
+        """Measure every pair not cached yet as one parallel map (the pool stays busy across layers)."""
+        todo = list({(workload_key(x.geom), s): (x, s) for x, s in pairs
+                     if (workload_key(x.geom), s) not in self.cache}.values())
+        step = 16 * self.inner.jobs  # stored (and logged) as they come, so an interrupted run keeps them
+        for k in range(0, len(todo), step):
+            self._store(todo[k:k + step], self.inner.measure_pairs(todo[k:k + step]))
 
     def measure(self, layer: Layer, schedule: Schedule) -> int:
         got = self.measure_many(layer, [schedule])[0]
@@ -51,9 +74,22 @@ class _Cached:
         key = workload_key(layer.geom)
         todo = list(dict.fromkeys(s for s in schedules if (key, s) not in self.cache))
         if todo:
-            for s, got in zip(todo, self.inner.measure_many(layer, todo), strict=True):
-                self.cache[key, s] = got
+            self._store([(layer, s) for s in todo], self.inner.measure_many(layer, todo))
         return [self.cache[key, s] for s in schedules]
+
+
+class _Recorder:
+    """A measurer that measures nothing and remembers what it was asked: random search's choices do not
+    depend on the cycles it sees, so running it against this lists its schedules before any is measured."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[Layer, Schedule]] = []
+
+    def measure(self, layer: Layer, schedule: Schedule) -> int:
+        self.asked.append((layer, schedule))
+        return 1
 
 
 def _trials_to(history: list[int | None], target: float) -> int | None:
@@ -86,10 +122,11 @@ def _whole_model(proto: Any, cfg: Any, schedules: dict[str, Schedule]) -> tuple[
 
 def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int = 48, seeds: int = 3,
                layers: str | None = None, repeat: int | None = None, batch: int = 4,
-               jobs: int | None = None, threads: int | None = None) -> dict[str, Any]:
+               jobs: int | None = None, threads: int | None = None, log: str | None = None) -> dict[str, Any]:
     """Per conv layer (distinct workloads, model order): trials each search needs to reach 95% of the best
     found; and the whole model's accelerator cycles with default and with the best found schedules.
-    Measurements run on `jobs` processes (`weft bench tune --threads N`; default: every core)."""
+    Measurements run on `jobs` processes (`weft bench tune --threads N`; default: every core); `log` (a
+    JSON-lines tuning log) keeps them, so a second run (more seeds, more layers) measures only what is new."""
     from weft.compiler import models
     from weft.compiler.driver import compile_model
     from weft.compiler.errors import CalibrationWarning
@@ -117,7 +154,13 @@ def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int 
     rows, started = [], time.perf_counter()
     with PoolMeasurer(lambda: TimingMeasurer(cfg), jobs) as pool, \
             Progress(len(distinct) * seeds * len(SEARCHES), "bench tune") as bar:
-        measurer = _Cached(pool)
+        measurer = _Cached(pool, cfg.hash, TuningLog(log) if log else None)
+        recorder = _Recorder()
+        for layer in distinct.values():
+            for seed in range(seeds):
+                tune_layer(layer, cfg, recorder, trials=trials, tuner="random", seed=seed, include_default=False,
+                           batch=batch)
+        measurer.prefetch(recorder.asked)
         for layer in distinct.values():
             key = workload_key(layer.geom)
             runs: dict[str, list[list[int | None]]] = {name: [] for name in SEARCHES}
@@ -162,4 +205,5 @@ def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int 
             "speedup_trials_transfer": totals["random"] / totals["xgb_transfer"] if totals["xgb_transfer"] else None,
             "conv_cycles_default": default, "conv_cycles_tuned": tuned,
             "model_cycles_default": whole[0], "model_cycles_tuned": whole[1],
-            "measurements": len(measurer.cache), "seconds": time.perf_counter() - started}
+            "measurements": len(measurer.cache) - measurer.reused, "measurements_reused": measurer.reused,
+            "seconds": time.perf_counter() - started}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -82,8 +83,22 @@ class SearchSpace:
     def features(self, schedules: list[Schedule]) -> np.ndarray:
         """One row per schedule: its knobs and what its loop nest does (tiles, stages, executions, DRAM
         bytes and instructions per unit, SRAM rows, the back end's analytic cycle estimate), log-scaled so
-        that trees split on ratios."""
-        return np.array([features_of_schedule(self.geom, s, self.config) for s in schedules], dtype=np.float64)
+        that trees split on ratios; then the same loop-nest figures relative to the least any schedule of
+        the space reaches (log ratios), which mean the same on every layer, so what a cost model learns on
+        one layer transfers to the next."""
+        raw = np.array([features_of_schedule(self.geom, s, self.config) for s in schedules], dtype=np.float64)
+        raw = raw.reshape(len(schedules), _RAW_COLUMNS)
+        return np.hstack([raw, raw[:, len(KNOBS):] - self.floor])
+
+    @cached_property
+    def floor(self) -> np.ndarray:
+        """Per loop-nest feature, the least value over the whole space (its log)."""
+        every = np.array([features_of_schedule(self.geom, s, self.config) for s in self.points], dtype=np.float64)
+        return every[:, len(KNOBS):].min(axis=0)
+
+
+_NEST_COLUMNS = 18
+_RAW_COLUMNS = len(KNOBS) + _NEST_COLUMNS
 
 
 def features_of_schedule(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> list[float]:
@@ -96,4 +111,5 @@ def features_of_schedule(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -
             s.tile_n * s.tile_h * s.tile_w, u.gemm_execs / max(u.stages, 1), u.load_bytes / max(u.stages, 1),
             # The back end's analytic estimate: a strong prior the trees can correct from few measurements.
             cost(g, s, config)]
+    assert len(nest) == _NEST_COLUMNS
     return [float(k) for k in knobs] + [float(np.log2(1.0 + x)) for x in nest]

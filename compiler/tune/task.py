@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable, Mapping, Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -23,13 +23,14 @@ import numpy as np
 from weft.compiler.backend.codegen import BackendError
 from weft.compiler.backend.schedule import LayerGeom, Schedule, ranked
 from weft.compiler.tune.log import workload_key
-from weft.compiler.tune.space import SearchSpace, features_of_schedule
+from weft.compiler.tune.space import SearchSpace
 
 if TYPE_CHECKING:
     import random
 
     from weft.compiler.tune.measure import Layer, Measurer
-    from weft.config import AcceleratorConfig
+
+from weft.config import AcceleratorConfig
 
 __all__ = ["AccelTask", "Space", "TuningTask"]
 
@@ -100,10 +101,15 @@ class AccelTask:
         try:
             fields = json.loads(workload)
             fields["pads"] = tuple(fields["pads"])
-            geom = LayerGeom(name="", **fields)
-            return np.asarray(features_of_schedule(geom, Schedule.from_dict(schedule), self.config))
+            space = _space_of(LayerGeom(name="", **fields), self.config)
+            return space.features([Schedule.from_dict(schedule)])[0]
         except (TypeError, ValueError, KeyError):  # another kind of workload (a host kernel, an old format)
             return None
+
+
+@lru_cache(maxsize=64)
+def _space_of(geom: LayerGeom, config: AcceleratorConfig) -> SearchSpace:
+    return SearchSpace(geom, config)
 
 
 def default_of(task: TuningTask, measurer: Measurer) -> tuple[Any, int | None]:
