@@ -123,3 +123,16 @@ def test_bench_tune_resumes_from_its_log(setup, tmp_path):
     assert json.dumps(again["layers"]) == json.dumps(first["layers"])
     with pytest.raises(ValueError, match="'nope' is not a conv layer"):
         bench_tune("tiny", model="small_resnet", trials=2, seeds=1, layers="nope", jobs=1)
+
+
+def test_tune_command_jobs_and_no_transfer(setup, tmp_path):
+    from weft.cli import main
+
+    _, convs = setup
+    model = tmp_path / "m.onnx"
+    model.write_bytes(small_resnet().SerializeToString())
+    log = tmp_path / "t.jsonl"
+    base = ["tune", str(model), "--config", "tiny", "--trials", "3", "--layers", convs[0].geom.name, "-o", str(log)]
+    assert main([*base, "--jobs", "2", "--no-transfer"]) == 0
+    assert len(TuningLog(log).records) == 3
+    assert main([*base, "--jobs", "2", "--measure", "rtl"]) != 0  # refused: --jobs is for the timing model

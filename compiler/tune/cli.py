@@ -38,6 +38,11 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                              "(required; its manifest.json beside it), spec=REGS.json, ip_name=NAME, timeout_s=S")
     parser.add_argument("--repeat", type=int, default=1,
                         help="with --measure board: runs per schedule, the fewest cycles kept (DRAM refresh jitter)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="with --measure timing: processes measuring each batch in parallel (default: every core)")
+    parser.add_argument("--no-transfer", action="store_true",
+                        help="start every layer's cost model cold instead of learning from the layers tuned before "
+                             "it and the log's other workloads on this config")
     parser.add_argument("--layers", help="comma-separated layer names to tune (default: all accelerator layers)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=4, help="schedules measured between cost-model fits")
@@ -97,7 +102,8 @@ def run_tune(args: argparse.Namespace) -> int:
     measurer = _measurer(args, cfg)
     try:
         results = tune_model(layers, cfg, measurer, trials=args.trials, tuner=args.tuner,
-                             log=TuningLog(args.output), seed=args.seed, batch=args.batch)
+                             log=TuningLog(args.output), seed=args.seed, batch=args.batch,
+                             transfer=not args.no_transfer)
     finally:
         close = getattr(measurer, "close", None)
         if close is not None:
@@ -108,11 +114,23 @@ def run_tune(args: argparse.Namespace) -> int:
 
 def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:
     from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer
+    from weft.runtime.cpu_device import default_threads
+
+    if args.jobs is not None and (args.jobs < 1 or args.measure != "timing"):
+        raise ValueError(f"--jobs must be at least 1 and is for --measure timing (got {args.jobs} with "
+                         f"--measure {args.measure})")
 
     if args.measure != "board":
         if args.device_option or args.repeat != 1:
             raise ValueError(f"--device-option and --repeat are for --measure board, not --measure {args.measure}")
-        return RtlMeasurer(cfg) if args.measure == "rtl" else TimingMeasurer(cfg)
+        if args.measure == "rtl":
+            return RtlMeasurer(cfg)
+        jobs = args.jobs if args.jobs is not None else default_threads()
+        if jobs == 1:
+            return TimingMeasurer(cfg)
+        from weft.compiler.tune.parallel import PoolMeasurer
+
+        return PoolMeasurer(lambda: TimingMeasurer(cfg), jobs)
     from weft.compiler.tune.measure_board import BoardMeasurer
 
     options = dict(args.device_option)
