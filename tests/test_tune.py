@@ -16,18 +16,15 @@ from weft.compiler.errors import CalibrationWarning
 from weft.compiler.models import small_resnet
 from weft.compiler.tune import TuningLog, best_schedules, tune_layer, workload_key
 from weft.compiler.tune.cost_model import XGBCostModel
-from weft.compiler.tune.measure import TimingMeasurer, layers_of, lower
+from weft.compiler.tune.measure import TimingMeasurer, lower
 from weft.compiler.tune.space import SearchSpace
-from weft.config import load_config
+
+from .tune_util import accel_layers
 
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("tiny")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CalibrationWarning)
-        art = compile_model(small_resnet(), config=cfg, codegen=False)
-    layers = layers_of(art.graph, cfg)
+    cfg, layers = accel_layers()
     # The smallest conv layer keeps the tests fast.
     small = min((x for x in layers if x.geom.kind == "conv"), key=lambda x: x.geom.ho * x.geom.wo * x.geom.icb)
     return cfg, layers, small

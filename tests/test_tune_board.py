@@ -6,37 +6,33 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 
 from weft.compiler.backend.codegen import BackendError
-from weft.compiler.driver import compile_model
-from weft.compiler.errors import CalibrationWarning
 from weft.compiler.models import small_resnet
 from weft.compiler.tune import TuningLog, tune_layer
-from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer, layers_of, lower
+from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer, lower
 from weft.compiler.tune.measure_board import BoardMeasurer, BoardTimeout
 from weft.compiler.tune.space import SearchSpace
-from weft.config import PRESETS, load_config
+from weft.config import PRESETS
 from weft.hw.regs import ErrorCode, register_map
 from weft.runtime import bitstreams
 from weft.runtime.devices import DeviceError
 from weft.runtime.safety import LaunchError
 from weft.sim.cosim import simulator_available
 
+from .tune_util import accel_layers
+
 STANDIN = Path(__file__).parent / "fake_pynq"
 
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("tiny")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CalibrationWarning)
-        art = compile_model(small_resnet(), config=cfg, codegen=False)
+    cfg, accel = accel_layers()
     # The two smallest layers (a 1x1 conv and an average pool) keep the functional simulator fast.
-    layers = {x.geom.name: x for x in layers_of(art.graph, cfg)}
+    layers = {x.geom.name: x for x in accel}
     return cfg, layers["logits"], layers["avgpool"]
 
 

@@ -4,32 +4,27 @@
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import pytest
 
 from weft.compiler.backend.codegen import BackendError
-from weft.compiler.driver import compile_model
-from weft.compiler.errors import CalibrationWarning
 from weft.compiler.models import small_resnet
 from weft.compiler.tune import TuningLog, tune_layer
 from weft.compiler.tune.cost_model import XGBCostModel
-from weft.compiler.tune.measure import TimingMeasurer, layers_of
+from weft.compiler.tune.measure import TimingMeasurer
 from weft.compiler.tune.parallel import PoolMeasurer
 from weft.compiler.tune.space import SearchSpace
 from weft.compiler.tune.task import AccelTask
 from weft.compiler.tune.tuner import Transfer, tune_model
-from weft.config import load_config
+
+from .tune_util import accel_layers
 
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = load_config("tiny")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CalibrationWarning)
-        art = compile_model(small_resnet(), config=cfg, codegen=False)
-    convs = sorted((x for x in layers_of(art.graph, cfg) if x.geom.kind == "conv"),
+    cfg, layers = accel_layers()
+    convs = sorted((x for x in layers if x.geom.kind == "conv"),
                    key=lambda x: x.geom.ho * x.geom.wo * x.geom.icb)
     return cfg, convs
 
@@ -68,11 +63,8 @@ def test_transfer_from_the_log_featurizes_other_workloads_only(setup):
 def test_transfer_guides_the_first_batch():
     """Trained only on earlier layers' random measurements, the cost model's first batch on a new layer
     lands where the back end's analytic choice is (random first batches are 1.2-25x slower there)."""
-    cfg = load_config("default")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CalibrationWarning)
-        art = compile_model(small_resnet(), config=cfg, codegen=False)
-    convs = [x for x in layers_of(art.graph, cfg) if x.geom.kind == "conv"]
+    cfg, layers = accel_layers("small_resnet", "default")
+    convs = [x for x in layers if x.geom.kind == "conv"]
     m = TimingMeasurer(cfg)
     prior = Transfer()
     for a in convs[:3]:
