@@ -148,16 +148,16 @@ def test_measurer_retries_while_the_machine_is_busy(monkeypatch):
     me = CpuTimeMeasurer(repeat=2, min_sample_s=1e-4, attempts=3)
     busy = iter([True, False, False, False])  # busy before the first attempt, quiet around the second
     times = iter([900, 700])
-    monkeypatch.setattr(me, "_busy", lambda threads: next(busy))
+    monkeypatch.setattr(me, "is_busy", lambda threads: next(busy))
     monkeypatch.setattr(me, "_time", lambda fn, ptrs, threads: next(times))
     assert me.measure(HostConv("c", _workload(), 1), nn.ConvSchedule(2, 1)) == 700
     assert (me.busy_retries, me.busy) == (1, 0)
-    monkeypatch.setattr(me, "_busy", lambda threads: True)
+    monkeypatch.setattr(me, "is_busy", lambda threads: True)
     monkeypatch.setattr(me, "_time", lambda fn, ptrs, threads: 800)
     assert me.measure(HostConv("c", _workload(), 1), nn.ConvSchedule(2, 1)) == 800
     assert (me.busy_retries, me.busy) == (3, 1)
     real = CpuTimeMeasurer()
-    assert real._busy(1) in (True, False) and 0 < real._fastest < 1e-2  # the probe runs: a call of ~0.25 ms
+    assert real.is_busy(1) in (True, False) and 0 < real._fastest < 1e-2  # the probe runs: a call of ~0.25 ms
 
 
 def test_tuning_logs_ns_records_on_the_host_target_and_resumes(graph, tmp_path):

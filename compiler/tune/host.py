@@ -289,9 +289,9 @@ class CpuTimeMeasurer:
                              f"default schedule (relative difference {err:.3g})")
         best = None
         for attempt in range(self.attempts):
-            busy = self._busy(subject.threads)
+            busy = self.is_busy(subject.threads)
             ns = self._time(fn, ptr_sets, subject.threads)
-            busy = self._busy(subject.threads) or busy
+            busy = self.is_busy(subject.threads) or busy
             best = ns if best is None else min(best, ns)
             if not busy:
                 return best
@@ -319,9 +319,9 @@ class CpuTimeMeasurer:
             samples.append((time.perf_counter() - start) / calls)
         return max(1, round(STATISTICS[self.statistic](samples) * 1e9))
 
-    def _busy(self, threads: int) -> bool:
+    def is_busy(self, threads: int) -> bool:
         """Whether other processes slow the probe on `threads` threads down now (its median call against
-        the one-thread probe's fastest)."""
+        the one-thread probe's fastest); always False with ``quiet=0``."""
         if not self.quiet:
             return False
         from weft.compiler.llvm.bench import _times, peak_kernel
