@@ -252,6 +252,8 @@ def test_tune_and_run_commands(tmp_path, capsys):
                  "-o", str(log)]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 2 and all(r["unit"] == "ns" and r["best_cycles"] > 0 for r in rows)
+    assert main(["tune", str(model), "--target", "cpu", "--jobs", "2", "-o", str(log)]) == 2  # refused
+    capsys.readouterr()
     assert main(["tune", "--show", str(log)]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert len(shown) == 2 and all(r["unit"] == "ns" and r["best_schedule"]["r"] >= 1 for r in shown)

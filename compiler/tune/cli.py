@@ -79,10 +79,12 @@ def run_tune(args: argparse.Namespace) -> int:
         from weft.compiler.tune.host import tune_host
         from weft.runtime.cpu_device import default_threads
 
+        if args.measure != "timing" or args.jobs is not None:  # CPU time is measured here, one kernel at a time
+            raise ValueError("--target cpu times kernels on this CPU, one at a time: no --measure or --jobs")
         graph = compile_model(args.model, target="cpu", config=args.config).graph
         results = tune_host(graph, args.threads or default_threads(), trials=args.trials, tuner=args.tuner,
                             log=TuningLog(args.output), seed=args.seed, batch=args.batch,
-                            layers=args.layers.split(",") if args.layers else None)
+                            layers=args.layers.split(",") if args.layers else None, transfer=not args.no_transfer)
         print_json([r.summary() for r in results])
         return 0
     from weft.compiler.tune.measure import layers_of

@@ -386,10 +386,10 @@ def tuned_schedules(log: TuningLog | str | Path, threads: int, target: Target | 
 
 def tune_host(graph: Graph, threads: int, *, trials: int, log: TuningLog | None = None, tuner: str = "xgb",
               seed: int = 0, batch: int = 4, layers: list[str] | None = None, show_progress: bool = True,
-              measurer: CpuTimeMeasurer | None = None) -> list[LayerResult]:
+              measurer: CpuTimeMeasurer | None = None, transfer: bool = True) -> list[LayerResult]:
     """Tune the convolutions of a float graph on this CPU with `threads` threads (each distinct workload
-    once; `layers` keeps only those conv nodes). Measurements are taken one at a time, in this process:
-    parallel measurements would time each other."""
+    once; `layers` keeps only those conv nodes; `transfer` as in :func:`tune_tasks`). Measurements are
+    taken one at a time, in this process: parallel measurements would time each other."""
     from weft.compiler.tune.tuner import tune_tasks
 
     tasks = host_tasks(graph, threads)
@@ -400,4 +400,4 @@ def tune_host(graph: Graph, threads: int, *, trials: int, log: TuningLog | None 
                              f"(convolutions: {', '.join(t.name for t in tasks)})")
         tasks = [t for t in tasks if t.name in layers]
     return tune_tasks(tasks, measurer or CpuTimeMeasurer(), trials=trials, tuner=tuner,  # type: ignore[arg-type]
-                      log=log, seed=seed, batch=batch, show_progress=show_progress)
+                      log=log, seed=seed, batch=batch, show_progress=show_progress, transfer=transfer)
