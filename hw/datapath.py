@@ -38,9 +38,14 @@ class GemmCore(wiring.Component):
     ``sums`` holds batch*block_out signed dot products of ``sum_bits`` bits each (element b*block_out+o).
     """
 
-    def __init__(self, *, batch: int, block_in: int, block_out: int, inp_width: int, wgt_width: int):
+    def __init__(self, *, batch: int, block_in: int, block_out: int, inp_width: int, wgt_width: int,
+                 packed: bool | None = None):
         self.shape = (batch, block_in, block_out)
         self.inp_width, self.wgt_width = inp_width, wgt_width
+        # Pack two weights per multiplier when the packed operand fits a DSP48's 25-bit port and the input
+        # its 18-bit one (int8 x int8: 24 x 8 bits): half the DSPs, the same products to the bit.
+        fits = wgt_width + inp_width + wgt_width <= 25 and inp_width <= 18
+        self.packed = fits if packed is None else packed and fits
         self.sum_bits = inp_width + wgt_width + max(1, (block_in - 1).bit_length())
         super().__init__({
             "inp": In(batch * block_in * inp_width),
@@ -53,16 +58,30 @@ class GemmCore(wiring.Component):
         batch, block_in, block_out = self.shape
         x = elements(self.inp, self.inp_width)
         w = elements(self.wgt, self.wgt_width)
+        pw = self.inp_width + self.wgt_width  # a product's width
+        # products[b][o][i] = x[b, i] * w[o, i], registered.
+        products = [[[Signal(signed(pw), name=f"p_{b}_{o}_{i}") for i in range(block_in)] for o in range(block_out)]
+                    for b in range(batch)]
+        for b in range(batch):
+            for i in range(block_in):
+                xi = x[b * block_in + i]
+                for o in range(0, block_out, 2 if self.packed else 1):
+                    if not self.packed or o + 1 == block_out:
+                        m.d.sync += products[b][o][i].eq(xi * w[o * block_in + i])
+                        continue
+                    # Two products that share x in one multiplier (one DSP48 instead of two): with
+                    # W = w[o] * 2^pw + w[o+1], x * W = x*w[o] * 2^pw + x*w[o+1], and x*w[o+1] fits pw signed
+                    # bits, so the low pw bits are it exactly and the high part is x*w[o] plus its borrow.
+                    both = Signal(signed(2 * pw), name=f"pp_{b}_{o}_{i}")
+                    m.d.sync += both.eq(xi * (w[o * block_in + i] * (1 << pw) + w[(o + 1) * block_in + i]))
+                    low = both[:pw].as_signed()
+                    m.d.comb += products[b][o + 1][i].eq(low)
+                    m.d.comb += products[b][o][i].eq((both[pw:].as_signed() + both[pw - 1])[:pw].as_signed())
         sums = []
         for b in range(batch):
             for o in range(block_out):
-                products = []
-                for i in range(block_in):
-                    p = Signal(signed(self.inp_width + self.wgt_width), name=f"p_{b}_{o}_{i}")
-                    m.d.sync += p.eq(x[b * block_in + i] * w[o * block_in + i])
-                    products.append(p)
                 s = Signal(signed(self.sum_bits), name=f"s_{b}_{o}")
-                m.d.sync += s.eq(_tree_sum(products))
+                m.d.sync += s.eq(_tree_sum(products[b][o]))
                 sums.append(s)
         m.d.comb += self.sums.eq(Cat(*sums))
         return m

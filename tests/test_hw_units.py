@@ -168,11 +168,12 @@ def test_row_packer_builds_beats_and_byte_strobes(bus_bytes, elem_bytes):
     sim.run()
 
 
-@pytest.mark.parametrize("name", ["tiny", "rect"])
-def test_gemm_core_matches_numpy_every_cycle(name):
+@pytest.mark.parametrize(("name", "packed"), [("tiny", True), ("tiny", False), ("rect", True), ("int4w", True)])
+def test_gemm_core_matches_numpy_every_cycle(name, packed):
     c = PRESETS[name]
     dut = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out, inp_width=c.inp_width,
-                   wgt_width=c.wgt_width)
+                   wgt_width=c.wgt_width, packed=packed)
+    assert dut.packed == packed  # every preset's widths fit two products per DSP
     rng = np.random.default_rng(1)
     hi_i, hi_w = 1 << (c.inp_width - 1), 1 << (c.wgt_width - 1)
     cases = [(rng.integers(-hi_i, hi_i, (c.batch, c.block_in)), rng.integers(-hi_w, hi_w, (c.block_out, c.block_in)))
