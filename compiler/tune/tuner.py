@@ -193,10 +193,10 @@ def tune_task(task: TuningTask, measurer: Measurer, *, trials: int, tuner: str =
 
     default, default_cycles = default_of(task, measurer)
     if include_default and default in sp and sp.index(default) not in measured:
-        measure([sp.index(default)])
-    budget = min(trials, len(sp))
-    if progress is not None:
+        measure([sp.index(default)])  # draws the bar
+    elif progress is not None:
         progress.update(len(history))
+    budget = min(trials, len(sp))
     while len(measured) < budget:
         want = min(batch, budget - len(measured))
         free = [i for i in range(len(sp)) if i not in measured]
