@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -111,6 +112,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name for model benchmarks (e.g. resnet18)")
     parser.add_argument("--repeat", type=int, default=None, help="repetitions (median is reported)")
     parser.add_argument("--threads", type=int, default=None, help="threads for benchmarks that use them (cpu)")
+    parser.add_argument("--trials", type=int, default=None, help="tuning trials per workload (tune, cpu-tune)")
     parser.add_argument("-o", "--output", help="also write the JSON figures to this file")
 
 
@@ -135,7 +137,13 @@ def run_bench(args: argparse.Namespace) -> int:
         options["repeat"] = args.repeat
     if args.threads is not None:
         options["threads"] = args.threads
+    if args.trials is not None:
+        options["trials"] = args.trials
     # Benchmarks take the config (preset name or file) first, then keyword options.
+    accepted = inspect.signature(func).parameters
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        raise ValueError(f"benchmark '{args.name}' takes no --{unknown[0]} option")
     figures = func(args.config, **options)
     print_json(figures)
     if args.output:

@@ -73,3 +73,10 @@ def test_bench_fsim_reports_speed(capsys):
     assert main(["bench", "fsim", "--config", "tiny", "--repeat", "1"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["macs_per_s"] > 0 and figures["macs"] > 0
+
+
+def test_bench_refuses_an_option_the_benchmark_does_not_take(capsys):
+    from weft.cli import main
+
+    assert main(["bench", "fsim", "--trials", "3"]) == 2
+    assert "benchmark 'fsim' takes no --trials option" in capsys.readouterr().err
