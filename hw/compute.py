@@ -31,7 +31,7 @@ from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.datapath import GEMM_LATENCY, GemmCore, alu_lane, elements, saturate_row, sign_extend_row
 from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode
-from weft.hw.unit import UnitBase
+from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId, Opcode
 from weft.isa.encoding import layout_of
 
@@ -92,10 +92,9 @@ class ComputeUnit(UnitBase):
             bus_bytes=c.bus_width // 8, targets=(c.uop_bits // 8, c.acc_row_bits // 8, c.out_row_bits // 8),
             sram_bits=layout.sram_bits, size_bits=layout.size_bits)
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
-        sent = Signal()
+        load_over = request_dma_once(m, dma, self.busy & is_load, mem_f.x_size, start)
         target = Mux(mem_f.mem_id == MemId.UOP, _UOP, Mux(mem_f.mem_id == MemId.ACC, _ACC, _ACC_NARROW))
         m.d.comb += [
-            dma.cmd.valid.eq(self.busy & is_load & (mem_f.x_size != 0) & ~sent),
             dma.cmd.payload.target.eq(target),
             *[getattr(dma.cmd.payload, name).eq(getattr(mem_f, name)) for name in (
                 "sram_base", "dram_base", "y_size", "x_size", "x_stride", "y_pad_0", "y_pad_1", "x_pad_0",
@@ -103,11 +102,7 @@ class ComputeUnit(UnitBase):
             uop_w.en.eq(dma.write.en & (dma.write.target == _UOP)),
             uop_w.addr.eq(dma.write.addr), uop_w.data.eq(dma.write.data),
         ]
-        with m.If(dma.cmd.valid & dma.cmd.ready):
-            m.d.sync += sent.eq(1)
-        with m.If(start):
-            m.d.sync += sent.eq(0)
-        load_done = is_load & ((mem_f.x_size == 0) | (sent & ~dma.busy))
+        load_done = is_load & load_over
 
         # ---- loop generator (stage A) ----------------------------------------------------------------
         gemm = is_gemm

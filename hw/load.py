@@ -10,7 +10,7 @@ from amaranth.lib.wiring import Out
 
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import Load2D
-from weft.hw.unit import UnitBase
+from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId
 from weft.isa.encoding import layout_of
 
@@ -52,9 +52,8 @@ class LoadUnit(UnitBase):
             bus_bytes=c.bus_width // 8, targets=(c.wgt_row_bits // 8, c.inp_row_bits // 8),
             sram_bits=layout.sram_bits, size_bits=layout.size_bits)
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
-        sent = Signal()
+        over = request_dma_once(m, dma, self.busy, f.x_size, start)
         m.d.comb += [
-            dma.cmd.valid.eq(self.busy & (f.x_size != 0) & ~sent),
             dma.cmd.payload.target.eq(f.mem_id == MemId.INP),
             *[getattr(dma.cmd.payload, name).eq(getattr(f, name)) for name in (
                 "sram_base", "dram_base", "y_size", "x_size", "x_stride", "y_pad_0", "y_pad_1", "x_pad_0",
@@ -64,11 +63,7 @@ class LoadUnit(UnitBase):
             self.wgt_w.en.eq(dma.write.en & (dma.write.target == _WGT)),
             self.wgt_w.addr.eq(dma.write.addr), self.wgt_w.data.eq(dma.write.data),
         ]
-        with m.If(dma.cmd.valid & dma.cmd.ready):
-            m.d.sync += sent.eq(1)
-        with m.If(start):
-            m.d.sync += sent.eq(0)
         with m.If(dma.error & ~self.error):
             m.d.sync += [self.error.eq(1), self.error_index.eq(index)]
-        m.d.comb += done.eq(self.busy & ((f.x_size == 0) | (sent & ~dma.busy)))
+        m.d.comb += done.eq(self.busy & over)
         return m

@@ -10,7 +10,7 @@ from amaranth.lib.wiring import In, Out
 
 from weft.hw.axi import ADDR_BITS, axi4_write_signature
 from weft.hw.dma import Store2D
-from weft.hw.unit import UnitBase
+from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.encoding import layout_of
 
 if TYPE_CHECKING:
@@ -45,18 +45,13 @@ class StoreUnit(UnitBase):
         m.submodules.dma = dma = Store2D(bus_bytes=c.bus_width // 8, elem_bytes=c.out_row_bits // 8,
                                          sram_bits=layout.sram_bits, size_bits=layout.size_bits)
         wiring.connect(m, wiring.flipped(self.axi), dma.axi)
-        sent = Signal()
+        over = request_dma_once(m, dma, self.busy, f.x_size, start)
         m.d.comb += [
-            dma.cmd.valid.eq(self.busy & (f.x_size != 0) & ~sent),
             *[getattr(dma.cmd.payload, name).eq(getattr(f, name)) for name in (
                 "sram_base", "dram_base", "y_size", "x_size", "x_stride")],
             self.out_addr.eq(dma.rd_addr), dma.rd_data.eq(self.out_data), self.beats.eq(dma.beats),
         ]
-        with m.If(dma.cmd.valid & dma.cmd.ready):
-            m.d.sync += sent.eq(1)
-        with m.If(start):
-            m.d.sync += sent.eq(0)
         with m.If(dma.error & ~self.error):
             m.d.sync += [self.error.eq(1), self.error_index.eq(index)]
-        m.d.comb += done.eq(self.busy & ((f.x_size == 0) | (sent & ~dma.busy)))
+        m.d.comb += done.eq(self.busy & over)
         return m

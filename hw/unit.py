@@ -10,12 +10,13 @@ pushes when the instruction is done, exactly as the functional simulator orders 
 from __future__ import annotations
 
 from amaranth import Cat, Module, Signal
+from amaranth.hdl import Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.config import INSN_BITS
 
-__all__ = ["DISPATCH_LAYOUT", "TokenQueue", "UnitBase"]
+__all__ = ["DISPATCH_LAYOUT", "TokenQueue", "UnitBase", "request_dma_once"]
 
 #: What fetch hands a unit: the instruction word and its index in the stream (for error reports).
 DISPATCH_LAYOUT = data.StructLayout({"insn": INSN_BITS, "index": 32})
@@ -96,3 +97,16 @@ class UnitBase(wiring.Component):
         with m.If(done):
             m.d.sync += self.busy.eq(0)
         return insn, index, start
+
+
+def request_dma_once(m: Module, dma: wiring.Component, active: Value, x_size: Value, start: Value) -> Value:
+    """Request the current instruction's DMA transfer once (while `active`, and only when it moves
+    anything: x_size 0 is a no-op); `start` (the next instruction) re-arms it. Returns whether the transfer
+    is over: nothing to move, or requested and the DMA idle again."""
+    sent = Signal()
+    m.d.comb += dma.cmd.valid.eq(active & (x_size != 0) & ~sent)
+    with m.If(dma.cmd.valid & dma.cmd.ready):
+        m.d.sync += sent.eq(1)
+    with m.If(start):
+        m.d.sync += sent.eq(0)
+    return (x_size == 0) | (sent & ~dma.busy)
