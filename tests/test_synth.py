@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -68,7 +69,7 @@ def test_tiny_synthesizes_to_xilinx_cells_and_fits_a_pynq(tmp_path, capsys):
     report = synthesize(load_config("tiny"), cache=tmp_path)
     area = report["area"]
     assert area["lut"] > 0 and area["ff"] > 0 and area["bram36"] > 0
-    # The tiny GEMM core is 4x4 int8 MACs: at least one DSP per MAC unless Yosys maps some to LUTs.
+    # The tiny GEMM core is 4x4 int8 MACs, two per DSP48 (packed products), plus the ALU lanes.
     assert 0 < area["dsp"] <= 220
     assert fits(area, BOARDS["pynq-z2"])["fits"]
     assert synthesize(load_config("tiny"), cache=tmp_path)["cached"]
@@ -85,3 +86,17 @@ def test_tiny_places_and_routes_on_ecp5(tmp_path):
     assert report["fmax_mhz"] and all(f > 0 for f in report["fmax_mhz"].values())
     assert report["meets_clock"] == (min(report["fmax_mhz"].values()) >= report["target_mhz"])
     assert report["utilization"]["TRELLIS_FF"]["used"] > 0
+
+
+@pytest.mark.slow
+@needs_yosys
+def test_the_pynq_board_projects_config_fits_the_xc7z020(tmp_path):
+    """The config the Pynq-Z1/Z2 projects are built from fits their part (about 5 minutes of Yosys), with
+    the GEMM's 256 int8 MACs on 128 DSP48s."""
+    from weft.runtime.bitstreams import read_manifest
+
+    project = next((Path(__file__).parent.parent / "bitstreams").glob("pynq-z2-*"))
+    config = load_config(read_manifest(project / "manifest.json")["config"])
+    report = synthesize(config, cache=tmp_path)
+    assert fits(report["area"], BOARDS["pynq-z2"])["fits"]
+    assert report["cells"]["DSP48E1"] < config.block_in * config.block_out
