@@ -164,15 +164,24 @@ def test_rtl_measurer_agrees_with_the_timing_model(setup):
 
 def test_progress_bar_draws_tenths_to_a_log():
     import io
+    import re
 
-    from weft.compiler.tune.tuner import Progress
+    from weft.progress import Progress
 
     out = io.StringIO()
-    bar = Progress(20, "conv", stream=out, width=10)
+    bar = Progress(20, "conv", stream=out, width=10, log_tenths=True)
     for done in range(21):
-        bar.update(done, f"best {100 - done}")
+        bar.advance(1 if done else 0, f"best {100 - done}")
     lines = out.getvalue().splitlines()
-    assert len(lines) == 11 and lines[-1] == "conv [##########] 20/20 best 80"
+    assert len(lines) == 11 and re.fullmatch(r"conv \[#{10}\] 20/20 \d+s best 80", lines[-1])
+    # A batch that jumps over tenths writes one line, and a bar without log_tenths writes none to a log.
+    bar = Progress(20, "conv", stream=(out := io.StringIO()), log_tenths=True)
+    bar.advance(7)
+    bar.advance(13)
+    assert len(out.getvalue().splitlines()) == 2
+    bar = Progress(20, "conv", stream=(out := io.StringIO()))
+    bar.advance(20)
+    assert out.getvalue() == ""
 
 
 def test_compile_command_takes_a_tuning_log(setup, tmp_path, capsys):

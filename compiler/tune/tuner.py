@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,40 +29,16 @@ from weft.compiler.backend.codegen import BackendError
 from weft.compiler.tune.cost_model import XGBCostModel
 from weft.compiler.tune.log import TuningLog, task_record
 from weft.compiler.tune.task import AccelTask, Space, TuningTask, default_of
+from weft.progress import Progress
 
 if TYPE_CHECKING:
     from weft.compiler.tune.measure import Layer, Measurer
     from weft.config import AcceleratorConfig
 
-__all__ = ["TUNERS", "LayerResult", "Progress", "Transfer", "anneal", "tune_layer", "tune_model", "tune_task",
+__all__ = ["TUNERS", "LayerResult", "Transfer", "anneal", "tune_layer", "tune_model", "tune_task",
            "tune_tasks"]
 
 TUNERS = ("xgb", "random")
-
-
-class Progress:
-    """A dependency-free progress bar on stderr (redrawn in place on a terminal, one line per update else)."""
-
-    def __init__(self, total: int, label: str = "", stream: TextIO | None = None, width: int = 30) -> None:
-        self.total, self.label, self.width = max(total, 1), label, width
-        self.stream = stream if stream is not None else sys.stderr
-        self.done = 0
-
-    def update(self, done: int, note: str = "") -> None:
-        tty = getattr(self.stream, "isatty", lambda: False)()
-        step = max(1, self.total // 10)
-        if not tty and done % step and done < self.total:  # a log file gets a line per tenth, not per trial
-            return
-        self.done = done
-        filled = int(self.width * min(done, self.total) / self.total)
-        bar = "#" * filled + "." * (self.width - filled)
-        end = "\r" if tty else "\n"
-        self.stream.write(f"{self.label} [{bar}] {done}/{self.total} {note}{end}")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if getattr(self.stream, "isatty", lambda: False)():
-            self.stream.write("\n")
 
 
 def anneal(sp: Space, score: Callable[[list[int]], np.ndarray], exclude: set[int], batch: int,
@@ -189,13 +164,13 @@ def tune_task(task: TuningTask, measurer: Measurer, *, trials: int, tuner: str =
                                 task.unit))
         if progress is not None:
             best = min((c for c in measured.values() if c is not None), default=None)
-            progress.update(len(history), f"best {best}" if best is not None else "")
+            progress.advance(len(history) - progress.done, f"best {best}" if best is not None else "")
 
     default, default_cycles = default_of(task, measurer)
     if include_default and default in sp and sp.index(default) not in measured:
         measure([sp.index(default)])  # draws the bar
     elif progress is not None:
-        progress.update(len(history))
+        progress.advance(len(history) - progress.done)
     budget = min(trials, len(sp))
     while len(measured) < budget:
         want = min(batch, budget - len(measured))
@@ -243,7 +218,7 @@ def tune_tasks(tasks: list[TuningTask], measurer: Measurer, *, trials: int, tune
         if task.workload in done:
             continue
         done.add(task.workload)
-        bar = Progress(trials, f"[{n}/{len(tasks)}] {task.name}") if show_progress else None
+        bar = Progress(trials, f"[{n}/{len(tasks)}] {task.name}", log_tenths=True) if show_progress else None
         r = tune_task(task, measurer, trials=trials, tuner=tuner, log=log, seed=seed, batch=batch, progress=bar,
                       include_default=include_default, transfer=prior if transfer else None)
         results.append(r)
