@@ -37,7 +37,7 @@ from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, redu
 __all__ = [
     "OUTER_ORDERS", "REDUCE_LOOPS", "ConvSchedule", "ConvSpec", "ConvWorkload", "conv_kernel", "conv_tiles",
     "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights", "pack_dense_weights", "pool_kernel",
-    "reduce_orders", "softmax_kernel",
+    "reduce_orders", "softmax_kernel", "tile_score",
 ]
 
 Epilogue = Callable[[Expr, list[Expr]], Expr]
@@ -87,6 +87,12 @@ def pack_conv_weights(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
         w.reshape(o // bo, bo, c // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1), dtype=np.float32)
 
 
+def tile_score(r: int, ocb: int) -> float:
+    """How much the heuristic likes a tile of r output pixels by ocb channel blocks: more accumulators hide
+    FMA latency; several channel blocks reuse each broadcast; tall, narrow tiles reuse each weight vector."""
+    return r * ocb + 0.5 * min(ocb, 2) + (0.25 if r >= 4 else 0)
+
+
 def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:
     """(r, ocb): output pixels per tile along W, and output channel blocks per tile.
 
@@ -104,9 +110,7 @@ def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:
         for r in range(min(ow, budget // ocb), 0, -1):
             if ow % r:
                 continue
-            # more accumulators hide FMA latency; several channel blocks reuse each broadcast; tall,
-            # narrow tiles reuse each weight vector
-            score = r * ocb + 0.5 * min(ocb, 2) + (0.25 if r >= 4 else 0)
+            score = tile_score(r, ocb)
             if score > best_score:
                 best, best_score = (r, ocb), score
             break

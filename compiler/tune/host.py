@@ -32,7 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from weft.compiler.llvm.nn import OUTER_ORDERS, REDUCE_LOOPS, ConvSchedule, ConvWorkload, conv_tiles, reduce_orders
+from weft.compiler.llvm.nn import (
+    OUTER_ORDERS,
+    REDUCE_LOOPS,
+    ConvSchedule,
+    ConvWorkload,
+    conv_tiles,
+    reduce_orders,
+    tile_score,
+)
 from weft.compiler.llvm.target import Target, host_target
 from weft.compiler.tune.log import TuningLog
 
@@ -75,11 +83,6 @@ def _outer_loops(workload: ConvWorkload, s: ConvSchedule) -> tuple[tuple[str, ..
     return tuple(a for a in par if extent[a] > 1), tuple(a for a in ser if extent[a] > 1)
 
 
-def _score(r: int, ocb: int) -> float:
-    """The heuristic's score of a tile (:func:`~weft.compiler.llvm.nn.conv_tiles`), as a feature."""
-    return r * ocb + 0.5 * min(ocb, 2) + (0.25 if r >= 4 else 0)
-
-
 def conv_features(workload: ConvWorkload, s: ConvSchedule, target: Target) -> list[float]:
     """A schedule of a workload as numbers a cost model ranks by: tile sizes, registers, work and bytes
     per tile, parallel iterations, loop orders, and the workload's own shape (so that rankings transfer
@@ -98,7 +101,7 @@ def conv_features(workload: ConvWorkload, s: ConvSchedule, target: Target) -> li
     return [
         lg(s.r), lg(s.ocb), lg(s.registers()), s.registers() / target.vector_registers, lg(flops), lg(in_bytes),
         lg(w_bytes), lg(flops / (in_bytes + w_bytes)), lg(spec.n * blocks // s.ocb * oh * ow // s.r), lg(par_iters),
-        _score(s.r, s.ocb),
+        tile_score(s.r, s.ocb),  # the heuristic's own preference
         *[float(s.order.index(a)) if extents[a] > 1 else -1.0 for a in REDUCE_LOOPS],
         lg(extents[s.order[-1]]), lg(extents[s.order[0]]),
         *[float(s.outer == o) for o in OUTER_ORDERS], float(len(ser)),
