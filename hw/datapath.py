@@ -18,6 +18,8 @@ from weft.isa.constants import IMM_BITS, AluOp
 __all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "elements", "saturate_row", "sign_extend_row"]
 
 GEMM_LATENCY = 2
+#: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
+DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
 
 
 def elements(row: Value, width: int) -> list[Value]:
@@ -42,9 +44,9 @@ class GemmCore(wiring.Component):
                  packed: bool | None = None):
         self.shape = (batch, block_in, block_out)
         self.inp_width, self.wgt_width = inp_width, wgt_width
-        # Pack two weights per multiplier when the packed operand fits a DSP48's 25-bit port and the input
-        # its 18-bit one (int8 x int8: 24 x 8 bits): half the DSPs, the same products to the bit.
-        fits = wgt_width + inp_width + wgt_width <= 25 and inp_width <= 18
+        # Pack two weights per multiplier when the packed operand fits a DSP48's wide port and the input its
+        # narrow one (int8 x int8: 24 x 8 bits): half the DSPs, the same products to the bit.
+        fits = wgt_width + inp_width + wgt_width <= DSP_WIDE_BITS and inp_width <= DSP_NARROW_BITS
         self.packed = fits if packed is None else packed and fits
         self.sum_bits = inp_width + wgt_width + max(1, (block_in - 1).bit_length())
         super().__init__({

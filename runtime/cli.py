@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from weft.progress import Progress
     from weft.runtime.devices import Device
 
-__all__ = ["add_bitstream_arguments", "add_deploy_arguments", "add_run_arguments", "follow_layers", "run_bitstream",
-           "run_deploy", "run_run"]
+__all__ = ["add_bitstream_arguments", "add_deploy_arguments", "add_run_arguments", "follow_layers",
+           "parse_device_option", "run_bitstream", "run_deploy", "run_run"]
 
 #: Devices that simulate the accelerator layer by layer (their ``on_layer`` hook drives the progress bar).
 SIMULATING = ("fsim", "rtl")
@@ -33,7 +33,8 @@ def _input_arg(text: str) -> tuple[str, str]:
     return name, path
 
 
-def _device_option(text: str) -> tuple[str, object]:
+def parse_device_option(text: str) -> tuple[str, object]:
+    """`--device-option KEY=VALUE` (argparse type): VALUE read as an int, a float, or kept as text."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a name, got '{text}'")
@@ -49,7 +50,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("artifact", help="a .weft file")
     parser.add_argument("--device", default="ref",
                         help="device to run on: ref, fsim, rtl, pynq, cpu, cuda or remote:HOST:PORT")
-    parser.add_argument("--device-option", action="append", type=_device_option, default=[], metavar="KEY=VALUE",
+    parser.add_argument("--device-option", action="append", type=parse_device_option, default=[], metavar="KEY=VALUE",
                         help="an option of the device (repeatable), e.g. bitstream=DIR for pynq, simulator=icarus "
                              "for rtl, threads=2 for cpu; numbers are read as numbers")
     parser.add_argument("--config", default=None,

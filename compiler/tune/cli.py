@@ -6,8 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-# The same KEY=VALUE parser as `weft run --device-option` (numbers read as numbers).
-from weft.runtime.cli import _device_option
+from weft.runtime.cli import parse_device_option
 
 if TYPE_CHECKING:
     from weft.compiler.tune.measure import Measurer
@@ -33,7 +32,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where cycles come from: the timing model (fast), the RTL under Verilator (exact, "
                              "slow) or a PYNQ board's cycle counter (needs a board with the pynq package, or the "
                              "stand-in tests/fake_pynq on PYTHONPATH, and --device-option bitstream=PATH)")
-    parser.add_argument("--device-option", action="append", type=_device_option, default=[], metavar="KEY=VALUE",
+    parser.add_argument("--device-option", action="append", type=parse_device_option, default=[], metavar="KEY=VALUE",
                         help="with --measure board: an option of the pynq device (repeatable): bitstream=PATH "
                              "(required; its manifest.json beside it), spec=REGS.json, ip_name=NAME, timeout_s=S")
     parser.add_argument("--repeat", type=int, default=1,
