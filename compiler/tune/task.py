@@ -29,8 +29,7 @@ if TYPE_CHECKING:
     import random
 
     from weft.compiler.tune.measure import Layer, Measurer
-
-from weft.config import AcceleratorConfig
+    from weft.config import AcceleratorConfig
 
 __all__ = ["AccelTask", "Space", "TuningTask"]
 
