@@ -102,13 +102,18 @@ def im2col(x: np.ndarray, kernel: Shape, strides: Shape, pads: Sequence[int], ou
     return np.ascontiguousarray(win.transpose(0, 1, 2, 4, 5, 3))
 
 
-def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, strides: Shape, pads: Sequence[int]) -> np.ndarray:
-    """Float NCHW convolution (group 1, dilation 1) as im2col + one matmul."""
+def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, strides: Shape, pads: Sequence[int],
+           group: int = 1) -> np.ndarray:
+    """Float NCHW convolution (dilation 1) as im2col + one batched matmul over the `group` groups: input
+    channels [g*C/G, (g+1)*C/G) feed output channels [g*O/G, (g+1)*O/G), as in ONNX."""
     n, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
+    o, cg, kh, kw = w.shape
     out_hw = (conv_out_size(h, kh, strides[0], pads[0], pads[2]), conv_out_size(wd, kw, strides[1], pads[1], pads[3]))
-    cols = im2col(x.transpose(0, 2, 3, 1), (kh, kw), strides, pads, out_hw)
-    y = cols.reshape(-1, kh * kw * c) @ w.transpose(2, 3, 1, 0).reshape(kh * kw * c, o)
+    cols = im2col(x.transpose(0, 2, 3, 1), (kh, kw), strides, pads, out_hw)  # (N, Ho, Wo, kh, kw, C)
+    og = o // group
+    cols = cols.reshape(-1, kh * kw, group, cg).transpose(2, 0, 1, 3).reshape(group, -1, kh * kw * cg)
+    wg = w.reshape(group, og, cg, kh, kw).transpose(0, 3, 4, 2, 1).reshape(group, kh * kw * cg, og)
+    y = np.matmul(cols, wg).transpose(1, 0, 2).reshape(-1, o)  # (N*Ho*Wo, O)
     if b is not None:
         y += b
     return np.ascontiguousarray(y.reshape(n, *out_hw, o).transpose(0, 3, 1, 2))
@@ -149,7 +154,7 @@ def fused_conv(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, r
     """FusedConv: conv (or dense on a 2-D input) + bias, then + residual, then the activation.
     `observe` sees the accumulator stage (conv + bias) before the residual and the activation."""
     x4 = x.reshape(*x.shape, 1, 1) if x.ndim == 2 else x
-    y = conv2d(x4, w, b, node.attrs["strides"], node.attrs["pads"])
+    y = conv2d(x4, w, b, node.attrs["strides"], node.attrs["pads"], node.attrs.get("group", 1))
     if observe is not None:
         observe(y)
     if residual is not None:
@@ -225,8 +230,9 @@ def _broadcast(node: Node, ins: list[Value | None], known: Known) -> list[tuple[
 def _infer_conv(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
     x, w = _shape(node, ins[0], "the input"), _shape(node, ins[1], "the weights")
     x4 = (*x, 1, 1) if len(x) == 2 else x
-    if len(w) != 4 or w[1] != x4[1]:
-        raise _err(node, f"weights {list(w)} do not match an input with {x4[1]} channels")
+    group = int(node.attrs.get("group", 1))
+    if len(w) != 4 or w[1] * group != x4[1] or w[0] % group:
+        raise _err(node, f"weights {list(w)} do not match an input with {x4[1]} channels in {group} group(s)")
     node_k = node.copy()
     node_k.attrs["kernel_shape"] = (w[2], w[3])
     _, _, _, out_hw = pool_geometry(node_k, x4)
@@ -464,7 +470,7 @@ FLOAT_OPS: dict[str, OpDef] = {
     "Mul": OpDef(_broadcast, _binary(np.multiply)),
     "Div": OpDef(_broadcast, _binary(_int_div)),
     "Conv": OpDef(_infer_conv, lambda n, a: [conv2d(a[0], a[1], a[2] if len(a) > 2 else None,
-                                                     n.attrs["strides"], n.attrs["pads"])]),
+                                                     n.attrs["strides"], n.attrs["pads"], n.attrs.get("group", 1))]),
     "FusedConv": OpDef(_infer_conv, lambda n, a: [fused_conv(n, a[0], a[1], a[2], a[3] if len(a) > 3 else None)]),
     "Gemm": OpDef(_infer_gemm, _run_gemm),
     "MatMul": OpDef(_infer_matmul, lambda n, a: [np.matmul(a[0], a[1]).astype(np.float32)]),

@@ -83,6 +83,8 @@ def lower_dense(graph: Graph) -> Graph:
         if node.op == "Conv" and w.ndim == 4:
             bias = g.constants[bias_name] if bias_name else np.zeros(w.shape[0], np.float32)
             weights, attrs = w, {"strides": node.attrs["strides"], "pads": node.attrs["pads"], "out_rank": 4}
+            if node.attrs.get("group", 1) != 1:
+                attrs["group"] = int(node.attrs["group"])
         elif node.op == "Gemm" and not node.attrs.get("transA", 0) and len(x_shape or ()) == 2:
             wt = (w if node.attrs.get("transB", 0) else w.T) * np.float32(node.attrs.get("alpha", 1.0))
             bias = np.zeros(wt.shape[0], np.float32)

@@ -245,10 +245,9 @@ def _window_attrs(node: onnx.NodeProto, name: str, a: dict[str, Any], *, conv: b
 
 
 def _conv(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
-    if a.get("group", 1) != 1:
-        raise _unsupported(name, node.op_type, f"group={a['group']} (grouped or depthwise convolution) is not "
-                                               "supported; only group=1")
     attrs = _window_attrs(node, name, a, conv=True)
+    if a.get("group", 1) != 1:
+        attrs["group"] = int(a["group"])
     inputs = list(node.input) + [""] * (3 - len(node.input))
     im.emit("Conv", inputs, node.output, attrs, name)
 

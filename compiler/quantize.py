@@ -120,7 +120,8 @@ class _Quantizer:
         if not rank_ok:
             return "float"
         if node.op == "FusedConv":
-            return "qconv2d"
+            return "qconv2d" if node.attrs.get("group", 1) == 1 else "float"
+
         if node.op == "MaxPool":
             return "qmaxpool"
         if node.op == "GlobalAveragePool":

@@ -29,6 +29,8 @@ def _fused_conv(p: Planner, node: Node) -> None:
     res_name = node.inputs[3] if len(node.inputs) > 3 else ""
     if not (p.g.is_constant(w_name) and (not b_name or p.g.is_constant(b_name))):
         raise UnsupportedError("weights and bias must be constants", node=node.name, op=node.op)
+    if node.attrs.get("group", 1) != 1:
+        raise UnsupportedError("grouped convolution has no host kernel yet", node=node.name, op=node.op)
     w = np.asarray(p.g.constants[w_name], np.float32)
     o, c, kh, kw = w.shape
     bias = np.asarray(p.g.constants[b_name], np.float32) if b_name else np.zeros(o, np.float32)
