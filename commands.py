@@ -22,6 +22,7 @@ BENCHES: dict[str, str] = {
     "cpu": "weft.compiler.llvm.bench:bench_cpu",
     "cpu-tune": "weft.compiler.llvm.bench:bench_cpu_tune",
     "tune": "weft.compiler.tune.bench:bench_tune",
+    "zoo": "weft.compiler.zoo:bench_zoo",
 }
 
 
@@ -108,6 +109,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(BENCHES), help="what to measure")
+    parser.add_argument("path", nargs="?", help="a folder of .onnx models (zoo; default: the onnx wheel's models)")
     add_config_option(parser)
     parser.add_argument("--model", help="model name for model benchmarks (e.g. resnet18)")
     parser.add_argument("--repeat", type=int, default=None, help="repetitions (median is reported)")
@@ -131,6 +133,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if func is None:  # the module exists, but this benchmark lands with a later issue
         raise ValueError(f"benchmark '{args.name}' is not available in this build ({module_name}.{func_name} missing)")
     options: dict[str, object] = {}
+    if args.path:
+        options["path"] = args.path
     if args.model:
         options["model"] = args.model
     if args.repeat is not None:
@@ -143,7 +147,8 @@ def run_bench(args: argparse.Namespace) -> int:
     accepted = inspect.signature(func).parameters
     unknown = [k for k in options if k not in accepted]
     if unknown:
-        raise ValueError(f"benchmark '{args.name}' takes no --{unknown[0]} option")
+        what = "folder argument" if unknown[0] == "path" else f"--{unknown[0]} option"
+        raise ValueError(f"benchmark '{args.name}' takes no {what}")
     figures = func(args.config, **options)
     print_json(figures)
     if args.output:
