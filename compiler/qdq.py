@@ -90,6 +90,8 @@ def read_qparams(graph: Graph, inputs: Sequence[str], attrs: dict[str, Any], *, 
             raise UnsupportedError(f"{dtype} quantization is not supported; only int8, uint8 (and int32 biases)",
                                    node=node, op=op)
         zero_point = np.asarray(zp_array, np.int64)
+        if zero_point.ndim == 0:  # one zero point for every channel's scale
+            zero_point = np.broadcast_to(zero_point, scale.shape)
     else:
         dtype, zero_point = default_dtype, np.zeros(scale.shape, np.int64)
     if scale.ndim > 1 or zero_point.shape != scale.shape:
