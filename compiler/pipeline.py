@@ -81,7 +81,8 @@ def build_pipeline(target: str, config: AcceleratorConfig,
         if calibration is None and not prequantized:
             raise ValueError("the accel target needs calibration batches")
         # The model's own fake quants leave the float graph before fusion; their scales stay in the meta.
-        pipeline.insert(2, _p("absorb_fake_quant", absorb_fake_quant(config.inp_width)))
+        pipeline.insert(2, _p("absorb_fake_quant", absorb_fake_quant(config.inp_width),
+                              "a pre-quantized model's fake quants become Identity or Clip; their scales stay"))
         if calibration is not None:
             batches = list(calibration)
             pipeline.append(_p("calibrate", lambda g: calibrate(g, batches),
