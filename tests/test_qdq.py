@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
 import weft
+from weft.cli import main
 from weft.compiler.errors import QuantizationError, UnsupportedError
 from weft.compiler.ir import Graph
 from weft.compiler.onnx_import import import_onnx
@@ -133,6 +134,15 @@ def test_symmetric_qdq_model_matches_onnxruntime_without_calibration(symmetric: 
     assert (got.argmax(1) == want.argmax(1)).mean() >= 0.95
     assert np.abs(got - want).max() <= 3 * lsb
     np.testing.assert_array_equal(_weft(art, xs[:3], "fsim"), got[:3])
+
+
+def test_compile_and_inspect_name_the_model_as_the_source_of_the_scales(symmetric: onnx.ModelProto, tmp_path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    onnx.save(symmetric, tmp_path / "int8.onnx")
+    assert main(["compile", str(tmp_path / "int8.onnx"), "-o", str(tmp_path / "int8.weft"), "--config", "tiny"]) == 0
+    assert capsys.readouterr().err == ""  # no calibration warning
+    assert main(["inspect", str(tmp_path / "int8.weft")]) == 0
+    assert "int8 scales from: model (QDQ)" in capsys.readouterr().out
 
 
 def test_cpu_target_keeps_the_models_exact_semantics(symmetric: onnx.ModelProto) -> None:
