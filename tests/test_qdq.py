@@ -195,6 +195,24 @@ def test_qoperator_model_imports_and_agrees(tmp_path_factory: pytest.TempPathFac
     assert cosine(got, want) >= 0.99
 
 
+@pytest.mark.parametrize("op", ["MatMulInteger", "ConvInteger"])
+def test_integer_ops_compute_exact_int32(op: str) -> None:
+    """x -> QuantizeLinear -> MatMulInteger/ConvInteger (with zero points) -> Cast -> scale, as onnxruntime."""
+    shape, wshape = ([1, 6], [6, 5]) if op == "MatMulInteger" else ([1, 3, 6, 6], [4, 3, 3, 3])
+    rng = np.random.default_rng(3)
+    inits = {"s": np.array(0.05, np.float32), "z": np.array(120, np.uint8), "wz": np.array(130, np.uint8),
+             "wq": rng.integers(0, 256, wshape).astype(np.uint8), "out_scale": np.array(0.01, np.float32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="quant"),
+             helper.make_node(op, ["xq", "wq", "z", "wz"], ["acc"], name="integer"),
+             helper.make_node("Cast", ["acc"], ["accf"], name="cast", to=onnx.TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "out_scale"], ["y"], name="scale")]
+    model = make_model(nodes, {"x": shape}, {"y": None}, inits)
+    x = rand(*shape, seed=4)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(weft.InferenceSession(weft.compile(model, target="cpu"), device="ref")
+                                  .run(None, {"x": x})[0], session.run(None, {"x": x})[0])
+
+
 def test_blocked_quantization_is_refused_naming_the_node() -> None:
     nodes = [helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], name="dq", axis=1, block_size=2),
              helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")]
