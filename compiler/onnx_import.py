@@ -381,6 +381,10 @@ def _plain(*keep: str, defaults: Mapping[str, Any] | None = None) -> Converter:
 
 
 # ---- pre-quantized models (QDQ and QOperator formats; the arithmetic lives in weft.compiler.qdq) ---------
+#: Ops that move or select integers without arithmetic.
+_INT_MOVES = ("Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity")
+
+
 def _producer(im: _Importer, value: str) -> Node | None:
     return next((n for n in reversed(im.graph.nodes) if value in n.outputs), None)
 
@@ -388,8 +392,9 @@ def _producer(im: _Importer, value: str) -> Node | None:
 def _quantize_linear(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
     x = node.input[0]
     constant = im.graph.constants.get(x)
+    dtype = _ELEM_TYPES.get(a.get("output_dtype", onnx.TensorProto.UINT8), "unsupported")
     p = qdq.read_qparams(im.graph, node.input, a, node=name, op=node.op_type,
-                         rank=None if constant is None else constant.ndim)
+                         rank=None if constant is None else constant.ndim, default_dtype=dtype)
     if constant is not None:  # a float weight quantized in the graph: quantize it now
         im.graph.set_constant(node.output[0], qdq.quantize(np.asarray(constant, np.float32), p))
         im.defined.add(node.output[0])
@@ -401,8 +406,16 @@ def _quantize_linear(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str
 
 def _dequantize_linear(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
     x, y = node.input[0], node.output[0]
+    # Data movement on the integers (QOperator models flatten or max-pool int8 tensors) commutes with the
+    # monotonic quantization: fake-quant the float tensor, then move it.
+    moves: list[Node] = []
+    q = _producer(im, x)
+    while q is not None and q.op in _INT_MOVES:
+        moves.append(q)
+        q = _producer(im, q.inputs[0])
     constant = im.graph.constants.get(x)
-    dtype = im.graph.values[x].dtype if x in im.graph.values else "uint8"
+    dtype = im.graph.values[x].dtype if x in im.graph.values else \
+        qdq.quantize_dtype(q) if q is not None and q.op == "QuantizeLinear" else "uint8"
     p = qdq.read_qparams(im.graph, node.input, a, node=name, op=node.op_type,
                          rank=None if constant is None else constant.ndim, default_dtype=dtype)
     if constant is not None:  # weights and biases: exactly the dequantized values, as a float constant
@@ -411,15 +424,20 @@ def _dequantize_linear(im: _Importer, node: onnx.NodeProto, name: str, a: dict[s
         return
     if p.axis is not None:
         raise _unsupported(name, node.op_type, "per-axis dequantization of activations is not supported")
-    q = _producer(im, x)
-    if q is not None and q.op == "QuantizeLinear" and q.attrs == p.attrs():
-        im.emit(qdq.FAKE_QUANT, q.inputs, [y], p.attrs(), name)
-        entry = [p.attrs()[k] for k in ("scale", "zero_point", "qmin", "qmax")]
-        scales = im.graph.meta.setdefault("qdq_scales", {})
-        scales.setdefault(q.inputs[0], entry)
-        scales.setdefault(y, entry)
+    if q is None or q.op != "QuantizeLinear" or q.attrs != p.attrs():
+        im.emit("DequantizeLinear", [x], [y], p.attrs(), name)
         return
-    im.emit("DequantizeLinear", [x], [y], p.attrs(), name)
+    src = q.inputs[0]
+    value = y if not moves else im.graph.unique_name(f"{src}_fake_quant")
+    im.emit(qdq.FAKE_QUANT, [src], [value], p.attrs(), name)
+    entry = [p.attrs()[k] for k in ("scale", "zero_point", "qmin", "qmax")]
+    scales = im.graph.meta.setdefault("qdq_scales", {})
+    scales.setdefault(src, entry)
+    scales.setdefault(value, entry)
+    for k, move in enumerate(reversed(moves)):
+        out = y if k == len(moves) - 1 else im.graph.unique_name(f"{move.outputs[0]}_float")
+        im.emit(move.op, [value, *move.inputs[1:]], [out], move.attrs, f"{name}_{move.name}")
+        value = out
 
 
 def _dq_operand(im: _Importer, name: str, x: str, scale: str, zero_point: str, axis: int = 1) -> str:

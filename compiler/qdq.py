@@ -92,8 +92,10 @@ def read_qparams(graph: Graph, inputs: Sequence[str], attrs: dict[str, Any], *, 
         zero_point = np.asarray(zp_array, np.int64)
         if zero_point.ndim == 0:  # one zero point for every channel's scale
             zero_point = np.broadcast_to(zero_point, scale.shape)
-    else:
+    elif default_dtype in _RANGES:
         dtype, zero_point = default_dtype, np.zeros(scale.shape, np.int64)
+    else:
+        raise UnsupportedError(f"{default_dtype} quantization is not supported; only int8 and uint8", node=node, op=op)
     if scale.ndim > 1 or zero_point.shape != scale.shape:
         raise ModelError(f"scale {list(scale.shape)} and zero point {list(zero_point.shape)} must be scalars or "
                          "matching 1-D arrays", node=node, op=op)

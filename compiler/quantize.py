@@ -117,13 +117,13 @@ class _Quantizer:
         for name, scale in self.model_scales.items():
             root = ties.find(name)
             from_model[root] = max(from_model.get(root, 0.0), scale)
-        for name in {**self.absmax, **self.model_scales}:
+        for name in {**self.absmax, **self.model_scales, **ties.parent}:
             root = ties.find(name)
             if root in from_model:
                 self.scale[name] = from_model[root]
-                continue
-            top = groups[root]
-            self.scale[name] = top / self.qmax if top > 0 else 1.0 / self.qmax
+            elif root in groups:
+                top = groups[root]
+                self.scale[name] = top / self.qmax if top > 0 else 1.0 / self.qmax
 
     def _classify(self, node: Node, int_ready: set[str]) -> str:
         g = self.src

@@ -65,14 +65,16 @@ def resnet_block(c: int = 8) -> onnx.ModelProto:
 
 
 def conv_matmul() -> onnx.ModelProto:
-    """conv-relu then a MatMul over the last axis: what QOperator turns into QLinearConv + QLinearMatMul."""
+    """conv-relu-maxpool-flatten-matmul: QOperator makes QLinearConv, int8 MaxPool and Flatten, QLinearMatMul."""
     rng = np.random.default_rng(2)
     w, b = _conv_bn(rng, 3, 8)
-    inits = {"w": w, "b": b, "m": (rng.standard_normal((8, 4)) * 0.4).astype(np.float32)}
+    inits = {"w": w, "b": b, "m": (rng.standard_normal((128, 10)) * 0.2).astype(np.float32)}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("MatMul", ["r", "m"], ["y"], name="matmul")]
-    return make_model(nodes, {"x": list(SHAPE)}, {"y": [1, 8, 8, 4]}, inits)
+             helper.make_node("MaxPool", ["r"], ["mp"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["mp"], ["f"], name="flatten"),
+             helper.make_node("MatMul", ["f", "m"], ["y"], name="matmul")]
+    return make_model(nodes, {"x": list(SHAPE)}, {"y": [1, 10]}, inits)
 
 
 class _Reader(CalibrationDataReader):
@@ -186,8 +188,8 @@ def test_asymmetric_activations_cover_the_models_range(tmp_path_factory: pytest.
 
 def test_qoperator_model_imports_and_agrees(tmp_path_factory: pytest.TempPathFactory) -> None:
     model = _quantize(tmp_path_factory, conv_matmul(), quant_format=QuantFormat.QOperator, per_channel=True,
-                      op_types_to_quantize=["Conv", "MatMul"])
-    assert {"QLinearConv", "QLinearMatMul"} <= {n.op_type for n in model.graph.node}
+                      op_types_to_quantize=["Conv", "Relu", "MaxPool", "Flatten", "MatMul"])
+    assert {"QLinearConv", "QLinearMatMul", "MaxPool", "Flatten"} <= {n.op_type for n in model.graph.node}
     xs = _inputs(10)
     want = _ort(model, xs)
     np.testing.assert_array_equal(_weft(weft.compile(model, target="cpu"), xs), want)
