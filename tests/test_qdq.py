@@ -215,6 +215,33 @@ def test_integer_ops_compute_exact_int32(op: str) -> None:
                                   .run(None, {"x": x})[0], session.run(None, {"x": x})[0])
 
 
+def test_float_weights_quantized_in_the_graph_fold_to_constants() -> None:
+    """PyTorch-style: a float weight -> QuantizeLinear (per channel) -> DequantizeLinear folds at import."""
+    rng = np.random.default_rng(5)
+    inits = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "ws": np.full(4, 0.02, np.float32),
+             "wz": np.zeros(4, np.int8), "s": np.array(0.03, np.float32), "z": np.array(0, np.int8)}
+    nodes = [helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], name="wquant", axis=0),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], name="wdequant", axis=0),
+             helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="xquant"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="xdequant"),
+             helper.make_node("Conv", ["xd", "wd"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    model = make_model(nodes, {"x": [1, 3, 6, 6]}, {"y": None}, inits)
+    graph = import_onnx(model)
+    assert graph.is_constant("wd") and [n.op for n in graph.nodes] == ["QuantizeLinear", "QuantizeDequantize", "Conv"]
+    x = rand(1, 3, 6, 6, seed=6)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = weft.InferenceSession(weft.compile(model, target="cpu"), device="ref").run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)  # a float conv's sums
+
+
+def test_per_axis_activation_quantization_is_refused_naming_the_node() -> None:
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quant", axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequant", axis=1)]
+    inits = {"s": np.array([0.1, 0.2], np.float32), "z": np.zeros(2, np.int8)}
+    with pytest.raises(UnsupportedError, match=r"node 'quant' \(QuantizeLinear\): per-axis quantization"):
+        import_onnx(make_model(nodes, {"x": [1, 2]}, {"y": [1, 2]}, inits))
+
+
 def test_blocked_quantization_is_refused_naming_the_node() -> None:
     nodes = [helper.make_node("DequantizeLinear", ["wq", "s", "z"], ["w"], name="dq", axis=1, block_size=2),
              helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul")]
