@@ -62,10 +62,6 @@ class QParams:
     def qmax(self) -> int:
         return _RANGES[self.dtype][1]
 
-    def same_as(self, other: QParams) -> bool:
-        return self.dtype == other.dtype and np.array_equal(self.scale, other.scale) \
-            and np.array_equal(self.zero_point, other.zero_point)
-
     def attrs(self) -> dict[str, Any]:
         """The per-tensor IR attributes of a fake quant."""
         return {"scale": float(self.scale), "zero_point": int(self.zero_point), "qmin": self.qmin, "qmax": self.qmax}
