@@ -3,7 +3,9 @@
 Scheme: symmetric activations with one scale per tensor (``scale = absmax / (2**(inp_width-1) - 1)``),
 symmetric weights with one scale per output channel at ``wgt_width`` bits, int32 (acc_width) biases, and
 requantization as an ALU epilogue (:mod:`weft.compiler.requant`). Widths come from the config, so an
-int4-weight config quantizes weights to int4.
+int4-weight config quantizes weights to int4. A pre-quantized model's own activation scales
+(``meta["qdq_scales"]``, see :mod:`weft.compiler.qdq`) take the place of calibrated ones; a tied group
+with any of them takes the largest.
 
 Ops that only move or select values (max-pool, ReLU/Clip alone, concat, reshape, pad) keep their input's
 scale: the tensors they connect are tied together and share the largest calibrated range of the group.
