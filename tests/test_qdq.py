@@ -234,6 +234,18 @@ def test_float_weights_quantized_in_the_graph_fold_to_constants() -> None:
     np.testing.assert_allclose(got, session.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)  # a float conv's sums
 
 
+@pytest.mark.parametrize("opset", [10, 13, 19, 21])
+def test_fake_quant_rounds_half_to_even_and_saturates_like_onnxruntime(opset: int) -> None:
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quant"),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequant")]
+    inits = {"s": np.array(0.5, np.float32), "z": np.array(100, np.uint8)}
+    model = make_model(nodes, {"x": [1, 9]}, {"y": [1, 9]}, inits, opset=opset)
+    x = np.array([[-60.0, -50.25, -0.75, -0.25, 0.25, 0.75, 1.25, 77.5, 200.0]], np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = weft.InferenceSession(weft.compile(model, target="cpu"), device="ref").run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, session.run(None, {"x": x})[0])
+
+
 def test_per_axis_activation_quantization_is_refused_naming_the_node() -> None:
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quant", axis=1),
              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], name="dequant", axis=1)]
