@@ -98,7 +98,7 @@ def run_inspect(args: argparse.Namespace) -> int:
                                                         for n in artifact.graph.inputs},
         "outputs": list(artifact.graph.outputs), "macs": macs,
         "accel_mac_fraction": accel / macs if macs else 0.0, "sections": sorted(artifact.sections),
-        "layers": rows,
+        "scales": artifact.graph.meta.get("quantization", {}).get("source"), "layers": rows,
     }
     if args.json:
         from weft.cli import print_json
@@ -107,6 +107,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         return 0
     print(f"{artifact.graph.name}: target {artifact.target}, config '{artifact.config.name}' "
           f"({artifact.config_hash}), inputs {summary['inputs']}, outputs {summary['outputs']}")
+    if summary["scales"]:
+        print(f"int8 scales from: {summary['scales']}")
     width = max([len(r["name"]) for r in rows] + [5])
     print(f"{'#':>3}  {'layer':<{width}}  {'op':<12} {'where':<6} {'inputs':<28} {'output':<20} {'MACs':>14}")
     for k, r in enumerate(rows):

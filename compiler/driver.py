@@ -3,9 +3,10 @@
     art = weft.compile("resnet18.onnx", target="accel", config="default", calibration=samples)
     art.save("resnet18.weft")
 
-Without calibration data the accel target calibrates on :data:`~weft.compiler.calibrate.DEFAULT_SAMPLES`
-batches of seeded standard-normal inputs and warns (:class:`CalibrationWarning`): fine for a smoke test,
-not for accuracy.
+A pre-quantized model (QDQ or QOperator format, see :mod:`weft.compiler.qdq`) brings its own activation
+scales and needs no calibration data. Otherwise, without calibration data the accel target calibrates on
+:data:`~weft.compiler.calibrate.DEFAULT_SAMPLES` batches of seeded standard-normal inputs and warns
+(:class:`CalibrationWarning`): fine for a smoke test, not for accuracy.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from weft.compiler.calibrate import DEFAULT_SAMPLES, load_calibration, random_ba
 from weft.compiler.errors import CalibrationWarning
 from weft.compiler.onnx_import import declared_inputs, import_onnx, load_model
 from weft.compiler.pipeline import TARGETS, Pass, build_pipeline, run_pipeline
+from weft.compiler.qdq import model_scales
 from weft.config import AcceleratorConfig, load_config
 from weft.runtime.artifact import Artifact
 
@@ -71,8 +73,11 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
     source.update(opset=graph.meta.get("opset"), producer=graph.meta.get("producer"))
     batches = None
     calibration_info: dict[str, Any] = {}
+    prequantized = bool(model_scales(graph))
     if target == "accel":
-        if calibration is None:
+        if calibration is None and prequantized:
+            calibration_info = {"source": "model (QDQ)"}
+        elif calibration is None:
             warnings.warn(
                 f"no calibration data: calibrating on {DEFAULT_SAMPLES} batches of seeded random inputs "
                 f"(seed {seed}); int8 accuracy on real data may suffer (pass calibration=...)",
@@ -82,7 +87,7 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
         else:
             batches = split_batches(calibration, graph)
             calibration_info = {"source": "given", "batches": len(batches)}
-    pipeline = build_pipeline(target, cfg, batches)
+    pipeline = build_pipeline(target, cfg, batches, prequantized=prequantized)
     graph = run_pipeline(graph, pipeline, verify_each=verify, trace=trace)
     meta = {"source": source, "pipeline": [p.name for p in pipeline], "input_shapes":
             {n: list(graph.values[n].shape or ()) for n in graph.inputs}}

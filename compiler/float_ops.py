@@ -21,6 +21,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from weft.compiler.errors import ModelError, UnsupportedError
 from weft.compiler.ir import Node, Value
+from weft.compiler.qdq import FAKE_QUANT, fake_quant, quantize_dtype, run_dequantize, run_quantize
 
 __all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry", "run_float_op"]
 
@@ -497,6 +498,12 @@ FLOAT_OPS: dict[str, OpDef] = {
     "Slice": OpDef(_infer_by_running, _run_slice),
     "Cast": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), n.attrs["to"])],
                   lambda n, a: [a[0].astype(_np_dtype(n.attrs["to"]))]),
+    # A pre-quantized model's own quantization (see weft.compiler.qdq).
+    FAKE_QUANT: OpDef(_same, lambda n, a: [fake_quant(n, a[0])]),
+    "QuantizeLinear": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), quantize_dtype(n))],
+                            lambda n, a: [run_quantize(n, a[0])]),
+    "DequantizeLinear": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), "float32")],
+                              lambda n, a: [run_dequantize(n, a[0])]),
 }
 
 

@@ -22,6 +22,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
+from weft.compiler import qdq
 from weft.compiler.errors import ModelError, UnsupportedError
 from weft.compiler.ir import Graph, Node, Value
 
@@ -379,6 +380,144 @@ def _plain(*keep: str, defaults: Mapping[str, Any] | None = None) -> Converter:
     return convert
 
 
+# ---- pre-quantized models (QDQ and QOperator formats; the arithmetic lives in weft.compiler.qdq) ---------
+#: Ops that move or select integers without arithmetic.
+_INT_MOVES = ("Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity")
+
+
+def _producer(im: _Importer, value: str) -> Node | None:
+    return next((n for n in reversed(im.graph.nodes) if value in n.outputs), None)
+
+
+def _quantize_linear(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    x = node.input[0]
+    constant = im.graph.constants.get(x)
+    dtype = _ELEM_TYPES.get(a.get("output_dtype", onnx.TensorProto.UINT8), "unsupported")
+    p = qdq.read_qparams(im.graph, node.input, a, node=name, op=node.op_type,
+                         rank=None if constant is None else constant.ndim, default_dtype=dtype)
+    if constant is not None:  # a float weight quantized in the graph: quantize it now
+        im.graph.set_constant(node.output[0], qdq.quantize(np.asarray(constant, np.float32), p))
+        im.defined.add(node.output[0])
+        return
+    if p.axis is not None:
+        raise _unsupported(name, node.op_type, "per-axis quantization of activations is not supported")
+    im.emit("QuantizeLinear", [x], node.output, p.attrs(), name)
+
+
+def _dequantize_linear(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    x, y = node.input[0], node.output[0]
+    # Data movement on the integers (QOperator models flatten or max-pool int8 tensors) commutes with the
+    # monotonic quantization: fake-quant the float tensor, then move it.
+    moves: list[Node] = []
+    q = _producer(im, x)
+    while q is not None and q.op in _INT_MOVES:
+        moves.append(q)
+        q = _producer(im, q.inputs[0])
+    constant = im.graph.constants.get(x)
+    dtype = im.graph.values[x].dtype if x in im.graph.values else \
+        qdq.quantize_dtype(q) if q is not None and q.op == "QuantizeLinear" else "uint8"
+    p = qdq.read_qparams(im.graph, node.input, a, node=name, op=node.op_type,
+                         rank=None if constant is None else constant.ndim, default_dtype=dtype)
+    if constant is not None:  # weights and biases: exactly the dequantized values, as a float constant
+        im.graph.set_constant(y, qdq.dequantize(constant, p))
+        im.defined.add(y)
+        return
+    if p.axis is not None:
+        raise _unsupported(name, node.op_type, "per-axis dequantization of activations is not supported")
+    if q is None or q.op != "QuantizeLinear" or q.attrs != p.attrs():
+        im.emit("DequantizeLinear", [x], [y], p.attrs(), name)
+        return
+    src = q.inputs[0]
+    value = y if not moves else im.graph.unique_name(f"{src}_fake_quant")
+    im.emit(qdq.FAKE_QUANT, [src], [value], p.attrs(), name)
+    entry = [p.attrs()[k] for k in ("scale", "zero_point", "qmin", "qmax")]
+    scales = im.graph.meta.setdefault("qdq_scales", {})
+    scales.setdefault(src, entry)
+    scales.setdefault(value, entry)
+    for k, move in enumerate(reversed(moves)):
+        out = y if k == len(moves) - 1 else im.graph.unique_name(f"{move.outputs[0]}_float")
+        im.emit(move.op, [value, *move.inputs[1:]], [out], move.attrs, f"{name}_{move.name}")
+        value = out
+
+
+def _dq_operand(im: _Importer, name: str, x: str, scale: str, zero_point: str, axis: int = 1) -> str:
+    """A QOperator op's integer operand as a float value (a fake quant, or a folded constant)."""
+    out = im.graph.unique_name(f"{x}_dequantized")
+    inputs = [x, scale, zero_point]
+    _dequantize_linear(im, onnx.helper.make_node("DequantizeLinear", inputs, [out]), f"{name}_dq_{x}",
+                       {"axis": axis})
+    return out
+
+
+def _q_result(im: _Importer, name: str, y: str, scale: str, zero_point: str, out: str) -> None:
+    _quantize_linear(im, onnx.helper.make_node("QuantizeLinear", [y, scale, zero_point], [out]), f"{name}_q", {})
+
+
+def _bias_scale(im: _Importer, name: str, x_scale: str, w_scale: str) -> str:
+    """The int32 bias's scale, x_scale * w_scale, as a constant."""
+    product = np.asarray(im.graph.constants[x_scale], np.float32) * np.asarray(im.graph.constants[w_scale], np.float32)
+    return im.const(f"{name}_bias_scale", product.astype(np.float32))
+
+
+def _qlinear_conv(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    """QLinearConv = DequantizeLinear (x, w, bias) -> Conv -> QuantizeLinear."""
+    x, xs, xz, w, ws, wz, ys, yz = node.input[:8]
+    for s in (xs, ws):
+        if s not in im.graph.constants:
+            raise _unsupported(name, node.op_type, "the scales must be constants (initializers)")
+    inputs = [_dq_operand(im, name, x, xs, xz), _dq_operand(im, name, w, ws, wz, axis=0)]
+    if len(node.input) > 8 and node.input[8]:
+        zero = im.const(f"{name}_bias_zero", np.zeros((), np.int32))
+        inputs.append(_dq_operand(im, name, node.input[8], _bias_scale(im, name, xs, ws), zero, axis=0))
+    y = im.graph.unique_name(f"{node.output[0]}_float")
+    _conv(im, onnx.helper.make_node("Conv", inputs, [y], **a), name, a)
+    _q_result(im, name, y, ys, yz, node.output[0])
+
+
+def _qlinear_matmul(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    """QLinearMatMul = DequantizeLinear (a, b; b per column) -> MatMul -> QuantizeLinear."""
+    x, xs, xz, w, ws, wz, ys, yz = node.input[:8]
+    inputs = [_dq_operand(im, name, x, xs, xz), _dq_operand(im, name, w, ws, wz, axis=-1)]
+    y = im.graph.unique_name(f"{node.output[0]}_float")
+    im.emit("MatMul", inputs, [y], {}, name)
+    _q_result(im, name, y, ys, yz, node.output[0])
+
+
+def _integer_op(op: str) -> Converter:
+    """ConvInteger / MatMulInteger: the float op on zero-point-shifted operands (scale 1), cast to int32;
+    exact while the accumulator stays within float32's 24-bit integers."""
+
+    def convert(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+        x, w = node.input[:2]
+        zps = [*node.input[2:4], "", ""][:2]
+        one = im.const(f"{name}_one", np.ones((), np.float32))
+        operands = [_dq_operand(im, name, v, one, zp) for v, zp in zip((x, w), zps, strict=True)]
+        y = im.graph.unique_name(f"{node.output[0]}_float")
+        if op == "Conv":
+            _conv(im, onnx.helper.make_node("Conv", operands, [y], **a), f"{name}_conv", a)
+        else:
+            im.emit("MatMul", operands, [y], {}, f"{name}_matmul")
+        im.emit("Cast", [y], node.output, {"to": "int32"}, name)
+
+    return convert
+
+
+_QDQ_CONVERTERS: dict[str, Converter] = {
+    "QuantizeLinear": _quantize_linear,
+    "DequantizeLinear": _dequantize_linear,
+    "QLinearConv": _qlinear_conv,
+    "QLinearMatMul": _qlinear_matmul,
+    "ConvInteger": _integer_op("Conv"),
+    "MatMulInteger": _integer_op("MatMul"),
+}
+_QDQ_ATTRS: dict[str, set[str]] = {
+    "QuantizeLinear": {"axis", "block_size", "saturate", "output_dtype", "precision"},
+    "DequantizeLinear": {"axis", "block_size", "output_dtype"},
+    "QLinearConv": {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"},
+    "ConvInteger": {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"},
+}
+
+
 _CONVERTERS: dict[str, Converter] = {
     "Conv": _conv,
     "Gemm": _plain("alpha", "beta", "transA", "transB"),
@@ -405,6 +544,7 @@ _CONVERTERS: dict[str, Converter] = {
     "Squeeze": _axes_to_input(13, 1),
     "Slice": _axes_to_input(10, 3),
     "Cast": _cast,
+    **_QDQ_CONVERTERS,
 }
 
 #: Attributes each op may carry (anything else is an UnsupportedError naming the attribute).
@@ -430,6 +570,7 @@ _ATTRS: dict[str, set[str]] = {
     "Squeeze": {"axes"},
     "Slice": {"starts", "ends", "axes"},
     "Cast": {"to", "saturate"},
+    **_QDQ_ATTRS,
 }
 
 SUPPORTED_OPS = frozenset(_CONVERTERS)

@@ -19,6 +19,7 @@ from weft.compiler.errors import GraphError
 from weft.compiler.ir import Graph
 from weft.compiler.packing import pack_layout
 from weft.compiler.partition import partition
+from weft.compiler.qdq import absorb_fake_quant
 from weft.compiler.quantize import fuse_clamps, quantize
 from weft.compiler.verify import verify
 
@@ -69,19 +70,24 @@ def float_passes() -> list[Pass]:
 
 
 def build_pipeline(target: str, config: AcceleratorConfig,
-                   calibration: Sequence[Mapping[str, np.ndarray]] | None = None) -> list[Pass]:
-    """The passes for `target`: "accel" quantizes for `config` (calibration batches required), "cpu"
-    keeps the float graph for the host."""
+                   calibration: Sequence[Mapping[str, np.ndarray]] | None = None, *,
+                   prequantized: bool = False) -> list[Pass]:
+    """The passes for `target`: "accel" quantizes for `config` (calibration batches required unless the
+    model is `prequantized`: its QDQ scales then serve), "cpu" keeps the float graph for the host."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
     pipeline = float_passes()
     if target == "accel":
-        if calibration is None:
+        if calibration is None and not prequantized:
             raise ValueError("the accel target needs calibration batches")
-        batches = list(calibration)
+        # The model's own fake quants leave the float graph before fusion; their scales stay in the meta.
+        pipeline.insert(2, _p("absorb_fake_quant", absorb_fake_quant(config.inp_width),
+                              "a pre-quantized model's fake quants become Identity or Clip; their scales stay"))
+        if calibration is not None:
+            batches = list(calibration)
+            pipeline.append(_p("calibrate", lambda g: calibrate(g, batches),
+                               "record the range of every float tensor on the calibration batches"))
         pipeline += [
-            _p("calibrate", lambda g: calibrate(g, batches),
-               "record the range of every float tensor on the calibration batches"),
             _p("quantize", quantize(config), "int8 post-training quantization: integer layers with ALU epilogues"),
             _p("fuse_clamps", fuse_clamps),
             _p("pack_layout", pack_layout(config), "packed, block-padded layouts for the config's GEMM blocks"),

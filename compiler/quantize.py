@@ -3,7 +3,9 @@
 Scheme: symmetric activations with one scale per tensor (``scale = absmax / (2**(inp_width-1) - 1)``),
 symmetric weights with one scale per output channel at ``wgt_width`` bits, int32 (acc_width) biases, and
 requantization as an ALU epilogue (:mod:`weft.compiler.requant`). Widths come from the config, so an
-int4-weight config quantizes weights to int4.
+int4-weight config quantizes weights to int4. A pre-quantized model's own activation scales
+(``meta["qdq_scales"]``, see :mod:`weft.compiler.qdq`) take the place of calibrated ones; a tied group
+with any of them takes the largest.
 
 Ops that only move or select values (max-pool, ReLU/Clip alone, concat, reshape, pad) keep their input's
 scale: the tensors they connect are tied together and share the largest calibrated range of the group.
@@ -34,6 +36,7 @@ from weft.compiler.epilogue import EpilogueOverflow, Step
 from weft.compiler.errors import QuantizationError
 from weft.compiler.float_ops import pool_geometry
 from weft.compiler.ir import Graph, Node, Value, act_dtype_name, int_dtype_name, numpy_dtype
+from weft.compiler.qdq import model_scales, weft_scale
 from weft.compiler.requant import build_epilogue, clamp_steps
 from weft.isa.encoding import layout_of
 
@@ -80,13 +83,15 @@ class _Quantizer:
         self.wmax = (1 << (self.wgt_bits - 1)) - 1
         imm = layout_of(config).formats["alu"].field("imm")
         self.imm_range = (imm.min, imm.max)
-        calibration = graph.meta.get("calibration")
-        if not calibration:
+        calibration = graph.meta.get("calibration") or {}
+        # A pre-quantized model's own activation scales (weft.compiler.qdq) win over calibrated ones.
+        self.model_scales = {x: weft_scale(e, self.act_bits) for x, e in model_scales(graph).items()}
+        if not calibration and not self.model_scales:
             raise QuantizationError("the graph has no calibration ranges: run the 'calibrate' pass first")
-        self.absmax: dict[str, float] = calibration["absmax"]
+        self.absmax: dict[str, float] = calibration.get("absmax", {})
         self.acc_absmax: dict[str, tuple[float, ...]] = calibration.get("acc_absmax", {})
         self.out = Graph(graph.name, inputs=graph.inputs, outputs=[], meta={
-            k: v for k, v in graph.meta.items() if k != "calibration"})
+            k: v for k, v in graph.meta.items() if k not in ("calibration", "qdq_scales")})
         for x in graph.inputs:
             self.out.values[x] = graph.values[x]
         self.int_of: dict[str, str] = {}
@@ -110,9 +115,17 @@ class _Quantizer:
         for name, value in self.absmax.items():
             root = ties.find(name)
             groups[root] = max(groups.get(root, 0.0), value)
-        for name in self.absmax:
-            top = groups[ties.find(name)]
-            self.scale[name] = top / self.qmax if top > 0 else 1.0 / self.qmax
+        from_model: dict[str, float] = {}
+        for name, scale in self.model_scales.items():
+            root = ties.find(name)
+            from_model[root] = max(from_model.get(root, 0.0), scale)
+        for name in {**self.absmax, **self.model_scales, **ties.parent}:
+            root = ties.find(name)
+            if root in from_model:
+                self.scale[name] = from_model[root]
+            elif root in groups:
+                top = groups[root]
+                self.scale[name] = top / self.qmax if top > 0 else 1.0 / self.qmax
 
     def _classify(self, node: Node, int_ready: set[str]) -> str:
         g = self.src
@@ -186,6 +199,8 @@ class _Quantizer:
 
     def _scale(self, x: str) -> float:
         if x not in self.scale:
+            if self.model_scales and not self.absmax:
+                raise QuantizationError(f"value '{x}' has no scale in the pre-quantized model; pass calibration data")
             raise QuantizationError(f"value '{x}' has no calibrated range")
         return self.scale[x]
 
@@ -228,6 +243,8 @@ class _Quantizer:
         self.out.meta["quantization"] = {
             "act_bits": self.act_bits, "wgt_bits": self.wgt_bits, "acc_bits": self.acc_bits,
             "scheme": "symmetric per-tensor activations, symmetric per-output-channel weights",
+            "source": ("model (QDQ)" if not self.absmax else "model (QDQ) and calibration") if self.model_scales
+            else "calibration",
         }
         self.out.meta["config"] = self.config.to_dict()
         self.out.prune_values()
