@@ -1,9 +1,10 @@
 """Test models built in code: ONNX graphs with seeded weights, so nothing is ever downloaded.
 
 The compiler needs real networks to import, quantize, compile and run: the ResNet-18 of the demo, small
-ResNet- and VGG-style CNNs, an MLP with batch > 1, models with awkward shapes (channel counts that are not
-block multiples, stride 2, asymmetric padding, 1x1 and 7x7 kernels, Concat, Sum, Clip) and one whose
-shape subgraph folds to constants. A small CNN trained here in numpy on scikit-learn's digits gives the
+ResNet- and VGG-style CNNs, MobileNetV2- and ResNeXt-style CNNs (depthwise and grouped convolutions), an MLP
+with batch > 1, models with awkward shapes (channel counts that are not block multiples, stride 2,
+asymmetric padding, 1x1 and 7x7 kernels, Concat, Sum, Clip) and one whose shape subgraph folds to
+constants. A small CNN trained here in numpy on scikit-learn's digits gives the
 quantizer a model whose accuracy means something.
 
 Every graph is written with ``onnx.helper`` for a chosen opset (9 to the newest onnx knows), each op in
@@ -357,8 +358,6 @@ def mobilenet_v2(seed: int = 0, batch: int = 1, num_classes: int = 10, opset: in
     the first of n -BN-ReLU6, 1x1 project -BN, identity Add when the stride is 1 and the channels match),
     conv1x1-BN-ReLU6 to `last` channels, GlobalAveragePool, Flatten, Gemm to "logits". ReLU6 is Clip(0, 6)
     and the convolutions have no bias, as PyTorch exports torchvision's model."""
-    if opset < 11:
-        raise ValueError("mobilenet_v2 needs opset 11 or newer (Clip bounds as inputs)")
     g, net, x = _start("mobilenet_v2", seed, batch, image, num_classes, opset)
     x = net.relu6(net.bn(net.conv(x, "features.0.0", stem, 3, 2), "features.0.1"), "features.0.2")
     index = 1
