@@ -106,7 +106,7 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, strides: Shape, p
            group: int = 1) -> np.ndarray:
     """Float NCHW convolution (dilation 1) as im2col + one batched matmul over the `group` groups: input
     channels [g*C/G, (g+1)*C/G) feed output channels [g*O/G, (g+1)*O/G), as in ONNX."""
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     o, cg, kh, kw = w.shape
     out_hw = (conv_out_size(h, kh, strides[0], pads[0], pads[2]), conv_out_size(wd, kw, strides[1], pads[1], pads[3]))
     cols = im2col(x.transpose(0, 2, 3, 1), (kh, kw), strides, pads, out_hw)  # (N, Ho, Wo, kh, kw, C)
