@@ -9,6 +9,7 @@ import pytest
 from onnx import helper
 
 from weft.compiler import models
+from weft.compiler.backend.schedule import LayerGeom, Schedule, usage
 from weft.compiler.float_ops import conv2d
 from weft.compiler.groups import SuperGroups, dense_super_weights, super_groups
 from weft.compiler.ir import Node, Value
@@ -116,3 +117,9 @@ def test_grouped_models_on_the_accelerator(grouped_models, name, config):
         assert g["icb"] * g["groups"] == art.graph.values[node.inputs[0]].shape[1]
         if cg == 1:  # depthwise: one input block per output block
             assert g["icb"] == 1
+    # The schedule's model of a grouped layer's GEMM work is what the simulator executed.
+    layers = {x["name"]: x for x in stats["layers"]}
+    for layer in art.sections["accel"].meta["layers"]:
+        geom = LayerGeom(**{**layer["geometry"], "pads": tuple(layer["geometry"]["pads"])})
+        u = usage(geom, Schedule.from_dict(layer["schedule"]), art.config)
+        assert u.gemm_execs * art.config.macs_per_cycle == layers[layer["name"]]["accel_macs"], layer["name"]
