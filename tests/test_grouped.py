@@ -61,26 +61,26 @@ def test_integer_kernel_on_logical_grouped_weights():
     np.testing.assert_array_equal(got, want)
 
 
-def _grouped_model(cin: int, cout: int, group: int, stride: int, pads: list[int]) -> onnx.ModelProto:
+def _grouped_model(cin: int, cout: int, group: int, stride: int, pads: list[int], batch: int = 1) -> onnx.ModelProto:
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="gconv", group=group, kernel_shape=[3, 3],
                               strides=[stride, stride], pads=pads),
              helper.make_node("Relu", ["c"], ["y"], name="relu")]
     inits = {"w": rand(cout, cin // group, 3, 3, seed=3) * 0.4, "b": rand(cout, seed=4) * 0.1}
-    return make_model(nodes, {"x": [1, cin, 9, 9]}, {"y": None}, inits)
+    return make_model(nodes, {"x": [batch, cin, 9, 9]}, {"y": None}, inits)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize(("cin", "cout", "group", "stride", "pads"), [
-    (12, 12, 2, 1, [1, 1, 1, 1]),  # 6 channels per group: not a multiple of any block
-    (64, 64, 2, 1, [1, 1, 1, 1]),  # 32 channels per group: more than a block
-    (21, 21, 21, 2, [1, 0, 2, 1]),  # depthwise, 21 channels, stride 2, asymmetric pads
-    (8, 16, 8, 1, [0, 0, 0, 0]),  # depthwise with channel multiplier 2
-    (24, 24, 4, 2, [1, 1, 1, 1]),
+@pytest.mark.parametrize(("cin", "cout", "group", "stride", "pads", "batch"), [
+    (12, 12, 2, 1, [1, 1, 1, 1], 1),  # 6 channels per group: not a multiple of any block
+    (64, 64, 2, 1, [1, 1, 1, 1], 1),  # 32 channels per group: more than a block
+    (21, 21, 21, 2, [1, 0, 2, 1], 1),  # depthwise, 21 channels, stride 2, asymmetric pads
+    (8, 16, 8, 1, [0, 0, 0, 0], 1),  # depthwise with channel multiplier 2
+    (24, 24, 4, 2, [1, 1, 1, 1], 3),  # batch blocks outside the channel blocks
 ])
-def test_grouped_shapes_bit_exact(config, cin, cout, group, stride, pads):
-    model = _grouped_model(cin, cout, group, stride, pads)
+def test_grouped_shapes_bit_exact(config, cin, cout, group, stride, pads, batch):
+    model = _grouped_model(cin, cout, group, stride, pads, batch)
     art = _compile(model, config)
-    feeds = {"x": rand(1, cin, 9, 9, seed=7)}
+    feeds = {"x": rand(batch, cin, 9, 9, seed=7)}
     sim = assert_bit_exact(art, feeds)
     assert sim.stats["accel_mac_fraction"] == 1.0
     assert cosine(sim.intermediate("y"), ort_run(model, feeds)[0]) > 0.99
