@@ -2,9 +2,9 @@
 
 It builds the ResNet-18 ONNX model (seeded weights, nothing downloaded), compiles it for a config
 (default: VTA's PYNQ design), runs it on the functional simulator and prints, per layer, where it ran, its
-MACs, its instructions and DRAM traffic, and its cycles when the timing model is present; then the share
-of MACs the accelerator ran, the check that every accelerator layer's output equals the reference
-interpreter's to the bit, and how close the int8 result stays to float onnxruntime.
+MACs, its instructions and DRAM traffic, and its cycles and GEMM utilization when the timing model is
+present; then the share of MACs the accelerator ran, the check that every accelerator layer's output
+equals the reference interpreter's to the bit, and how close the int8 result stays to float onnxruntime.
 """
 
 from __future__ import annotations
@@ -29,18 +29,22 @@ def _fmt_int(value: Any) -> str:
     return "-" if value is None else f"{int(value):,}"
 
 
-def _table(layers: list[dict[str, Any]]) -> list[str]:
+def _table(layers: list[dict[str, Any]], peak: int) -> list[str]:
+    """Per layer; `GEMM %`: its real MACs over what `peak` MACs per cycle could do in its cycles (a grouped
+    layer's zero weights outside its groups do not count)."""
     width = max([len(layer["name"]) for layer in layers] + [5])
     head = (f"{'#':>3}  {'layer':<{width}}  {'op':<10} {'where':<6} {'MACs':>13} {'insns':>6} {'DRAM bytes':>11} "
-            f"{'cycles':>11} {'ms':>7}")
+            f"{'cycles':>11} {'GEMM %':>6} {'ms':>7}")
     lines = [head, "-" * len(head)]
     for k, layer in enumerate(layers):
         accel = layer["target"] == "accel"
         moved = sum(layer.get("bytes", {}).values()) if accel else None
         insns = layer.get("insn_count") if accel else None
+        cycles = layer.get("cycles")
+        util = f"{100 * layer['macs'] / (peak * cycles):.1f}" if accel and cycles and layer["macs"] else "-"
         lines.append(
             f"{k:>3}  {layer['name']:<{width}}  {layer['op']:<10} {layer['target']:<6} {layer['macs']:>13,} "
-            f"{_fmt_int(insns):>6} {_fmt_int(moved):>11} {_fmt_int(layer.get('cycles')):>11} "
+            f"{_fmt_int(insns):>6} {_fmt_int(moved):>11} {_fmt_int(cycles):>11} {util:>6} "
             f"{layer['seconds'] * 1e3:>7.1f}")
     return lines
 
@@ -90,7 +94,7 @@ def run_demo(config: AcceleratorConfig, seed: int = 0, model: str = "resnet18", 
     stats = sess.stats
     assert stats is not None
     print(f"\nfunctional simulator: {fsim_s:.2f} s\n")
-    for line in _table(stats["layers"]):
+    for line in _table(stats["layers"], c.macs_per_cycle):
         print("  " + line)
 
     ref = InferenceSession(artifact, device="ref")

@@ -132,7 +132,8 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
     "icarus") from the generated RTL itself, each layer replayed from its DRAM image under the
     `dram_timing` DRAM model and its output checked against fsim to the bit. `layers` limits the layers
     (RTL simulation takes about a minute per ResNet-18 layer). GEMM utilization is padded MACs over
-    cycles times the config's MACs per cycle."""
+    cycles times the config's MACs per cycle; ``useful_utilization`` counts the layer's real MACs instead
+    (lower for grouped layers, whose weight tiles are zero outside each group)."""
     from weft.compiler.backend import generate
     from weft.compiler.driver import compile_model
     from weft.config import load_config
@@ -185,6 +186,7 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
             row["speedup"] = row["cycles_off"] / row["cycles_on"]
             for key in ("on", "off"):
                 row[f"utilization_{key}"] = padded / (row[f"cycles_{key}"] * cfg.macs_per_cycle)
+            row["useful_utilization"] = row["macs"] / (row["cycles_on"] * cfg.macs_per_cycle)
         if variants["on"]["matches"]:
             row["rtl_equals_fsim"] = variants["on"]["matches"][name] and variants["off"]["matches"][name]
         rows.append(row)
@@ -201,7 +203,8 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
         padded = sum(row["padded_macs"] for row in rows)
         result.update(conv_cycles_on=total_on, conv_cycles_off=total_off, speedup=total_off / total_on,
                       utilization_on=padded / (total_on * cfg.macs_per_cycle),
-                      utilization_off=padded / (total_off * cfg.macs_per_cycle))
+                      utilization_off=padded / (total_off * cfg.macs_per_cycle),
+                      useful_utilization=sum(row["macs"] for row in rows) / (total_on * cfg.macs_per_cycle))
     elif source is None:
         result["reason"] = ("no timing model in this build (weft.sim.timing), so cycles are unknown; "
                             "bench_latency(config, model, rtl='verilator', layers=[...]) measures them on the RTL")

@@ -1,9 +1,10 @@
 """Test models built in code: ONNX graphs with seeded weights, so nothing is ever downloaded.
 
 The compiler needs real networks to import, quantize, compile and run: the ResNet-18 of the demo, small
-ResNet- and VGG-style CNNs, an MLP with batch > 1, models with awkward shapes (channel counts that are not
-block multiples, stride 2, asymmetric padding, 1x1 and 7x7 kernels, Concat, Sum, Clip) and one whose
-shape subgraph folds to constants. A small CNN trained here in numpy on scikit-learn's digits gives the
+ResNet- and VGG-style CNNs, MobileNetV2- and ResNeXt-style CNNs (depthwise and grouped convolutions), an MLP
+with batch > 1, models with awkward shapes (channel counts that are not block multiples, stride 2,
+asymmetric padding, 1x1 and 7x7 kernels, Concat, Sum, Clip) and one whose shape subgraph folds to
+constants. A small CNN trained here in numpy on scikit-learn's digits gives the
 quantizer a model whose accuracy means something.
 
 Every graph is written with ``onnx.helper`` for a chosen opset (9 to the newest onnx knows), each op in
@@ -42,8 +43,10 @@ __all__ = [
     "digits_data",
     "max_opset",
     "mlp",
+    "mobilenet_v2",
     "reshape_net",
     "resnet18",
+    "resnext",
     "save",
     "small_resnet",
     "train_digits_cnn",
@@ -231,12 +234,18 @@ class _ResNetBuilder:
         self.g = graph
         self.rng = rng
 
-    def conv(self, x: _Flow, name: str, cout: int, k: int, stride: int) -> _Flow:
-        w = _he_conv(self.rng, cout, x.value.shape[1], k)
+    def conv(self, x: _Flow, name: str, cout: int, k: int, stride: int, group: int = 1) -> _Flow:
+        cin = x.value.shape[1]
+        w = _he_conv(self.rng, cout, cin // group, k)
         pad = k // 2
+        # PyTorch's exporter writes `group` on every Conv; the older models here leave it at its default.
+        extra = {"group": group} if group != 1 else {}
         out = self.g.op("Conv", [x.name, self.g.const(f"{name}.weight", w)], name,
-                        kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
-        return _Flow(out, _conv2d(x.value, w.astype(np.float64), None, stride, [pad] * 4))
+                        kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4, **extra)
+        og, cg = cout // group, cin // group
+        value = np.concatenate([_conv2d(x.value[:, j * cg:(j + 1) * cg], w[j * og:(j + 1) * og].astype(np.float64),
+                                        None, stride, [pad] * 4) for j in range(group)], axis=1)
+        return _Flow(out, value)
 
     def bn(self, x: _Flow, name: str, gamma_range: tuple[float, float] = (0.75, 1.25)) -> _Flow:
         channels = x.value.shape[1]
@@ -258,6 +267,13 @@ class _ResNetBuilder:
 
     def relu(self, x: _Flow, name: str) -> _Flow:
         return _Flow(self.g.op("Relu", [x.name], name), np.maximum(x.value, 0.0))
+
+    def relu6(self, x: _Flow, name: str) -> _Flow:
+        """nn.ReLU6, which PyTorch exports as Clip(0, 6)."""
+        return _Flow(self.g.clip(x.name, 0.0, 6.0, name), np.clip(x.value, 0.0, 6.0))
+
+    def add(self, a: _Flow, b: _Flow, name: str) -> _Flow:
+        return _Flow(self.g.op("Add", [a.name, b.name], name), a.value + b.value)
 
     def basic_block(self, x: _Flow, name: str, cout: int, stride: int) -> _Flow:
         """torchvision's BasicBlock: conv3x3-BN-ReLU-conv3x3-BN, plus identity or 1x1/stride downsample."""
@@ -320,6 +336,72 @@ def small_resnet(seed: int = 0, batch: int = 1, num_classes: int = 10, opset: in
     stages = [(width, 1, 1 if i == 0 else 2) for i, width in enumerate(widths)]
     return _resnet("small_resnet", seed, batch, 32, num_classes, opset, (widths[0], 3, 1, False), stages,
                    f"small ResNet, widths {list(widths)}, seed {seed}")
+
+
+# ---- grouped convolutions: MobileNetV2 and ResNeXt ----------------------------------------------------
+
+
+def _start(name: str, seed: int, batch: int, image: int, num_classes: int, opset: int
+           ) -> tuple[_Graph, _ResNetBuilder, _Flow]:
+    _check_args(opset, batch, num_classes)
+    g = _Graph(name, opset)
+    calibration = np.random.default_rng([seed, 0xCA1B]).standard_normal((1, 3, image, image))
+    return g, _ResNetBuilder(g, np.random.default_rng(seed)), _Flow(g.input("input", [batch, 3, image, image]),
+                                                                     calibration)
+
+
+def mobilenet_v2(seed: int = 0, batch: int = 1, num_classes: int = 10, opset: int = DEFAULT_OPSET, image: int = 32,
+                 blocks: Sequence[tuple[int, int, int, int]] = ((1, 8, 1, 1), (6, 12, 2, 2), (6, 16, 2, 2)),
+                 stem: int = 16, last: int = 64) -> onnx.ModelProto:
+    """A small MobileNetV2 on [batch, 3, image, image]: conv3x3/2-BN-ReLU6, inverted residual blocks
+    ``(t, c, n, s)`` as in the paper (1x1 expand by t -BN-ReLU6 unless t is 1, depthwise 3x3 with stride s on
+    the first of n -BN-ReLU6, 1x1 project -BN, identity Add when the stride is 1 and the channels match),
+    conv1x1-BN-ReLU6 to `last` channels, GlobalAveragePool, Flatten, Gemm to "logits". ReLU6 is Clip(0, 6)
+    and the convolutions have no bias, as PyTorch exports torchvision's model."""
+    g, net, x = _start("mobilenet_v2", seed, batch, image, num_classes, opset)
+    x = net.relu6(net.bn(net.conv(x, "features.0.0", stem, 3, 2), "features.0.1"), "features.0.2")
+    index = 1
+    for t, c, n, s in blocks:
+        for i in range(n):
+            name, stride, cin = f"features.{index}.conv", s if i == 0 else 1, x.value.shape[1]
+            hidden, y, k = cin * t, x, 0
+            if t != 1:
+                y = net.relu6(net.bn(net.conv(y, f"{name}.0.0", hidden, 1, 1), f"{name}.0.1"), f"{name}.0.2")
+                k = 1
+            y = net.conv(y, f"{name}.{k}.0", hidden, 3, stride, group=hidden)
+            y = net.relu6(net.bn(y, f"{name}.{k}.1"), f"{name}.{k}.2")
+            y = net.bn(net.conv(y, f"{name}.{k + 1}", c, 1, 1), f"{name}.{k + 2}", gamma_range=(0.2, 0.5))
+            x = net.add(x, y, f"features.{index}.add") if stride == 1 and cin == c else y
+            index += 1
+    x = net.relu6(net.bn(net.conv(x, f"features.{index}.0", last, 1, 1), f"features.{index}.1"),
+                  f"features.{index}.2")
+    logits = net.head(x, num_classes)
+    return g.model([(logits, [batch, num_classes])], f"small MobileNetV2, blocks {list(blocks)}, seed {seed}")
+
+
+def resnext(seed: int = 0, batch: int = 1, num_classes: int = 10, opset: int = DEFAULT_OPSET, image: int = 16,
+            stages: Sequence[tuple[int, int]] = ((1, 1), (1, 2)), groups: int = 32, width: int = 4) -> onnx.ModelProto:
+    """A ResNeXt 32x4d on [batch, 3, image, image]: conv3x3-BN-ReLU to 64 channels, then per stage
+    ``(blocks, stride)`` torchvision's Bottleneck with cardinality `groups` (1x1 -BN-ReLU, 3x3 with `groups`
+    groups and the stride -BN-ReLU, 1x1 to 4x the width -BN, identity or 1x1 downsample -BN, Add, ReLU; the
+    grouped width is ``groups * width``, doubled every stage), GlobalAveragePool, Flatten, Gemm to "logits"."""
+    g, net, x = _start("resnext", seed, batch, image, num_classes, opset)
+    x = net.relu(net.bn(net.conv(x, "conv1", 64, 3, 1), "bn1"), "relu")
+    planes = groups * width
+    for index, (blocks, stride) in enumerate(stages, start=1):
+        for b in range(blocks):
+            name, s, cout = f"layer{index}.{b}", stride if b == 0 else 1, planes * 2
+            y = net.relu(net.bn(net.conv(x, f"{name}.conv1", planes, 1, 1), f"{name}.bn1"), f"{name}.relu1")
+            y = net.conv(y, f"{name}.conv2", planes, 3, s, group=groups)
+            y = net.relu(net.bn(y, f"{name}.bn2"), f"{name}.relu2")
+            y = net.bn(net.conv(y, f"{name}.conv3", cout, 1, 1), f"{name}.bn3", gamma_range=(0.2, 0.5))
+            identity = x
+            if s != 1 or x.value.shape[1] != cout:
+                identity = net.bn(net.conv(x, f"{name}.downsample.0", cout, 1, s), f"{name}.downsample.1")
+            x = net.relu(net.add(y, identity, f"{name}.add"), f"{name}.relu3")
+        planes *= 2
+    logits = net.head(x, num_classes)
+    return g.model([(logits, [batch, num_classes])], f"small ResNeXt {groups}x{width}d, seed {seed}")
 
 
 # ---- VGG, MLP and awkward shapes ----------------------------------------------------------------------
@@ -642,6 +724,8 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "vgg_small": vgg_small,
     "mlp": mlp,
     "awkward_cnn": awkward_cnn,
+    "mobilenet_v2": mobilenet_v2,
+    "resnext": resnext,
     "reshape_net": reshape_net,
     "digits_cnn": train_digits_cnn,
 }

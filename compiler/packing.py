@@ -1,8 +1,10 @@
 """The layout pass: quantized tensors into the accelerator's packed, block-padded layouts.
 
 Integer activations get ``Value.logical`` (their NCHW/NK shape) and a packed ``shape``; qconv2d weights
-become ``(O/block_out, I/block_in, kh, kw, block_out, block_in)`` with zero channel padding; epilogue
-vectors are zero-padded to the padded channel count. See :mod:`weft.compiler.layout`.
+become ``(O/block_out, I/block_in, kh, kw, block_out, block_in)`` with zero channel padding (grouped ones
+first become their super-groups' dense block-diagonal matrices, stacked, :mod:`weft.compiler.groups`, and
+the node gets ``attrs["super_groups"]``, their count); epilogue vectors are zero-padded to the padded
+channel count. See :mod:`weft.compiler.layout`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from weft.compiler.epilogue import pad_steps
+from weft.compiler.groups import dense_super_weights
 from weft.compiler.ir import Graph, Value
 from weft.compiler.layout import act_block, pack_weights, packed_act_shape, pad_to
 
@@ -41,6 +44,10 @@ def pack_layout(config: AcceleratorConfig) -> Callable[[Graph], Graph]:
                 w_name = node.inputs[1]
                 w = g.constants[w_name]
                 in_pad = pad_to(w.shape[1], block)
+                if "group" in node.attrs:
+                    w, sg = dense_super_weights(w, node.attrs["group"], block)
+                    node.attrs["super_groups"] = sg.count
+                    in_pad = w.shape[1]
                 packed = pack_weights(w, config.block_out, config.block_in, channels, in_pad)
                 new = g.unique_name(f"{w_name}_packed")
                 g.set_constant(new, packed, g.values[w_name].dtype)

@@ -15,8 +15,10 @@ Quantized ops (integer tensors named ``<float name>_q``; all in logical layout u
 * ``qconv2d`` (accel): conv or dense + bias + optional residual + activation + requantization. Inputs:
   the int8 activation, the weights (``int{wgt_width}`` in int8 storage; packed by ``pack_layout``), and
   optionally the residual. Attributes: ``kernel``, ``strides``, ``pads`` (top, left, bottom, right),
-  ``channels`` (in, out), ``epilogue`` (see :mod:`weft.compiler.epilogue`; its first ``add`` step is the
-  int32 bias, with the pre-shift's rounding constant folded in), ``act`` and ``weight_scales``.
+  ``channels`` (in per group, out), ``group`` (absent when 1; weights ``(O, C/group, kh, kw)``),
+  ``epilogue`` (see :mod:`weft.compiler.epilogue`; its first ``add`` step is the int32 bias, with the
+  pre-shift's rounding constant folded in), ``act`` and ``weight_scales``. The accumulator bound sums each
+  output channel's own weights, so a grouped layer's bound covers exactly its group's reduction.
 * ``qmaxpool``, ``qavgpool`` (accel): int max / int sum then requantization.
 * ``qalu`` (accel): the epilogue alone on a loaded input: residual Add, ChannelAffine, ReLU/Clip.
 * ``quantize``, ``dequantize``, ``qconcat``, ``qreshape``, ``qpad`` (host): the edges and data movement.
@@ -133,7 +135,7 @@ class _Quantizer:
         if not rank_ok:
             return "float"
         if node.op == "FusedConv":
-            return "qconv2d" if node.attrs.get("group", 1) == 1 else "float"
+            return "qconv2d"
 
         if node.op == "MaxPool":
             return "qmaxpool"
@@ -289,6 +291,8 @@ class _Quantizer:
             "channels": (w.shape[1], o), "epilogue": epilogue, "act": node.attrs["act"],
             "weight_scales": s_w.astype(np.float32),
         }
+        if node.attrs.get("group", 1) != 1:
+            attrs["group"] = node.attrs["group"]
         self.emit(Node("qconv2d", inputs, [self.new_int(y)], attrs, node.name))
 
     def _acc_bound(self, node: Node, w_q: np.ndarray, bias_q: np.ndarray, acc_scale: np.ndarray) -> np.ndarray:

@@ -89,9 +89,11 @@ class _Checker:
             c = self.config
             if c is None or w.shape[2:4] != (kh, kw) or w.shape[4:] != (c.block_out, c.block_in):
                 raise self.fail(node, f"packed weights {list(w.shape)} do not match kernel {kh}x{kw} and the blocks")
-            if w.shape[1] * w.shape[5] != self.channels(x) or w.shape[0] * w.shape[4] != self.channels(out):
+            groups = node.attrs.get("super_groups", 1)
+            if w.shape[1] * w.shape[5] * groups != self.channels(x) or w.shape[0] * w.shape[4] != self.channels(out):
                 raise self.fail(node, "packed weight channels do not match the padded activations")
-        elif w.ndim != 4 or w.shape[2:] != (kh, kw) or w.shape[:2] != (self.channels(out), self.channels(x)):
+        elif w.ndim != 4 or w.shape[2:] != (kh, kw) or w.shape[0] != self.channels(out) \
+                or w.shape[1] * node.attrs.get("group", 1) != self.channels(x):
             raise self.fail(node, f"weights {list(w.shape)} do not match the input and output channels")
         if len(node.inputs) == 3:
             r = self.int_value(node, node.inputs[2])

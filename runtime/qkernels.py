@@ -68,8 +68,8 @@ def _store(x: np.ndarray, value: Value) -> np.ndarray:
 
 
 def _int_matmul(cols: np.ndarray, w: np.ndarray, widths: Widths) -> np.ndarray:
-    """Exact int64 (M, K) @ (K, O) of int8 operands."""
-    dtype = float_dtype_for(cols.shape[1], widths.inp, widths.wgt)
+    """Exact int64 (..., M, K) @ (..., K, O) of int8 operands."""
+    dtype = float_dtype_for(cols.shape[-1], widths.inp, widths.wgt)
     if dtype is None:
         return cols.astype(np.int64) @ w.astype(np.int64)
     return (cols.astype(dtype) @ w.astype(dtype)).astype(np.int64)
@@ -79,15 +79,21 @@ def qconv2d(node: Node, args: list[Any], ins: list[Value | None], outs: list[Val
         widths: Widths) -> list[np.ndarray]:
     x = _nhwc(args[0], ins[0])  # type: ignore[arg-type]
     w = args[1]
-    weights = unpack_weights(w) if w.ndim == 6 else w  # (O, I, kh, kw), padded when packed
+    # Logical weights are (O, C/group, kh, kw); packed ones hold each super-group's dense block-diagonal
+    # matrix (see weft.compiler.groups), i.e. a grouped convolution with `super_groups` groups.
+    packed = w.ndim == 6
+    weights = unpack_weights(w) if packed else w
+    groups = node.attrs.get("super_groups", 1) if packed else node.attrs.get("group", 1)
     o, i, kh, kw = weights.shape
     y_value = outs[0]
     n, _, _, c = x.shape
-    if c != i:
-        raise ValueError(f"node '{node.name}': input has {c} channels, weights expect {i}")
+    if c != i * groups:
+        raise ValueError(f"node '{node.name}': input has {c} channels, weights expect {i * groups}")
     out_hw = _out_hw(y_value)
-    cols = im2col(x, (kh, kw), node.attrs["strides"], node.attrs["pads"], out_hw)
-    acc = _int_matmul(cols.reshape(-1, kh * kw * i), weights.transpose(2, 3, 1, 0).reshape(kh * kw * i, o), widths)
+    cols = im2col(x, (kh, kw), node.attrs["strides"], node.attrs["pads"], out_hw)  # (N, Ho, Wo, kh, kw, C)
+    cols = cols.reshape(-1, kh * kw, groups, i).transpose(2, 0, 1, 3).reshape(groups, -1, kh * kw * i)
+    wg = weights.reshape(groups, o // groups, i, kh, kw).transpose(0, 3, 4, 2, 1).reshape(groups, kh * kw * i, -1)
+    acc = _int_matmul(cols, wg, widths).transpose(1, 0, 2).reshape(-1, o)
     acc = wrap(acc, widths.acc).reshape(n, *out_hw, o)
     residual = _nhwc(args[2], ins[2]).astype(np.int64) if len(args) > 2 and args[2] is not None else None  # type: ignore[arg-type]
     y = narrow(run_steps(acc, node.attrs["epilogue"], widths.acc, residual), widths.out)

@@ -21,12 +21,17 @@ from weft.runtime.artifact import write_atomic
 
 __all__ = ["add_report_arguments", "layer_table", "plot_roofline", "run_report"]
 
-COLUMNS = ("layer", "op", "target", "cycles", "macs", "macs_per_cycle", "utilization", "bytes",
+COLUMNS = ("layer", "op", "target", "cycles", "macs", "macs_per_cycle", "utilization", "array_utilization", "bytes",
            "intensity", "bound")
 
 
 def layer_table(stats: Mapping[str, Any], config: Any) -> list[dict[str, Any]]:
-    """One row per layer from a session's stats. Host layers carry no cycles, bytes or utilization."""
+    """One row per layer from a session's stats. Host layers carry no cycles, bytes or utilization.
+
+    ``utilization`` is the layer's useful MACs (its logical count: a grouped convolution's real MACs) over
+    what the GEMM core could do in its cycles; ``array_utilization`` counts the MACs the array executes,
+    zeros included (channel padding, the block-diagonal weight tiles of grouped layers), so the gap between
+    the two is the work the mapping wastes."""
     peak = config.macs_per_cycle
     bus = config.bus_width // 8
     ridge = peak / bus  # MACs per byte where the memory roof meets the compute roof
@@ -40,10 +45,10 @@ def layer_table(stats: Mapping[str, Any], config: Any) -> list[dict[str, Any]]:
         accel_macs = int(layer.get("accel_macs") or 0)
         if layer["target"] == "accel" and cycles:
             row["macs_per_cycle"] = row["macs"] / cycles
-            # Padded MACs the array performs (accel_macs) over what it could do in those cycles.
-            row["utilization"] = accel_macs / (peak * cycles)
+            row["utilization"] = row["macs"] / (peak * cycles)
+            row["array_utilization"] = accel_macs / (peak * cycles)
         else:
-            row["macs_per_cycle"] = row["utilization"] = None
+            row["macs_per_cycle"] = row["utilization"] = row["array_utilization"] = None
         if row["bytes"]:
             row["intensity"] = row["macs"] / row["bytes"]
             row["bound"] = "compute" if row["intensity"] >= ridge else "memory"

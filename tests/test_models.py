@@ -364,7 +364,8 @@ def test_build_saves_a_loadable_model(tmp_path):
     loaded = onnx.load(str(path))
     assert loaded.SerializeToString() == model.SerializeToString()
     assert input_shape(loaded) == [8, 64]
-    assert set(MODELS) == {"resnet18", "small_resnet", "vgg_small", "mlp", "awkward_cnn", "reshape_net", "digits_cnn"}
+    assert set(MODELS) == {"resnet18", "small_resnet", "vgg_small", "mlp", "awkward_cnn", "reshape_net", "digits_cnn",
+                           "mobilenet_v2", "resnext"}
 
 
 def test_bad_arguments_are_named():

@@ -38,8 +38,10 @@ def test_table_rows_follow_the_runs_figures(run):
         assert row["cycles"] == layer["cycles"] > 0
         assert row["bytes"] == sum(layer["bytes"].values()) > 0
         assert row["macs_per_cycle"] == pytest.approx(layer["macs"] / layer["cycles"])
-        assert 0 < row["utilization"] <= 1
-        assert row["utilization"] == pytest.approx(layer["accel_macs"] / (config.macs_per_cycle * layer["cycles"]))
+        assert 0 < row["utilization"] <= row["array_utilization"] <= 1
+        assert row["utilization"] == pytest.approx(layer["macs"] / (config.macs_per_cycle * layer["cycles"]))
+        assert row["array_utilization"] == pytest.approx(layer["accel_macs"] / (config.macs_per_cycle
+                                                                                 * layer["cycles"]))
         ridge = config.macs_per_cycle / (config.bus_width // 8)
         assert row["bound"] == ("compute" if row["intensity"] >= ridge else "memory")
         # Nothing beats the roofline.

@@ -94,7 +94,12 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
     pads = tuple(int(p) for p in node.attrs["pads"])
     if kind != "conv" and icb != ocb:
         raise BackendError("pooling keeps the channel count", node=node.name, op=node.op)
-    return LayerGeom(**common, kh=kh, kw=kw, sh=sh, sw=sw, pads=pads)  # type: ignore[arg-type]
+    groups = node.attrs.get("super_groups", 1)
+    if icb % groups or ocb % groups:
+        raise BackendError(f"{groups} super-groups do not split {icb} input and {ocb} output channel blocks",
+                           node=node.name, op=node.op)
+    common.update(icb=icb // groups, ocb=ocb // groups)
+    return LayerGeom(**common, kh=kh, kw=kw, sh=sh, sw=sw, pads=pads, groups=groups)  # type: ignore[arg-type]
 
 
 def nonnegative_values(graph: Graph) -> set[str]:
@@ -193,7 +198,7 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
         addrs["residual"] = plan.element(values[residual_input]["addr"], "out")
     if kind == "conv":
         w = graph.constants[node.inputs[1]]
-        want = (geom.ocb * geom.ro, geom.icb * geom.ri, geom.kh, geom.kw, c.block_out, c.block_in)
+        want = (geom.ocb * geom.groups * geom.ro, geom.icb * geom.ri, geom.kh, geom.kw, c.block_out, c.block_in)
         if w.shape != want:
             raise BackendError(f"packed weights are {list(w.shape)}, expected {list(want)}", node=node.name,
                                op=node.op)

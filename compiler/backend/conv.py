@@ -11,7 +11,9 @@ blocks inside one (``ro = block / block_out``, ``ri = block / block_in``). The e
 row are the GEMM intrinsic itself. After the schedule's splits, one stage of a task loads the input
 window of its tile (the DMA pads the borders, asymmetric pads included) and the weights of its channel
 tiles, and runs the tile body as a single GEMM instruction: the folder puts the two largest axes into the
-instruction's loops and enumerates the rest as micro-ops with a spatial axis innermost.
+instruction's loops and enumerates the rest as micro-ops with a spatial axis innermost. A grouped
+convolution adds an outer super-group axis ``gS``: each output block reduces over its super-group's input
+blocks only (:mod:`weft.compiler.groups`).
 """
 
 from __future__ import annotations
@@ -34,16 +36,23 @@ class ConvLowering(Lowering):
     def declare(self) -> Compute:
         g = self.g
         top, left = g.pads[0], g.pads[1]
-        axes = (Axis("n", g.nb), Axis("oB", g.ocb), Axis("so", g.ro), Axis("oh", g.ho), Axis("ow", g.wo),
+        # A grouped convolution's super-group gS reads input blocks gS*icb + iB and writes output blocks
+        # gS*ocb + oB; its weights are stacked along the output axis (see weft.compiler.groups).
+        grouped = g.groups > 1
+        gs = (Axis("gS", g.groups),) if grouped else ()
+        o_blk = v("gS") * g.ocb + v("oB") if grouped else v("oB")
+        i_blk = v("gS") * g.icb + v("iB") if grouped else v("iB")
+        axes = (*gs, Axis("n", g.nb), Axis("oB", g.ocb), Axis("so", g.ro), Axis("oh", g.ho), Axis("ow", g.wo),
                 Axis("iB", g.icb, True), Axis("si", g.ri, True), Axis("ky", g.kh, True), Axis("kx", g.kw, True))
         accesses = {
-            "out": A("out", (v("n"), v("oB"), v("oh"), v("ow"), v("so"))),
-            "inp": A("inp", (v("n"), v("iB"), v("oh") * g.sh + v("ky") - top, v("ow") * g.sw + v("kx") - left,
+            "out": A("out", (v("n"), o_blk, v("oh"), v("ow"), v("so"))),
+            "inp": A("inp", (v("n"), i_blk, v("oh") * g.sh + v("ky") - top, v("ow") * g.sw + v("kx") - left,
                              v("si"))),
-            "wgt": A("wgt", (v("oB") * g.ro + v("so"), v("iB") * g.ri + v("si"), v("ky"), v("kx"))),
+            "wgt": A("wgt", (o_blk * g.ro + v("so"), v("iB") * g.ri + v("si"), v("ky"), v("kx"))),
         }
-        shapes = {"out": (g.nb, g.ocb, g.ho, g.wo, g.ro), "inp": (g.nb, g.icb, g.h, g.w, g.ri),
-                  "wgt": (g.ocb * g.ro, g.icb * g.ri, g.kh, g.kw)}
+        ocb = g.ocb * g.groups
+        shapes = {"out": (g.nb, ocb, g.ho, g.wo, g.ro), "inp": (g.nb, g.icb * g.groups, g.h, g.w, g.ri),
+                  "wgt": (ocb * g.ro, g.icb * g.ri, g.kh, g.kw)}
         return Compute(self.name, axes, accesses, shapes)
 
     def reduce_axes(self) -> list[str]:

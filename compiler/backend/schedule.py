@@ -42,8 +42,8 @@ class LayerGeom:
     name: str
     kind: str  # conv, maxpool, avgpool, eltwise
     nb: int  # batch blocks (N / config.batch)
-    icb: int  # input channel blocks
-    ocb: int  # output channel blocks
+    icb: int  # input channel blocks (of one super-group: the blocks each output block reduces over)
+    ocb: int  # output channel blocks (of one super-group)
     ri: int  # GEMM input blocks per channel block (block / block_in)
     ro: int  # GEMM output blocks per channel block (block / block_out)
     h: int
@@ -58,6 +58,9 @@ class LayerGeom:
     residual: bool = False
     vectors: int = 0  # per-channel vectors of the epilogue (acc rows per output block)
     alu_steps: int = 0  # ALU instructions of the epilogue
+    #: Super-groups of a grouped convolution (weft.compiler.groups): independent convolutions side by side,
+    #: each reading its own icb input blocks and writing its own ocb output blocks.
+    groups: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -136,14 +139,14 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     tile_rows = pix * s.tile_oc * g.ro
     hin, win = _window(s.tile_h, g.sh, g.kh), _window(s.tile_w, g.sw, g.kw)
     n_tiles = (g.nb // s.tile_n) * (g.ho // s.tile_h) * (g.wo // s.tile_w)
-    oc_tiles = g.ocb // s.tile_oc
+    oc_tiles = g.ocb // s.tile_oc * g.groups
     tasks = n_tiles * oc_tiles
     single = 1 if tile_rows == 1 else 0  # a spare row for one-row reductions
     vec_rows = g.vectors * s.tile_oc * g.ro
     acc = tile_rows * (2 if g.residual else 1) + vec_rows + single
     rb = {"inp": c.inp_row_bits // 8, "wgt": c.wgt_row_bits // 8, "acc": c.acc_row_bits // 8,
           "out": c.out_row_bits // 8}
-    out_bytes = g.nb * g.ocb * g.ho * g.wo * g.ro * rb["out"]
+    out_bytes = g.nb * g.ocb * g.groups * g.ho * g.wo * g.ro * rb["out"]
     planes = s.tile_n * s.tile_oc  # one 2-D transfer per output plane (fewer when they merge)
     alu_execs = tasks * tile_rows * (g.alu_steps + (1 if g.residual else 0))
     # Vectors are reloaded when a thread's output-channel tile changes.
@@ -163,7 +166,8 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         reuse_i = steps == 1 and s.order == "pix_outer"
         # Resident tiles are not reloaded: with V threads alternating, a thread sees every V-th task.
         w_loads = stages if not reuse_w else oc_tiles * min(s.vthreads, n_tiles)
-        i_loads = stages if not reuse_i else n_tiles * min(s.vthreads, oc_tiles)
+        # (each super-group reads its own input blocks)
+        i_loads = stages if not reuse_i else n_tiles * g.groups * min(s.vthreads, oc_tiles // g.groups)
         load_bytes = w_loads * wgt * rb["wgt"] + i_loads * inp * rb["inp"]
         load_insns = w_loads + i_loads * s.tile_n * s.tile_ic
         compute_insns += stages + tasks  # a GEMM per stage, a reset per task

@@ -92,7 +92,8 @@ class Lowering:
         self.compute: Compute = c
         self.inner = ["n.i", "oB.i", "so", "oh.i", "ow.i", *self.reduce_axes()]
         pix = ["n.o", "oh.o", "ow.o"]
-        self.task_axes = ["oB.o", *pix] if s.order == "oc_outer" else [*pix, "oB.o"]
+        oc = ["gS", "oB.o"] if g.groups > 1 else ["oB.o"]  # a grouped convolution's super-group, then its tile
+        self.task_axes = [*oc, *pix] if s.order == "oc_outer" else [*pix, *oc]
         self.out_box: Box = tile_box(c, "out", self.inner)
         self.tile_rows = self.out_box.rows
         self.single = self.tile_rows == 1
@@ -234,11 +235,12 @@ class Lowering:
     def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
         g, s, r = self.g, self.s, self.regions(h)
         self.finish_body(stream, h)
-        if self.vectors and self.resident[h].get("vec") != point["oB.o"]:
-            self.resident[h]["vec"] = point["oB.o"]
+        first_block = point.get("gS", 0) * g.ocb + point["oB.o"] * s.tile_oc
+        if self.vectors and self.resident[h].get("vec") != first_block:
+            self.resident[h]["vec"] = first_block
             assert self.addrs.vec is not None
-            shape = (len(self.vectors), g.ocb * g.ro)
-            origin = (0, point["oB.o"] * s.tile_oc * g.ro)
+            shape = (len(self.vectors), g.ocb * g.groups * g.ro)
+            origin = (0, first_block * g.ro)
             for t in merge(self.config, box_transfers(self.config, MemId.ACC, shape, self.addrs.vec, origin,
                                                       (len(self.vectors), s.tile_oc * g.ro), r.vec)):
                 stream.transfer(t, note="epilogue vectors")

@@ -29,6 +29,8 @@ def workload_key(geom: LayerGeom) -> str:
     """A stable key of what a layer computes (its geometry in blocks, without its name)."""
     fields = asdict(geom)
     del fields["name"]
+    if fields["groups"] == 1:  # keys of ungrouped layers stay those of logs written before grouped layers
+        del fields["groups"]
     return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
