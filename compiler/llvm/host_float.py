@@ -21,7 +21,7 @@ from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
 from weft.compiler.llvm.te import Kernel
 
-__all__ = ["FLOAT_HANDLERS", "plan_halos"]
+__all__ = ["FLOAT_HANDLERS", "elementwise_handler", "plan_halos"]
 
 
 def _fused_conv(p: Planner, node: Node) -> None:
@@ -164,7 +164,9 @@ def _global_pool(p: Planner, node: Node) -> None:
     p.step(node.name, nn.global_pool_kernel("gap", src.operand("x"), p.target), [src, y])
 
 
-def _elementwise(fn: Callable[[Node, list[Expr]], Expr]) -> Callable[[Planner, Node], None]:
+def elementwise_handler(fn: Callable[[Node, list[Expr]], Expr]) -> Callable[[Planner, Node], None]:
+    """The handler of an element-wise op: ``fn(node, inputs)`` on inputs broadcast numpy-style, in the
+    layout of its full-size inputs when they share one (else plain)."""
     def handler(p: Planner, node: Node) -> None:
         out_shape = p.out_shape(node)
         names = [x for x in node.inputs if x]
@@ -372,7 +374,7 @@ def _transpose(p: Planner, node: Node, t: Tensor) -> Tensor:
     from weft.compiler.llvm.te import compute
 
     stage = compute("xt", (c, r), lambda i, j: src.buffer[j, i], dtype=t.dtype)
-    ew.schedule_elementwise(stage, p.target)
+    ew.scheduleelementwise_handler(stage, p.target)
     p.step(node.name, Kernel("transpose", [src.buffer], [stage.out], [stage]), [t, out])
     return out
 
@@ -390,12 +392,12 @@ FLOAT_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "MaxPool": _pool,
     "AveragePool": _pool,
     "GlobalAveragePool": _global_pool,
-    "Relu": _elementwise(lambda n, xs: maximum(xs[0], 0.0)),
-    "Clip": _elementwise(_clip),
-    "Add": _elementwise(_binary("Add")),
-    "Sub": _elementwise(_binary("Sub")),
-    "Mul": _elementwise(_binary("Mul")),
-    "Div": _elementwise(_binary("Div")),
+    "Relu": elementwise_handler(lambda n, xs: maximum(xs[0], 0.0)),
+    "Clip": elementwise_handler(_clip),
+    "Add": elementwise_handler(_binary("Add")),
+    "Sub": elementwise_handler(_binary("Sub")),
+    "Mul": elementwise_handler(_binary("Mul")),
+    "Div": elementwise_handler(_binary("Div")),
     "ChannelAffine": _channel_affine,
     "BatchNormalization": _bn,
     "Identity": _reshape,

@@ -470,8 +470,9 @@ def _schedule_pool(y, layout: Layout, target: Target) -> None:
             y.parallel(fused)
 
 
-def global_pool_kernel(name: str, src: Operand, target: Target) -> Kernel:
-    """GlobalAveragePool: the mean over H and W, keeping the layout ((N, C/b, 1, 1, b) when blocked)."""
+def global_pool_kernel(name: str, src: Operand, target: Target, kind: str = "avg") -> Kernel:
+    """GlobalAveragePool (`kind` "avg": the mean over H and W) or GlobalMaxPool ("max"), keeping the
+    layout ((N, C/b, 1, 1, b) when blocked)."""
     n_, c_, h_, w_ = src.shape
     layout = src.layout
     rh, rw = reduce_axis(h_, "rh"), reduce_axis(w_, "rw")
@@ -479,11 +480,15 @@ def global_pool_kernel(name: str, src: Operand, target: Target) -> Kernel:
 
     def body(*phys: Var):  # float64 sums divided by the count: numpy's mean(dtype=float64)
         if layout.blocked:
-            return reduce_sum(cast("f64", src.buffer[layout.at(phys[0], phys[1], rh, rw, phys[4])]), [rh, rw])
-        return reduce_sum(cast("f64", src.buffer[phys[0], phys[1], rh, rw]), [rh, rw])
+            xv = src.buffer[layout.at(phys[0], phys[1], rh, rw, phys[4])]
+        else:
+            xv = src.buffer[phys[0], phys[1], rh, rw]
+        return reduce_max(xv, [rh, rw]) if kind == "max" else reduce_sum(cast("f64", xv), [rh, rw])
 
-    y = compute("y", layout.domain((n_, c_, 1, 1)), body, epilogue=lambda acc, *phys: cast("f32", acc / count),
-                dtype="f32")
+    def epilogue(acc: Expr, *phys: Var) -> Expr:
+        return acc if kind == "max" else cast("f32", acc / count)
+
+    y = compute("y", layout.domain((n_, c_, 1, 1)), body, epilogue=epilogue, dtype="f32")
     _schedule_pool(y, layout, target)
     return Kernel(name, [src.buffer], [y.out], [y])
 
