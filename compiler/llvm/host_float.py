@@ -7,6 +7,7 @@ plain tensors. Weights are packed here, once, into the order their kernel reads.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -16,7 +17,10 @@ from weft.compiler.float_ops import conv_out_size, full_pads, pool_geometry
 from weft.compiler.ir import Graph, Node, numpy_dtype
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import nn
-from weft.compiler.llvm.expr import Expr, cast, dtype_of_numpy, maximum, minimum
+from weft.compiler.llvm.depthwise import depthwise_kernel
+from weft.compiler.llvm.depthwise import pack_depthwise_weights as depthwise_weights
+from weft.compiler.llvm.elementwise import Operand
+from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
 from weft.compiler.llvm.te import Kernel
@@ -29,15 +33,18 @@ def _fused_conv(p: Planner, node: Node) -> None:
     res_name = node.inputs[3] if len(node.inputs) > 3 else ""
     if not (p.g.is_constant(w_name) and (not b_name or p.g.is_constant(b_name))):
         raise UnsupportedError("weights and bias must be constants", node=node.name, op=node.op)
-    if node.attrs.get("group", 1) != 1:
-        raise UnsupportedError("grouped convolution has no host kernel yet", node=node.name, op=node.op)
+    groups = int(node.attrs.get("group", 1))
     w = np.asarray(p.g.constants[w_name], np.float32)
     o, c, kh, kw = w.shape
     bias = np.asarray(p.g.constants[b_name], np.float32) if b_name else np.zeros(o, np.float32)
     x_shape = tuple(p.g.values[x_name].shape or ())
     act, clip = node.attrs.get("act", "none"), node.attrs.get("clip")
     out_shape = p.out_shape(node)
-    bo = block_for(o, p.lanes)
+    cin = x_shape[1]
+    depthwise = groups > 1 and groups == cin == o
+    bo = block_for(o // groups, p.lanes) if groups > 1 and not depthwise else block_for(o, p.lanes)
+    if len(x_shape) == 2 and groups > 1:
+        raise UnsupportedError("a grouped dense layer has no host kernel", node=node.name, op=node.op)
     if len(x_shape) == 2:  # dense
         n = x_shape[0]
         x = p.get(x_name, PLAIN, node)
@@ -50,8 +57,12 @@ def _fused_conv(p: Planner, node: Node) -> None:
         p.step(node.name, kernel, [*args, y])
         return
     src = p.get(x_name, None, node)
-    if not src.layout.blocked:
-        cin = x_shape[1]
+    if depthwise:  # channel c of the input meets channel c of the output: one block for both
+        src = _blocked_source(p, node, src, bo)
+    elif groups > 1:  # a block must not straddle two groups
+        bi = src.layout.block if src.layout.blocked and c % src.layout.block == 0 else block_for(c, p.lanes)
+        src = _blocked_source(p, node, src, bi)
+    elif not src.layout.blocked:
         want = Layout(block_for(cin, p.lanes)) if cin >= p.lanes else Layout(1)
         src = p.get(x_name, want, node) if want.block > 1 else _as_block1(p, src)
     strides = tuple(node.attrs["strides"])
@@ -71,9 +82,10 @@ def _fused_conv(p: Planner, node: Node) -> None:
     bi = src.layout.block
     phys = src.physical
     out_halo = p.halos.get(node.outputs[0], 0) if len(out_shape) == 4 else 0
-    spec = nn.ConvSpec(x_shape[0], c, phys[2], phys[3], o, kh, kw, strides, bi, bo,  # type: ignore[arg-type]
+    spec = nn.ConvSpec(x_shape[0], cin, phys[2], phys[3], o, kh, kw, strides, bi, bo,  # type: ignore[arg-type]
                        offset=offset, out=(oh, ow), out_halo=out_halo)
-    args = [src, _const(p, node, "w", nn.pack_conv_weights(w, bi, bo)), _const(p, node, "b", bias.reshape(o // bo, bo))]
+    packed = depthwise_weights(w, bo) if depthwise else nn.pack_conv_weights(w, bi, bo)
+    args = [src, _const(p, node, "w", packed), _const(p, node, "b", bias.reshape(o // bo, bo))]
     r_layout = None
     if res_name:
         if len(out_shape) == 4:
@@ -84,16 +96,34 @@ def _fused_conv(p: Planner, node: Node) -> None:
             r_t = p.get(res_name, PLAIN, node)
         args.append(r_t)
         r_layout = r_t.layout if r_t.layout.blocked else Layout(bo)  # (N, O) is (N, O/bo, 1, 1, bo)
-    # the kernel comes from its workload, exactly as host tuning builds and times it
-    workload = nn.ConvWorkload(spec, act, clip, r_layout)
-    schedule = p.tuned.get(workload.key)
-    p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
-    kernel = workload.kernel(p.target, schedule)
+    if groups > 1:  # not tuned: host tuning times ungrouped convolutions only
+        shape4 = (x_shape[0], o, oh, ow)
+        residual = Operand(Buffer("residual", r_layout.physical(shape4)), shape4, r_layout) if r_layout else None
+        if depthwise:
+            kernel = depthwise_kernel("dwconv", spec, p.target, act=act, clip=clip, residual=residual)
+        else:
+            per_group = dataclasses.replace(spec, cin=cin // groups, cout=o // groups)
+            kernel = nn.conv_kernel("gconv", spec, p.target, act=act, clip=clip, residual=residual,
+                                    tiles=nn.conv_tiles(per_group, p.target), groups=groups)
+    else:  # the kernel comes from its workload, exactly as host tuning builds and times it
+        workload = nn.ConvWorkload(spec, act, clip, r_layout)
+        schedule = p.tuned.get(workload.key)
+        p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
+        kernel = workload.kernel(p.target, schedule)
     if len(out_shape) == 2:  # a dense layer over a whole image: (N, O/bo, 1, 1, bo) is (N, O)
         y = p.new(node.outputs[0], out_shape, PLAIN)
     else:
         y = p.new(node.outputs[0], out_shape, Layout(bo, out_halo))
     p.step(node.name, kernel, [*args, y])
+
+
+def _blocked_source(p: Planner, node: Node, src: Tensor, block: int) -> Tensor:
+    """`src` in channel blocks of `block` (a block of one: the plain bytes)."""
+    if src.layout.blocked and src.layout.block == block:
+        return src
+    if block > 1:
+        return p.get(src.name, Layout(block), node)
+    return _as_block1(p, src if not src.layout.blocked else p.get(src.name, PLAIN, node))
 
 
 def plan_halos(graph: Graph) -> dict[str, int]:

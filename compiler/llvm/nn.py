@@ -253,16 +253,25 @@ class ConvWorkload:
 
 
 def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,
-                residual: Operand | None = None, tiles: tuple[int, int] | ConvSchedule | None = None) -> Kernel:
+                residual: Operand | None = None, tiles: tuple[int, int] | ConvSchedule | None = None,
+                groups: int = 1) -> Kernel:
     """Convolution + bias (+ residual) (+ ReLU or clip), blocked layouts. Parameters: x, w (packed), bias
     (O/bo, bo), [residual], y. `tiles`: (r, ocb) or a whole :class:`ConvSchedule` (default: the
-    heuristic's, :func:`conv_tiles`)."""
+    heuristic's, :func:`conv_tiles`).
+
+    With `groups` > 1 (ONNX's grouped convolution) output channel block co reads only the input blocks
+    of its group, and the weights are those of one group, (O/bo, C/groups/bi, KH, KW, bi, bo): the blocks
+    must divide the channels of a group."""
     s = spec
     oh_, ow_ = s.out_hw
+    cg, og = s.cin // groups, s.cout // groups
+    if s.cin % groups or s.cout % groups or cg % s.bi or og % s.bo:
+        raise ValueError(f"'{name}': blocks {s.bi}/{s.bo} do not divide the {cg}/{og} channels of each of the "
+                         f"{groups} groups")
     x = Buffer("x", (s.n, s.cin // s.bi, s.h, s.w, s.bi))
-    w = Buffer("w", (s.cout // s.bo, s.cin // s.bi, s.kh, s.kw, s.bi, s.bo))
+    w = Buffer("w", (s.cout // s.bo, cg // s.bi, s.kh, s.kw, s.bi, s.bo))
     b = Buffer("bias", (s.cout // s.bo, s.bo))
-    rco = reduce_axis(s.cin // s.bi, "rc.o")
+    rco = reduce_axis(cg // s.bi, "rc.o")
     rkh = reduce_axis(s.kh, "rkh")
     rkw = reduce_axis(s.kw, "rkw")
     rci = reduce_axis(s.bi, "rc.i")
@@ -271,7 +280,8 @@ def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none",
     out_layout = Layout(s.bo)
 
     def body(n: Var, co: Var, oh: Var, ow: Var, c: Var):
-        return reduce_sum(x[n, rco, oh * sh + (rkh + dy), ow * sw + (rkw + dx), rci] * w[co, rco, rkh, rkw, rci, c],
+        block = rco if groups == 1 else co // (og // s.bo) * (cg // s.bi) + rco  # the first block of co's group
+        return reduce_sum(x[n, block, oh * sh + (rkh + dy), ow * sw + (rkw + dx), rci] * w[co, rco, rkh, rkw, rci, c],
                           [rco, rkh, rkw, rci])
 
     def epilogue(acc: Expr, n: Var, co: Var, oh: Var, ow: Var, c: Var) -> Expr:
