@@ -58,27 +58,27 @@ def _fused_conv(p: Planner, node: Node) -> None:
         return
     src = p.get(x_name, None, node)
     if depthwise:  # channel c of the input meets channel c of the output: one block for both
-        src = _blocked_source(p, node, src, bo)
-    elif groups > 1:  # a block must not straddle two groups
-        bi = src.layout.block if src.layout.blocked and c % src.layout.block == 0 else block_for(c, p.lanes)
-        src = _blocked_source(p, node, src, bi)
-    elif not src.layout.blocked:
-        want = Layout(block_for(cin, p.lanes)) if cin >= p.lanes else Layout(1)
-        src = p.get(x_name, want, node) if want.block > 1 else _as_block1(p, src)
+        block = bo
+    elif src.layout.blocked and (groups == 1 or c % src.layout.block == 0):  # (a block must not straddle groups)
+        block = src.layout.block
+    else:
+        block = block_for(c, p.lanes) if c >= p.lanes or groups > 1 else 1
     strides = tuple(node.attrs["strides"])
     pads = tuple(node.attrs["pads"])
     t, l, b_, r = pads
     oh = conv_out_size(x_shape[2], kh, strides[0], t, b_)
     ow = conv_out_size(x_shape[3], kw, strides[1], l, r)
-    halo = src.layout.halo
-    if max(pads) > halo:  # the producer left no border wide enough: pad into a copy
-        padded_shape = (x_shape[0], x_shape[1], x_shape[2] + t + b_, x_shape[3] + l + r)
-        padded = p.new(f"{node.name}.padded", padded_shape, src.layout.without_halo(), primary=False)
-        kernel = ew.pad_kernel("pad", src.operand("x"), (0, 0, t, l, 0, 0, b_, r), 0.0, p.target)
-        p.step(node.name, kernel, [src, padded])
-        src, offset = padded, (0, 0)
-    else:  # the zeros are already around the input: read from inside its halo
-        offset = (halo - t, halo - l)
+    converted = (x_name, Layout(block)) in p.tensors
+    if src.layout.block != block and max(pads) and not converted:  # change the layout while padding: one pass
+        src = _padded(p, node, src, Layout(block), pads)
+        offset = (0, 0)
+    else:
+        src = _blocked_source(p, node, src, block)
+        halo = src.layout.halo
+        if max(pads) > halo:  # the producer left no border wide enough: pad into a copy
+            src, offset = _padded(p, node, src, src.layout.without_halo(), pads), (0, 0)
+        else:  # the zeros are already around the input: read from inside its halo
+            offset = (halo - t, halo - l)
     bi = src.layout.block
     phys = src.physical
     out_halo = p.halos.get(node.outputs[0], 0) if len(out_shape) == 4 else 0
@@ -115,6 +115,16 @@ def _fused_conv(p: Planner, node: Node) -> None:
     else:
         y = p.new(node.outputs[0], out_shape, Layout(bo, out_halo))
     p.step(node.name, kernel, [*args, y])
+
+
+def _padded(p: Planner, node: Node, src: Tensor, layout: Layout, pads: tuple[int, ...]) -> Tensor:
+    """A zero-padded copy of NCHW `src` in `layout`."""
+    t, l, b, r = pads
+    n, c, h, w = src.shape
+    padded = p.new(f"{node.name}.padded", (n, c, h + t + b, w + l + r), layout, primary=False)
+    kernel = ew.pad_kernel("pad", src.operand("x"), (0, 0, t, l, 0, 0, b, r), 0.0, p.target, out_layout=layout)
+    p.step(node.name, kernel, [src, padded])
+    return padded
 
 
 def _blocked_source(p: Planner, node: Node, src: Tensor, block: int) -> Tensor:
