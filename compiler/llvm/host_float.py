@@ -414,7 +414,7 @@ def _transpose(p: Planner, node: Node, t: Tensor) -> Tensor:
     from weft.compiler.llvm.te import compute
 
     stage = compute("xt", (c, r), lambda i, j: src.buffer[j, i], dtype=t.dtype)
-    ew.scheduleelementwise_handler(stage, p.target)
+    ew.schedule_elementwise(stage, p.target)
     p.step(node.name, Kernel("transpose", [src.buffer], [stage.out], [stage]), [t, out])
     return out
 
