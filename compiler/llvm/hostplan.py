@@ -292,6 +292,9 @@ class Planner:
     def numpy_step(self, node: Node) -> None:
         """The host fallback: `node` runs through its numpy kernel on plain arrays, inside the plan."""
         inputs = [self.get(x, PLAIN, node) if x else None for x in node.inputs]
+        if any(t is not None and t.storage is not None for t in inputs):
+            raise UnsupportedError("numpy kernels read plain tensors, not the accelerator's packed ones",
+                                   node=node.name, op=node.op)
         outputs: list[Tensor | None] = []
         for name in node.outputs:
             if not name:
