@@ -6,6 +6,11 @@ integer layers of quantized graphs). A conversion kernel is inserted only where 
 layout than its producer gave, reshapes of plain tensors are free, and identical kernels (the repeated
 layers of a ResNet) compile once. The :class:`~weft.compiler.llvm.hostplan.HostPlan` owns every buffer and
 calls the kernels with prepared pointer arrays: no Python inside any loop of a kernel.
+
+An op with a numpy kernel (``FLOAT_OPS``) but no handler is not refused: it becomes a numpy step that runs
+its kernel on the plain arrays of its inputs, between the compiled steps; the per-layer figures say which
+ran each node (``"kernel": "llvm"`` or ``"numpy"``), and :func:`cross_compile` and the cuda device, which
+have no Python to run it, refuse such a plan.
 """
 
 from __future__ import annotations
