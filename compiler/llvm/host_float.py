@@ -7,7 +7,6 @@ plain tensors. Weights are packed here, once, into the order their kernel reads.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -17,7 +16,7 @@ from weft.compiler.float_ops import conv_out_size, full_pads, pool_geometry
 from weft.compiler.ir import Graph, Node, numpy_dtype
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import nn
-from weft.compiler.llvm.depthwise import depthwise_kernel
+from weft.compiler.llvm.depthwise import depthwise_kernel, grouped_tiles
 from weft.compiler.llvm.depthwise import pack_depthwise_weights as depthwise_weights
 from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
@@ -102,9 +101,8 @@ def _fused_conv(p: Planner, node: Node) -> None:
         if depthwise:
             kernel = depthwise_kernel("dwconv", spec, p.target, act=act, clip=clip, residual=residual)
         else:
-            per_group = dataclasses.replace(spec, cin=cin // groups, cout=o // groups)
             kernel = nn.conv_kernel("gconv", spec, p.target, act=act, clip=clip, residual=residual,
-                                    tiles=nn.conv_tiles(per_group, p.target), groups=groups)
+                                    tiles=grouped_tiles(ow, p.target), groups=groups)
     else:  # the kernel comes from its workload, exactly as host tuning builds and times it
         workload = nn.ConvWorkload(spec, act, clip, r_layout)
         schedule = p.tuned.get(workload.key)
