@@ -225,6 +225,26 @@ def test_transpose(perm):
     np.testing.assert_array_equal(got, want)
 
 
+def test_expand_and_tile():
+    x = rand(3, 1, 5)
+    got, layers = run_plan(graph_of("Expand", {"x": x}, (2, 3, 4, 5), consts={"s": np.array([2, 1, 4, 1])}), {"x": x})
+    np.testing.assert_array_equal(got, np.broadcast_to(x, (2, 3, 4, 5)))
+    got, _ = run_plan(graph_of("Tile", {"x": x}, (6, 2, 5), consts={"r": np.array([2, 2, 1])}), {"x": x})
+    np.testing.assert_array_equal(got, np.tile(x, (2, 2, 1)))
+    assert layers[0]["kernel"] == "llvm"
+
+
+def test_split_into_uneven_parts():
+    x = rand(2, 7, 3)
+    g = Graph("split", inputs=["x"], outputs=["a", "b"], nodes=[Node("Split", ["x", "s"], ["a", "b"], {"axis": 1},
+                                                                     name="sp")],
+              values={"x": Value("x", x.shape), "a": Value("a", (2, 3, 3)), "b": Value("b", (2, 4, 3))})
+    g.set_constant("s", np.array([3, 4], np.int64))
+    outs, _ = plan_graph(g).run({"x": x})
+    np.testing.assert_array_equal(outs["a"], x[:, :3])
+    np.testing.assert_array_equal(outs["b"], x[:, 3:])
+
+
 # ---- the numpy fallback ------------------------------------------------------------------------------
 
 

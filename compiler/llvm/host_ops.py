@@ -1,7 +1,9 @@
-"""Host kernels for the activations, broadcasting binary ops, reductions and transposes of float graphs.
+"""Host kernels for the activations, broadcasting binary ops, reductions and data movement (Transpose,
+Expand, Tile, Split) of float graphs.
 
 Activations and binary ops are element-wise kernels (they keep their input's layout, channel-blocked or
-plain); reductions and transposes read and write plain tensors. Attribute defaults are ONNX's.
+plain); the others read and write plain tensors. Attribute defaults are ONNX's; shapes that depend on
+constant inputs (Expand's shape, Tile's repeats, Split's sizes) are read from the outputs' static shapes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import numpy as np
 
 from weft.compiler.errors import UnsupportedError
 from weft.compiler.ir import Node
+from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import mathfn, nn
 from weft.compiler.llvm.elementwise import schedule_elementwise
 from weft.compiler.llvm.expr import Call, Expr, cast, const, exp, maximum, minimum, select
@@ -131,6 +134,45 @@ def _schedule_reduction(y, p: Planner) -> None:
             y.parallel(fused)
 
 
+def _expand(p: Planner, node: Node) -> None:
+    """Expand: numpy broadcasting of the input to the output's (statically known) shape."""
+    src = p.get(node.inputs[0], PLAIN, node)
+    out_shape = p.out_shape(node)
+    kernel = ew.elementwise_kernel("expand", out_shape, PLAIN, [src.operand("x")], lambda x: x, p.target,
+                                   dtype=src.dtype)
+    y = p.new(node.outputs[0], out_shape, PLAIN, src.dtype)
+    p.step(node.name, kernel, [src, y])
+
+
+def _tile(p: Planner, node: Node) -> None:
+    """Tile: output element i reads input element i modulo the input's shape, axis by axis."""
+    src = p.get(node.inputs[0], PLAIN, node)
+    x = src.operand("x").buffer
+    shape = src.shape
+
+    def body(*axes: Expr) -> Expr:
+        return x[tuple(a % n if n > 1 else const(0) for a, n in zip(axes, shape, strict=True))]
+
+    stage = compute("tiled", p.out_shape(node) or (1,), body, dtype=src.dtype)
+    schedule_elementwise(stage, p.target)
+    y = p.new(node.outputs[0], p.out_shape(node), PLAIN, src.dtype)
+    p.step(node.name, Kernel("tile", [x], [stage.out], [stage]), [src, y])
+
+
+def _split(p: Planner, node: Node) -> None:
+    """Split: each output is a slice of the input along `axis`, its extent the output's static shape."""
+    src = p.get(node.inputs[0], PLAIN, node)
+    axis = int(node.attrs.get("axis", 0)) % len(src.shape)
+    start = 0
+    for k, name in enumerate(node.outputs):
+        out_shape = p.out_shape(node, k)
+        if name:
+            starts = [start if d == axis else 0 for d in range(len(src.shape))]
+            kernel = ew.slice_kernel("split", src.operand("x"), starts, [1] * len(src.shape), out_shape, p.target)
+            p.step(node.name, kernel, [src, p.new(name, out_shape, PLAIN, src.dtype)])
+        start += out_shape[axis]
+
+
 OP_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "Sigmoid": _unary(lambda n, x: mathfn.sigmoid(x)),
     "Tanh": _unary(lambda n, x: mathfn.tanh(x)),
@@ -152,6 +194,9 @@ OP_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "Pow": elementwise_handler(_pow),
     "GlobalMaxPool": _global_max_pool,
     "Transpose": _transpose,
+    "Expand": _expand,
+    "Tile": _tile,
+    "Split": _split,
     "ReduceSum": _reduction("sum"),
     "ReduceMean": _reduction("mean"),
     "ReduceMax": _reduction("max"),
