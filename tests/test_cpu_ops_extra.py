@@ -245,6 +245,34 @@ def test_split_into_uneven_parts():
     np.testing.assert_array_equal(outs["b"], x[:, 3:])
 
 
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_layer_normalization(axis):
+    x = rand(2, 3, 4, 5, scale=2.0) + 3.0  # an offset mean: a one-pass variance would cancel
+    norm = x.shape[axis % 4:]
+    scale, shift = rand(*norm, seed=1), rand(*norm, seed=2)
+    g = graph_of("LayerNormalization", {"x": x}, x.shape, {"axis": axis, "epsilon": 1e-3},
+                 consts={"s": scale, "b": shift})
+    got, layers = run_plan(g, {"x": x})
+    d = x.astype(np.float64)
+    axes = tuple(range(axis % 4, 4))
+    mean = d.mean(axis=axes, keepdims=True)
+    want = (d - mean) / np.sqrt(((d - mean) ** 2).mean(axis=axes, keepdims=True) + 1e-3) * scale + shift
+    close(got, want)
+    assert layers[0]["kernel"] == "llvm"
+
+
+def test_instance_normalization():
+    x = rand(2, 3, 4, 5, scale=2.0) + 1.0
+    scale, shift = rand(3, seed=1), rand(3, seed=2)
+    got, _ = run_plan(graph_of("InstanceNormalization", {"x": x}, x.shape, consts={"s": scale, "b": shift}),
+                      {"x": x})
+    d = x.astype(np.float64)
+    mean = d.mean(axis=(2, 3), keepdims=True)
+    want = (d - mean) / np.sqrt(d.var(axis=(2, 3), keepdims=True) + 1e-5) * scale.reshape(3, 1, 1) \
+        + shift.reshape(3, 1, 1)
+    close(got, want)
+
+
 # ---- the numpy fallback ------------------------------------------------------------------------------
 
 

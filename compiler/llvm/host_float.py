@@ -24,7 +24,7 @@ from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
 from weft.compiler.llvm.te import Kernel
 
-__all__ = ["FLOAT_HANDLERS", "elementwise_handler", "plan_halos"]
+__all__ = ["FLOAT_HANDLERS", "constant_tensor", "elementwise_handler", "plan_halos"]
 
 
 def _fused_conv(p: Planner, node: Node) -> None:
@@ -47,8 +47,8 @@ def _fused_conv(p: Planner, node: Node) -> None:
     if len(x_shape) == 2:  # dense
         n = x_shape[0]
         x = p.get(x_name, PLAIN, node)
-        args = [x, _const(p, node, "w", nn.pack_dense_weights(w.reshape(o, c), bo)),
-                _const(p, node, "b", bias.reshape(o // bo, bo))]
+        args = [x, constant_tensor(p, node, "w", nn.pack_dense_weights(w.reshape(o, c), bo)),
+                constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
         if res_name:
             args.append(p.get(res_name, PLAIN, node))
         kernel = nn.dense_kernel("dense", n, c, o, bo, p.target, act=act, clip=clip, residual=bool(res_name))
@@ -84,7 +84,7 @@ def _fused_conv(p: Planner, node: Node) -> None:
     spec = nn.ConvSpec(x_shape[0], cin, phys[2], phys[3], o, kh, kw, strides, bi, bo,  # type: ignore[arg-type]
                        offset=offset, out=(oh, ow), out_halo=out_halo)
     packed = depthwise_weights(w, bo) if depthwise else nn.pack_conv_weights(w, bi, bo)
-    args = [src, _const(p, node, "w", packed), _const(p, node, "b", bias.reshape(o // bo, bo))]
+    args = [src, constant_tensor(p, node, "w", packed), constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
     r_layout = None
     if res_name:
         if len(out_shape) == 4:
@@ -168,7 +168,8 @@ def _as_block1(p: Planner, t: Tensor) -> Tensor:
     return p.tensors[key]
 
 
-def _const(p: Planner, node: Node, what: str, array: np.ndarray) -> Tensor:
+def constant_tensor(p: Planner, node: Node, what: str, array: np.ndarray) -> Tensor:
+    """`array` (packed for a kernel) as a constant tensor of the plan, named after `node`."""
     t = Tensor(f"{node.name}.{what}", tuple(array.shape), PLAIN, dtype_of_numpy(array.dtype),
                np.ascontiguousarray(array), constant=True)
     p.all.append(t)
@@ -264,7 +265,7 @@ def _channel_affine(p: Planner, node: Node) -> None:
 def _affine_like(p: Planner, node: Node, x: str, consts: list[np.ndarray], fn: Callable[[list[Expr]], Expr]) -> None:
     src = p.get(x, None, node)
     out_shape = p.out_shape(node)
-    ctensors = [_const(p, node, f"c{k}", c) for k, c in enumerate(consts)]
+    ctensors = [constant_tensor(p, node, f"c{k}", c) for k, c in enumerate(consts)]
     operands = [src.operand("x"), *[t.operand(f"c{k}") for k, t in enumerate(ctensors)]]
     layout = src.layout.without_halo()
     kernel = ew.elementwise_kernel("affine", out_shape, layout, operands, lambda *xs: fn(list(xs)), p.target)

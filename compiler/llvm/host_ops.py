@@ -1,5 +1,5 @@
 """Host kernels for the activations, broadcasting binary ops, reductions and data movement (Transpose,
-Expand, Tile, Split) of float graphs.
+Expand, Tile, Split) and normalizations of float graphs.
 
 Activations and binary ops are element-wise kernels (they keep their input's layout, channel-blocked or
 plain); the others read and write plain tensors. Attribute defaults are ONNX's; shapes that depend on
@@ -14,14 +14,16 @@ from functools import reduce
 import numpy as np
 
 from weft.compiler.errors import UnsupportedError
+from weft.compiler.float_ops import FLOAT_OPS
 from weft.compiler.ir import Node
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import mathfn, nn
 from weft.compiler.llvm.elementwise import schedule_elementwise
 from weft.compiler.llvm.expr import Call, Expr, cast, const, exp, maximum, minimum, select
-from weft.compiler.llvm.host_float import elementwise_handler
-from weft.compiler.llvm.hostplan import Planner
+from weft.compiler.llvm.host_float import constant_tensor, elementwise_handler
+from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN
+from weft.compiler.llvm.norm import normalize_kernel
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, reduce_sum
 
 __all__ = ["OP_HANDLERS"]
@@ -173,6 +175,41 @@ def _split(p: Planner, node: Node) -> None:
         start += out_shape[axis]
 
 
+def _numpy_or_refuse(p: Planner, node: Node, why: str) -> None:
+    """A case the generated kernel does not cover runs through numpy when numpy has the op."""
+    if node.op not in FLOAT_OPS:
+        raise UnsupportedError(why, node=node.name, op=node.op)
+    p.numpy_step(node)
+
+
+def _normalization(p: Planner, node: Node) -> None:
+    """LayerNormalization (over the axes from ``axis``) and InstanceNormalization (over H, W... of each
+    channel), with constant scale and shift; the optional Mean and InvStdDev outputs go to numpy."""
+    if sum(1 for o in node.outputs if o) > 1 or not all(p.g.is_constant(v) for v in node.inputs[1:] if v):
+        return _numpy_or_refuse(p, node, "normalization needs constant scale and shift, and one output")
+    src = p.get(node.inputs[0], PLAIN, node)
+    shape = src.shape
+    consts = [np.asarray(p.g.constants[v], np.float32) if v else None for v in [*node.inputs[1:3], ""][:2]]
+    if node.op == "LayerNormalization":
+        axis = int(node.attrs.get("axis", -1)) % len(shape)
+        rows, cols = int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))
+        params = [np.broadcast_to(c, shape[axis:]).reshape(1, cols) if c is not None else np.zeros((1, cols))
+                  for c in consts]
+    else:
+        channels = shape[1]
+        rows, cols = shape[0] * channels, int(np.prod(shape[2:], dtype=np.int64))
+        params = [c.reshape(channels, 1) if c is not None else np.zeros((channels, 1)) for c in consts]
+    params = [np.ascontiguousarray(a, np.float32) for a in params]
+    x2 = Tensor(src.name, (rows, cols), PLAIN, src.dtype, alias_of=src)
+    p.all.append(x2)
+    kernel = normalize_kernel(ident(node.op.lower()), rows, cols, float(node.attrs.get("epsilon", 1e-5)),
+                              params[0].shape, p.target)
+    y2 = p.new(f"{node.name}.rows", (rows, cols), PLAIN, primary=False)
+    p.step(node.name, kernel, [x2, constant_tensor(p, node, "scale", params[0]),
+                               constant_tensor(p, node, "shift", params[1]), y2])
+    p.alias(node.outputs[0], y2, p.out_shape(node))
+
+
 OP_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "Sigmoid": _unary(lambda n, x: mathfn.sigmoid(x)),
     "Tanh": _unary(lambda n, x: mathfn.tanh(x)),
@@ -197,6 +234,8 @@ OP_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "Expand": _expand,
     "Tile": _tile,
     "Split": _split,
+    "LayerNormalization": _normalization,
+    "InstanceNormalization": _normalization,
     "ReduceSum": _reduction("sum"),
     "ReduceMean": _reduction("mean"),
     "ReduceMax": _reduction("max"),
