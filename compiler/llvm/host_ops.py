@@ -86,7 +86,7 @@ def _reduction(kind: str) -> Callable[[Planner, Node], None]:
         rank = len(src.shape)
         if len(node.inputs) > 1 and node.inputs[1]:
             if not p.g.is_constant(node.inputs[1]):
-                raise UnsupportedError("reduction axes must be a constant", node=node.name, op=node.op)
+                return _numpy_or_refuse(p, node, "reduction axes must be a constant")
             axes = [int(a) for a in np.asarray(p.g.constants[node.inputs[1]]).reshape(-1)]
         else:
             axes = [int(a) for a in node.attrs.get("axes", ())]
