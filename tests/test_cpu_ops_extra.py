@@ -97,6 +97,29 @@ def test_depthwise_with_residual_and_chained_halo():
     close(got, want)
 
 
+def test_grouped_layers_write_halos_for_padded_readers():
+    """dw -> grouped -> dw, each padded: every producer writes its output inside the next one's zeros."""
+    x = rand(1, 16, 7, 7)
+    ws = [rand(16, 1, 3, 3, seed=1), rand(16, 4, 3, 3, seed=2), rand(16, 1, 3, 3, seed=3)]
+    attrs = {"strides": (1, 1), "pads": (1, 1, 1, 1), "act": "relu"}
+    names = ["x", "a", "b", "y"]
+    g = Graph("halo", inputs=["x"], outputs=["y"], nodes=[
+        Node("FusedConv", [names[k], f"w{k}", ""], [names[k + 1]], {**attrs, "group": grp}, name=f"c{k}")
+        for k, grp in enumerate((16, 4, 16))],
+        values={n: Value(n, x.shape) for n in names}, constants={f"w{k}": w for k, w in enumerate(ws)})
+    plan = plan_graph(g)
+    assert {t.name: t.layout.halo for t in plan.tensors if t.name in ("a", "b")} == {"a": 1, "b": 1}
+    want = x
+    for node, w in zip(g.nodes, ws, strict=True):
+        want = fused_conv(node, want, w, None, None)
+    close(plan.run({"x": x})[0]["y"], want)
+
+
+@pytest.mark.parametrize("channels", [7, 12])
+def test_depthwise_narrow_blocks(channels):
+    conv_case(2, channels, channels, 6, 3, 2, group=channels, act="relu")
+
+
 def test_grouped_3x3_group32():
     conv_case(1, 128, 128, 10, 3, 1, group=32, act="relu", residual=True)
 
