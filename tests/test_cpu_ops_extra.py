@@ -8,11 +8,16 @@ import math
 
 import numpy as np
 import pytest
+from onnx import helper
 
+import weft
 from weft.compiler.errors import UnsupportedError
 from weft.compiler.float_ops import FLOAT_OPS, OpDef, fused_conv
 from weft.compiler.ir import Graph, Node, Value
 from weft.compiler.llvm.graph import cross_compile, plan_graph
+from weft.runtime import InferenceSession
+
+from .test_frontend_util import make_model, ort_run
 
 RTOL = 1e-4
 
@@ -131,6 +136,20 @@ def test_grouped_1x1_group4_shufflenet():
 
 def test_depthwise_channel_multiplier():
     conv_case(1, 8, 16, 6, 3, 1, group=8)
+
+
+def test_onnx_depthwise_and_grouped_against_onnxruntime():
+    """Through the importer and the cpu device: depthwise stride 2 with ReLU6, then a grouped 3x3."""
+    inits = {"w": rand(16, 1, 3, 3, seed=1, scale=0.3), "b": rand(16, seed=2), "w2": rand(32, 4, 3, 3, seed=3),
+             "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=16, pads=[1] * 4, strides=[2, 2],
+                              kernel_shape=[3, 3]),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["d"]),
+             helper.make_node("Conv", ["d", "w2"], ["y"], group=4, pads=[1] * 4, kernel_shape=[3, 3])]
+    model = make_model(nodes, {"x": [1, 16, 9, 9]}, {"y": None}, inits)
+    feeds = {"x": rand(1, 16, 9, 9)}
+    sess = InferenceSession(weft.compile(model, target="cpu"), device="cpu", threads=2)
+    close(sess.run(None, feeds)[0], ort_run(model, feeds)[0])
 
 
 # ---- element-wise ops ----------------------------------------------------------------------------------
