@@ -354,6 +354,19 @@ def test_numpy_fallback_for_a_known_op_with_runtime_data():
     assert layers[0]["kernel"] == "numpy"
 
 
+def test_case_a_handler_refuses_runs_through_numpy():
+    """Weights that are a graph input: the conv kernel packs constants only, so numpy runs the layer, and
+    whatever the handler had planned before it gave up is forgotten."""
+    x, w = rand(1, 8, 5, 5), rand(16, 8, 3, 3, seed=1)
+    feeds = {"x": x, "w": w}
+    g = graph_of("FusedConv", feeds, (1, 16, 5, 5), {"strides": (1, 1), "pads": (1, 1, 1, 1), "act": "relu"},
+                 inputs=["x", "w", ""])
+    plan = plan_graph(g)
+    outs, layers = plan.run(feeds, timings=True)
+    close(outs["y"], fused_conv(g.nodes[0], x, w, None, None))
+    assert [s.runner for s in plan.steps] == ["numpy"] and layers[0]["kernel"] == "numpy"
+
+
 def test_op_without_any_kernel_is_refused():
     x = rand(2, 2)
     with pytest.raises(UnsupportedError, match="has a kernel for this op"):

@@ -285,9 +285,21 @@ class Planner:
                 v = self.g.values[x]
                 if v.dtype != "float32" and node.op not in self.int_ops and node.op not in (
                         "Shape", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"):
+                    if node.op in FLOAT_OPS:  # numpy computes in any dtype
+                        return self.numpy_step(node)
                     raise UnsupportedError(f"input '{x}' is {v.dtype}; host kernels compute float32",
                                            node=node.name, op=node.op)
-        handler(self, node)
+        if node.op in self.int_ops or node.op not in FLOAT_OPS:
+            return handler(self, node)
+        # a case the handler does not cover (an attribute value, a runtime-valued weight...) is no refusal:
+        # forget what it planned and run the node through numpy
+        saved = (len(self.steps), len(self.all), dict(self.tensors), dict(self.primary), dict(self.convs))
+        try:
+            handler(self, node)
+        except UnsupportedError:
+            steps, count, self.tensors, self.primary, self.convs = saved
+            del self.steps[steps:], self.all[count:]
+            self.numpy_step(node)
 
     def numpy_step(self, node: Node) -> None:
         """The host fallback: `node` runs through its numpy kernel on plain arrays, inside the plan."""
