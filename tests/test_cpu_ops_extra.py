@@ -14,6 +14,7 @@ import weft
 from weft.compiler.errors import UnsupportedError
 from weft.compiler.float_ops import FLOAT_OPS, OpDef, fused_conv
 from weft.compiler.ir import Graph, Node, Value
+from weft.compiler.llvm.cuda import gpu_steps
 from weft.compiler.llvm.graph import cross_compile, plan_graph
 from weft.runtime import InferenceSession
 
@@ -344,6 +345,8 @@ def test_numpy_fallback_runs_between_kernels(cumsum_op):
     with pytest.raises(UnsupportedError, match="WeftTestCumsum") as err:
         cross_compile(g, "aarch64")
     assert err.value.node == "cs"
+    with pytest.raises(UnsupportedError, match="the cuda device needs generated code"):
+        gpu_steps(g)
 
 
 def test_numpy_fallback_for_a_known_op_with_runtime_data():
