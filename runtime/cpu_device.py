@@ -80,7 +80,7 @@ class CpuDevice(Device):
         outputs, layers = self.plan.run(arrays, self.threads, timings=True)
         values = self.plan.values() if keep_intermediates else {}
         figures = {"cycles": None, "layers": layers, "threads": self.threads, "kernels": self.plan.kernels,
-                   "compile_seconds": self.plan.compile_seconds,
+                   "compile_seconds": self.plan.compile_seconds, "numpy_steps": len(self.plan.numpy_steps()),
                    "tuned_convs": sum(tuned for _, _, tuned in self.plan.convs.values())}
         return outputs, figures, values
 

@@ -5,13 +5,11 @@ float32 rounding of the longest reduction."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
 import weft
-from weft.compiler.errors import UnsupportedError
 from weft.runtime import InferenceSession
 
 from .test_frontend_util import make_model, ort_run, rand
@@ -225,13 +223,13 @@ def test_batchnorm_slice_reshape_and_cast_on_the_host():
     check(model, {"x": rand(2, c, 7, 8, seed=5)})
 
 
-def test_unsupported_op_names_the_node():
+def test_op_without_generated_code_runs_through_numpy():
     inits = {"idx": np.array([[0, 2], [1, 1]], np.int64)}
     model = make_model([helper.make_node("Gather", ["x", "idx"], ["y"], axis=1, name="pick")], {"x": [3, 4]},
                        {"y": None}, inits)
-    art = weft.compile(model, target="cpu")
-    with pytest.raises(UnsupportedError, match=r"node 'pick' \(Gather\): the host code generator has no kernel"):
-        InferenceSession(art, device="cpu")
+    sess = check(model, {"x": rand(3, 4)})
+    _, figures, _ = sess.device.run({"x": rand(3, 4)})
+    assert [layer["kernel"] for layer in figures["layers"]] == ["numpy"] and figures["numpy_steps"] == 1
 
 
 @EXAMPLES

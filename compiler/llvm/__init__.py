@@ -13,9 +13,11 @@ The loop-level IR, in the order code flows through it:
   disk), JIT for the host, object files for the boards (:mod:`~weft.compiler.llvm.target`);
 * :mod:`~weft.compiler.llvm.cuda`: PTX, ``ptxas``, the CUDA driver API.
 
-On top: operator templates (:mod:`~weft.compiler.llvm.nn`, :mod:`~weft.compiler.llvm.elementwise`,
+On top: operator templates (:mod:`~weft.compiler.llvm.nn`, :mod:`~weft.compiler.llvm.depthwise`,
+:mod:`~weft.compiler.llvm.norm`, :mod:`~weft.compiler.llvm.elementwise`, :mod:`~weft.compiler.llvm.mathfn`,
 :mod:`~weft.compiler.llvm.gpu`), whole graphs (:mod:`~weft.compiler.llvm.graph` with
-:mod:`~weft.compiler.llvm.host_float` and :mod:`~weft.compiler.llvm.host_quant`), the "cpu" and "cuda"
+:mod:`~weft.compiler.llvm.host_float`, :mod:`~weft.compiler.llvm.host_ops` and
+:mod:`~weft.compiler.llvm.host_quant`, and a numpy step for any op they have no kernel for), the "cpu" and "cuda"
 devices (:mod:`weft.runtime.cpu_device`), ``weft bench cpu`` (:mod:`~weft.compiler.llvm.bench`), and an
 interpreter of lowered code with GPU thread semantics (:mod:`~weft.compiler.llvm.interp`).
 """

@@ -305,9 +305,10 @@ def gpu_steps(graph: Any) -> Any:
     """The host planner's steps for `graph` (layouts and kernels) with every stage scheduled for the GPU;
     no device is needed, so PTX for a whole model can be generated and checked anywhere."""
     from weft.compiler.llvm.gpu import schedule_gpu
-    from weft.compiler.llvm.graph import plan_steps
+    from weft.compiler.llvm.graph import plan_steps, refuse_numpy_steps
 
     plan = plan_steps(graph, NVPTX)
+    refuse_numpy_steps(plan, "the cuda device")
     for step in plan.steps:
         for stage in step.kernel.stages:
             schedule_gpu(stage)

@@ -321,8 +321,11 @@ class Emitter:
             return Val(b.fsub(one, b.fdiv(two, b.fadd(ex, one))), lanes, e.dtype)
         if e.fn in ("exp", "log"):
             return Val(self._exp_log(e.fn, args[0].value, t), lanes, e.dtype)
-        name = f"llvm.{e.fn}"  # sqrt, fabs, rint: LLVM's intrinsics of the same names
-        return Val(b.call(self.intrinsic(name, t), [a.value for a in args]), lanes, e.dtype)
+        if e.fn == "pow" and self.nvptx:  # no libm: x^y = exp(y log x), for the x > 0 it is defined on
+            return Val(self._exp_log("exp", b.fmul(args[1].value, self._exp_log("log", args[0].value, t)), t),
+                       lanes, e.dtype)
+        name = f"llvm.{e.fn}"  # sqrt, fabs, rint, pow: LLVM's intrinsics of the same names
+        return Val(b.call(self.intrinsic(name, t, len(args)), [a.value for a in args]), lanes, e.dtype)
 
     def _exp_log(self, fn: str, x: ir.Value, t: ir.Type) -> ir.Value:
         b = self.b
@@ -353,8 +356,9 @@ class Emitter:
             out = b.fpext(out, t)
         return out
 
-    def intrinsic(self, base: str, t: ir.Type) -> ir.Function:
-        """The overload of a unary float intrinsic for scalar or vector type `t` (``llvm.exp.v16f32``)."""
+    def intrinsic(self, base: str, t: ir.Type, arity: int = 1) -> ir.Function:
+        """The overload of a float intrinsic of `arity` arguments for scalar or vector type `t`
+        (``llvm.exp.v16f32``)."""
         elem = t.element if isinstance(t, ir.VectorType) else t
         suffix = "f64" if isinstance(elem, ir.DoubleType) else "f32"
         if isinstance(t, ir.VectorType):
@@ -363,4 +367,4 @@ class Emitter:
         try:
             return self.module.get_global(name)
         except KeyError:
-            return ir.Function(self.module, ir.FunctionType(t, [t]), name)
+            return ir.Function(self.module, ir.FunctionType(t, [t] * arity), name)

@@ -137,17 +137,19 @@ class Bin(Expr):
 
 
 class Call(Expr):
-    """A math function of float arguments: ``exp``, ``log``, ``sqrt``, ``tanh``, ``fabs``, and ``rint``
-    (round half to even, numpy's ``rint``)."""
+    """A math function of float arguments: ``exp``, ``log``, ``sqrt``, ``tanh``, ``fabs``, ``rint``
+    (round half to even, numpy's ``rint``), and ``pow`` of two arguments."""
 
     __slots__ = ("args", "fn")
-    FUNCTIONS = ("exp", "log", "sqrt", "tanh", "fabs", "rint")
+    FUNCTIONS = ("exp", "log", "sqrt", "tanh", "fabs", "rint", "pow")
 
     def __init__(self, fn: str, args: Sequence[Expr]):
         if fn not in self.FUNCTIONS:
             raise ValueError(f"unknown function '{fn}' (known: {', '.join(self.FUNCTIONS)})")
         if not args or not all(is_float(a.dtype) for a in args):
             raise TypeError(f"{fn} needs float arguments")
+        if len(args) != (2 if fn == "pow" else 1) or len({a.dtype for a in args}) > 1:
+            raise TypeError(f"{fn} takes {2 if fn == 'pow' else 1} argument(s) of one float type")
         self.fn, self.args = fn, tuple(args)
         self.dtype = args[0].dtype
 

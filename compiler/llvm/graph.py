@@ -6,6 +6,11 @@ integer layers of quantized graphs). A conversion kernel is inserted only where 
 layout than its producer gave, reshapes of plain tensors are free, and identical kernels (the repeated
 layers of a ResNet) compile once. The :class:`~weft.compiler.llvm.hostplan.HostPlan` owns every buffer and
 calls the kernels with prepared pointer arrays: no Python inside any loop of a kernel.
+
+An op with a numpy kernel (``FLOAT_OPS``) but no handler is not refused: it becomes a numpy step that runs
+its kernel on the plain arrays of its inputs, between the compiled steps; the per-layer figures say which
+ran each node (``"kernel": "llvm"`` or ``"numpy"``), and :func:`cross_compile` and the cuda device, which
+have no Python to run it, refuse such a plan.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from weft.compiler.ir import Graph, numpy_dtype
 from weft.compiler.llvm.codegen_cpu import render_module
 from weft.compiler.llvm.expr import dtype_of_numpy, np_dtype
 from weft.compiler.llvm.host_float import FLOAT_HANDLERS, plan_halos
+from weft.compiler.llvm.host_ops import OP_HANDLERS
 from weft.compiler.llvm.host_quant import QUANT_HANDLERS, QUANT_OPS
 from weft.compiler.llvm.hostplan import HostPlan, Planner, Step, Tensor
 from weft.compiler.llvm.jit import CompiledKernel, compile_ir
@@ -36,13 +42,13 @@ if TYPE_CHECKING:
     from weft.compiler.llvm.nn import ConvSchedule
     from weft.compiler.tune.log import TuningLog
 
-__all__ = ["HostPlan", "allocate_host", "cross_compile", "plan_graph", "plan_steps"]
+__all__ = ["HostPlan", "allocate_host", "cross_compile", "plan_graph", "plan_steps", "refuse_numpy_steps"]
 
 
 def plan_steps(graph: Graph, target: Target, tuned: Mapping[str, ConvSchedule] | None = None) -> HostPlan:
     """The layouts, tensors and kernel steps of `graph` for `target`, not yet compiled or allocated.
     `tuned`: conv workload key -> schedule (from a tuning log); other convolutions take the heuristic's."""
-    p = Planner(graph, target, {**FLOAT_HANDLERS, **QUANT_HANDLERS}, QUANT_OPS)
+    p = Planner(graph, target, {**FLOAT_HANDLERS, **OP_HANDLERS, **QUANT_HANDLERS}, QUANT_OPS)
     p.tuned = dict(tuned or {})
     p.halos = plan_halos(graph)
     inputs = {}
@@ -97,8 +103,10 @@ def cross_compile(graph: Graph, target: str | Target, cache_dir: str | Path | No
 
     target = resolve_target(target)
     plan = plan_steps(graph, target)
+    refuse_numpy_steps(plan, f"an object file for {target.name}")
     kernels, calls = [], []
     for k, step in enumerate(plan.steps):
+        assert step.kernel is not None
         symbol = f"weft_k{k}_{step.kernel.name}"
         kernels.append(Kernel(symbol, step.kernel.inputs, step.kernel.outputs, step.kernel.stages))
         calls.append({"symbol": symbol, "node": step.node,
@@ -106,6 +114,15 @@ def cross_compile(graph: Graph, target: str | Target, cache_dir: str | Path | No
                                   for t, b in zip(step.args, step.kernel.params, strict=True)]})
     text = render_module(kernels, target, graph.name)
     return compile_object(text, target, cache_dir=cache_dir), calls
+
+
+def refuse_numpy_steps(plan: HostPlan, what: str) -> None:
+    """UnsupportedError naming the first node of `plan` that runs through numpy (only the host's Python
+    process has numpy: `what` must be generated code throughout)."""
+    for step in plan.numpy_steps():
+        op = step.host.op  # type: ignore[union-attr]
+        raise UnsupportedError(f"{what} needs generated code for every node; this {op} node has only a numpy "
+                               "kernel (it runs on the cpu device's host fallback)", node=step.node, op=op)
 
 
 def allocate_host(plan: HostPlan) -> None:
@@ -121,7 +138,8 @@ def _ir_dtype(dtype: str, name: str) -> str:
 
 
 def _compile(steps: Sequence[Step], target: Target, cache_dir: str | Path | None, threads: int | None) -> None:
-    texts = [render_module([s.kernel], target, s.kernel.name) for s in steps]
+    steps = [s for s in steps if s.kernel is not None]
+    texts = [render_module([s.kernel], target, s.kernel.name) for s in steps]  # type: ignore[list-item,union-attr]
     unique = list(dict.fromkeys(texts))
     workers = max(1, min(threads or os.cpu_count() or 1, len(unique)))
     with ThreadPoolExecutor(workers) as pool:  # LLVM runs outside the GIL
@@ -137,6 +155,8 @@ def _allocate(tensors: Sequence[Tensor], steps: Sequence[Step]) -> None:
             size = int(np.prod(t.physical, dtype=np.int64))
             t.array = _aligned(size, np_dtype(t.dtype))
     for s in steps:
+        if s.kernel is None:  # a numpy step reads its tensors' arrays directly
+            continue
         ptrs = []
         for t, b in zip(s.args, s.kernel.params, strict=True):
             root = t.root()

@@ -16,12 +16,15 @@ from weft.compiler.float_ops import conv_out_size, full_pads, pool_geometry
 from weft.compiler.ir import Graph, Node, numpy_dtype
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import nn
-from weft.compiler.llvm.expr import Expr, cast, dtype_of_numpy, maximum, minimum
+from weft.compiler.llvm.depthwise import depthwise_kernel, grouped_tiles
+from weft.compiler.llvm.depthwise import pack_depthwise_weights as depthwise_weights
+from weft.compiler.llvm.elementwise import Operand
+from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
 from weft.compiler.llvm.te import Kernel
 
-__all__ = ["FLOAT_HANDLERS", "plan_halos"]
+__all__ = ["FLOAT_HANDLERS", "constant_tensor", "elementwise_handler", "plan_halos"]
 
 
 def _fused_conv(p: Planner, node: Node) -> None:
@@ -29,20 +32,23 @@ def _fused_conv(p: Planner, node: Node) -> None:
     res_name = node.inputs[3] if len(node.inputs) > 3 else ""
     if not (p.g.is_constant(w_name) and (not b_name or p.g.is_constant(b_name))):
         raise UnsupportedError("weights and bias must be constants", node=node.name, op=node.op)
-    if node.attrs.get("group", 1) != 1:
-        raise UnsupportedError("grouped convolution has no host kernel yet", node=node.name, op=node.op)
+    groups = int(node.attrs.get("group", 1))
     w = np.asarray(p.g.constants[w_name], np.float32)
     o, c, kh, kw = w.shape
     bias = np.asarray(p.g.constants[b_name], np.float32) if b_name else np.zeros(o, np.float32)
     x_shape = tuple(p.g.values[x_name].shape or ())
     act, clip = node.attrs.get("act", "none"), node.attrs.get("clip")
     out_shape = p.out_shape(node)
-    bo = block_for(o, p.lanes)
+    cin = x_shape[1]
+    depthwise = groups > 1 and groups == cin == o
+    bo = block_for(o // groups, p.lanes) if groups > 1 and not depthwise else block_for(o, p.lanes)
+    if len(x_shape) == 2 and groups > 1:
+        raise UnsupportedError("a grouped dense layer has no host kernel", node=node.name, op=node.op)
     if len(x_shape) == 2:  # dense
         n = x_shape[0]
         x = p.get(x_name, PLAIN, node)
-        args = [x, _const(p, node, "w", nn.pack_dense_weights(w.reshape(o, c), bo)),
-                _const(p, node, "b", bias.reshape(o // bo, bo))]
+        args = [x, constant_tensor(p, node, "w", nn.pack_dense_weights(w.reshape(o, c), bo)),
+                constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
         if res_name:
             args.append(p.get(res_name, PLAIN, node))
         kernel = nn.dense_kernel("dense", n, c, o, bo, p.target, act=act, clip=clip, residual=bool(res_name))
@@ -50,30 +56,35 @@ def _fused_conv(p: Planner, node: Node) -> None:
         p.step(node.name, kernel, [*args, y])
         return
     src = p.get(x_name, None, node)
-    if not src.layout.blocked:
-        cin = x_shape[1]
-        want = Layout(block_for(cin, p.lanes)) if cin >= p.lanes else Layout(1)
-        src = p.get(x_name, want, node) if want.block > 1 else _as_block1(p, src)
+    if depthwise:  # channel c of the input meets channel c of the output: one block for both
+        block = bo
+    elif src.layout.blocked and (groups == 1 or c % src.layout.block == 0):  # (a block must not straddle groups)
+        block = src.layout.block
+    else:
+        block = block_for(c, p.lanes) if c >= p.lanes or groups > 1 else 1
     strides = tuple(node.attrs["strides"])
     pads = tuple(node.attrs["pads"])
     t, l, b_, r = pads
     oh = conv_out_size(x_shape[2], kh, strides[0], t, b_)
     ow = conv_out_size(x_shape[3], kw, strides[1], l, r)
-    halo = src.layout.halo
-    if max(pads) > halo:  # the producer left no border wide enough: pad into a copy
-        padded_shape = (x_shape[0], x_shape[1], x_shape[2] + t + b_, x_shape[3] + l + r)
-        padded = p.new(f"{node.name}.padded", padded_shape, src.layout.without_halo(), primary=False)
-        kernel = ew.pad_kernel("pad", src.operand("x"), (0, 0, t, l, 0, 0, b_, r), 0.0, p.target)
-        p.step(node.name, kernel, [src, padded])
-        src, offset = padded, (0, 0)
-    else:  # the zeros are already around the input: read from inside its halo
-        offset = (halo - t, halo - l)
+    converted = (x_name, Layout(block)) in p.tensors
+    if src.layout.block != block and max(pads) and not converted:  # change the layout while padding: one pass
+        src = _padded(p, node, src, Layout(block), pads)
+        offset = (0, 0)
+    else:
+        src = _blocked_source(p, node, src, block)
+        halo = src.layout.halo
+        if max(pads) > halo:  # the producer left no border wide enough: pad into a copy
+            src, offset = _padded(p, node, src, src.layout.without_halo(), pads), (0, 0)
+        else:  # the zeros are already around the input: read from inside its halo
+            offset = (halo - t, halo - l)
     bi = src.layout.block
     phys = src.physical
     out_halo = p.halos.get(node.outputs[0], 0) if len(out_shape) == 4 else 0
-    spec = nn.ConvSpec(x_shape[0], c, phys[2], phys[3], o, kh, kw, strides, bi, bo,  # type: ignore[arg-type]
+    spec = nn.ConvSpec(x_shape[0], cin, phys[2], phys[3], o, kh, kw, strides, bi, bo,  # type: ignore[arg-type]
                        offset=offset, out=(oh, ow), out_halo=out_halo)
-    args = [src, _const(p, node, "w", nn.pack_conv_weights(w, bi, bo)), _const(p, node, "b", bias.reshape(o // bo, bo))]
+    packed = depthwise_weights(w, bo) if depthwise else nn.pack_conv_weights(w, bi, bo)
+    args = [src, constant_tensor(p, node, "w", packed), constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
     r_layout = None
     if res_name:
         if len(out_shape) == 4:
@@ -84,16 +95,43 @@ def _fused_conv(p: Planner, node: Node) -> None:
             r_t = p.get(res_name, PLAIN, node)
         args.append(r_t)
         r_layout = r_t.layout if r_t.layout.blocked else Layout(bo)  # (N, O) is (N, O/bo, 1, 1, bo)
-    # the kernel comes from its workload, exactly as host tuning builds and times it
-    workload = nn.ConvWorkload(spec, act, clip, r_layout)
-    schedule = p.tuned.get(workload.key)
-    p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
-    kernel = workload.kernel(p.target, schedule)
+    if groups > 1:  # not tuned: host tuning times ungrouped convolutions only
+        shape4 = (x_shape[0], o, oh, ow)
+        residual = Operand(Buffer("residual", r_layout.physical(shape4)), shape4, r_layout) if r_layout else None
+        if depthwise:
+            kernel = depthwise_kernel("dwconv", spec, p.target, act=act, clip=clip, residual=residual)
+        else:
+            kernel = nn.conv_kernel("gconv", spec, p.target, act=act, clip=clip, residual=residual,
+                                    tiles=grouped_tiles(ow, p.target), groups=groups)
+    else:  # the kernel comes from its workload, exactly as host tuning builds and times it
+        workload = nn.ConvWorkload(spec, act, clip, r_layout)
+        schedule = p.tuned.get(workload.key)
+        p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
+        kernel = workload.kernel(p.target, schedule)
     if len(out_shape) == 2:  # a dense layer over a whole image: (N, O/bo, 1, 1, bo) is (N, O)
         y = p.new(node.outputs[0], out_shape, PLAIN)
     else:
         y = p.new(node.outputs[0], out_shape, Layout(bo, out_halo))
     p.step(node.name, kernel, [*args, y])
+
+
+def _padded(p: Planner, node: Node, src: Tensor, layout: Layout, pads: tuple[int, ...]) -> Tensor:
+    """A zero-padded copy of NCHW `src` in `layout`."""
+    t, l, b, r = pads
+    n, c, h, w = src.shape
+    padded = p.new(f"{node.name}.padded", (n, c, h + t + b, w + l + r), layout, primary=False)
+    kernel = ew.pad_kernel("pad", src.operand("x"), (0, 0, t, l, 0, 0, b, r), 0.0, p.target, out_layout=layout)
+    p.step(node.name, kernel, [src, padded])
+    return padded
+
+
+def _blocked_source(p: Planner, node: Node, src: Tensor, block: int) -> Tensor:
+    """`src` in channel blocks of `block` (a block of one: the plain bytes)."""
+    if src.layout.blocked and src.layout.block == block:
+        return src
+    if block > 1:
+        return p.get(src.name, Layout(block), node)
+    return _as_block1(p, src if not src.layout.blocked else p.get(src.name, PLAIN, node))
 
 
 def plan_halos(graph: Graph) -> dict[str, int]:
@@ -130,7 +168,8 @@ def _as_block1(p: Planner, t: Tensor) -> Tensor:
     return p.tensors[key]
 
 
-def _const(p: Planner, node: Node, what: str, array: np.ndarray) -> Tensor:
+def constant_tensor(p: Planner, node: Node, what: str, array: np.ndarray) -> Tensor:
+    """`array` (packed for a kernel) as a constant tensor of the plan, named after `node`."""
     t = Tensor(f"{node.name}.{what}", tuple(array.shape), PLAIN, dtype_of_numpy(array.dtype),
                np.ascontiguousarray(array), constant=True)
     p.all.append(t)
@@ -164,7 +203,9 @@ def _global_pool(p: Planner, node: Node) -> None:
     p.step(node.name, nn.global_pool_kernel("gap", src.operand("x"), p.target), [src, y])
 
 
-def _elementwise(fn: Callable[[Node, list[Expr]], Expr]) -> Callable[[Planner, Node], None]:
+def elementwise_handler(fn: Callable[[Node, list[Expr]], Expr]) -> Callable[[Planner, Node], None]:
+    """The handler of an element-wise op: ``fn(node, inputs)`` on inputs broadcast numpy-style, in the
+    layout of its full-size inputs when they share one (else plain)."""
     def handler(p: Planner, node: Node) -> None:
         out_shape = p.out_shape(node)
         names = [x for x in node.inputs if x]
@@ -224,7 +265,7 @@ def _channel_affine(p: Planner, node: Node) -> None:
 def _affine_like(p: Planner, node: Node, x: str, consts: list[np.ndarray], fn: Callable[[list[Expr]], Expr]) -> None:
     src = p.get(x, None, node)
     out_shape = p.out_shape(node)
-    ctensors = [_const(p, node, f"c{k}", c) for k, c in enumerate(consts)]
+    ctensors = [constant_tensor(p, node, f"c{k}", c) for k, c in enumerate(consts)]
     operands = [src.operand("x"), *[t.operand(f"c{k}") for k, t in enumerate(ctensors)]]
     layout = src.layout.without_halo()
     kernel = ew.elementwise_kernel("affine", out_shape, layout, operands, lambda *xs: fn(list(xs)), p.target)
@@ -390,12 +431,12 @@ FLOAT_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "MaxPool": _pool,
     "AveragePool": _pool,
     "GlobalAveragePool": _global_pool,
-    "Relu": _elementwise(lambda n, xs: maximum(xs[0], 0.0)),
-    "Clip": _elementwise(_clip),
-    "Add": _elementwise(_binary("Add")),
-    "Sub": _elementwise(_binary("Sub")),
-    "Mul": _elementwise(_binary("Mul")),
-    "Div": _elementwise(_binary("Div")),
+    "Relu": elementwise_handler(lambda n, xs: maximum(xs[0], 0.0)),
+    "Clip": elementwise_handler(_clip),
+    "Add": elementwise_handler(_binary("Add")),
+    "Sub": elementwise_handler(_binary("Sub")),
+    "Mul": elementwise_handler(_binary("Mul")),
+    "Div": elementwise_handler(_binary("Div")),
     "ChannelAffine": _channel_affine,
     "BatchNormalization": _bn,
     "Identity": _reshape,

@@ -18,7 +18,7 @@ import numpy as np
 
 from weft.compiler.errors import UnsupportedError
 from weft.compiler.float_ops import FLOAT_OPS
-from weft.compiler.ir import Graph, Node
+from weft.compiler.ir import Graph, Node, numpy_dtype
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, dtype_of_numpy
@@ -27,7 +27,7 @@ from weft.compiler.llvm.layout import PLAIN, Layout
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel
 
-__all__ = ["HostPlan", "Planner", "Step", "Tensor", "array_dtype", "ident", "plain_copy"]
+__all__ = ["HostPlan", "Planner", "Step", "Tensor", "array_dtype", "ident", "plain_copy", "plain_view"]
 
 
 @dataclass(eq=False)
@@ -59,11 +59,33 @@ class Tensor:
 
 @dataclass(eq=False)
 class Step:
+    """One call: a compiled kernel on `args`, or (``kernel`` None) a numpy step that runs the graph node
+    `host` through its ``FLOAT_OPS`` kernel on the plain arrays of `args` (inputs, then outputs)."""
+
     node: str
-    kernel: Kernel
+    kernel: Kernel | None
     args: list[Tensor]
     compiled: CompiledKernel | None = None
     pointers: Any = None
+    host: Node | None = None
+    #: a numpy step's inputs and outputs, None where the node leaves one out
+    host_inputs: list[Tensor | None] = field(default_factory=list)
+    host_outputs: list[Tensor | None] = field(default_factory=list)
+
+    @property
+    def runner(self) -> str:
+        """What runs this step: "llvm" (generated code) or "numpy" (the host fallback)."""
+        return "numpy" if self.host is not None else "llvm"
+
+    def run(self, threads: int) -> None:
+        if self.host is None:
+            self.compiled.raw(self.pointers, threads)  # type: ignore[union-attr]
+            return
+        arrays = [None if t is None else plain_view(t) for t in self.host_inputs]
+        outs = FLOAT_OPS[self.host.op].run(self.host, arrays)
+        for t, array in zip(self.host_outputs, outs, strict=False):
+            if t is not None:
+                np.copyto(plain_view(t), np.asarray(array).reshape(t.shape), casting="unsafe")
 
 
 @dataclass(eq=False)
@@ -110,14 +132,27 @@ class HostPlan:
         for step in self.steps:
             if timings:
                 start = clock()
-                step.compiled.raw(step.pointers, threads)  # type: ignore[union-attr]
+                step.run(threads)
                 seconds[step.node] = seconds.get(step.node, 0.0) + clock() - start
             else:
-                step.compiled.raw(step.pointers, threads)  # type: ignore[union-attr]
+                step.run(threads)
         outputs = {name: plain_copy(t) for name, t in self.outputs.items()}
-        layers = [{"name": n, "op": op, "target": "host", "macs": macs, "shape": shape, "seconds": seconds.get(n, 0.0)}
-                  for n, op, macs, shape in self.layers]
+        runners = self.runners()
+        layers = [{"name": n, "op": op, "target": "host", "kernel": runners.get(n, "none"), "macs": macs,
+                   "shape": shape, "seconds": seconds.get(n, 0.0)} for n, op, macs, shape in self.layers]
         return outputs, layers
+
+    def runners(self) -> dict[str, str]:
+        """Node -> what ran it: "numpy" when any of its steps is a numpy step, else "llvm" (nodes with no
+        step at all, reshapes and folded constants, are absent)."""
+        out: dict[str, str] = {}
+        for step in self.steps:
+            if out.get(step.node) != "numpy":
+                out[step.node] = step.runner
+        return out
+
+    def numpy_steps(self) -> list[Step]:
+        return [s for s in self.steps if s.host is not None]
 
 
 def plain_copy(t: Tensor) -> np.ndarray:
@@ -129,6 +164,14 @@ def plain_copy(t: Tensor) -> np.ndarray:
         return np.array(data, copy=True)
     plain = t.layout.from_numpy(data) if t.layout.blocked else data
     return np.array(plain, copy=True).reshape(t.shape)
+
+
+def plain_view(t: Tensor) -> np.ndarray:
+    """The array of a plain-layout tensor in its logical shape, sharing its bytes."""
+    if t.layout != PLAIN or t.storage is not None:
+        raise AssertionError(f"tensor '{t.name}' is not plain ({t.layout})")
+    size = int(np.prod(t.shape, dtype=np.int64))
+    return t.root().array.reshape(-1)[:size].reshape(t.shape)  # type: ignore[union-attr]
 
 
 def ident(name: str) -> str:
@@ -231,17 +274,55 @@ class Planner:
                                        node=node.name, op=node.op)
         handler = self.handlers.get(node.op)
         if handler is None:
-            if node.op in FLOAT_OPS and all(self.g.is_constant(x) for x in node.inputs if x):
+            if node.op not in FLOAT_OPS:
+                raise UnsupportedError("neither generated code nor numpy has a kernel for this op", node=node.name,
+                                       op=node.op)
+            if all(self.g.is_constant(x) for x in node.inputs if x):
                 return self.fold(node)
-            raise UnsupportedError("the host code generator has no kernel for this op", node=node.name, op=node.op)
+            return self.numpy_step(node)
         for x in node.inputs:
             if x and not self.g.is_constant(x):
                 v = self.g.values[x]
                 if v.dtype != "float32" and node.op not in self.int_ops and node.op not in (
                         "Shape", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"):
+                    if node.op in FLOAT_OPS:  # numpy computes in any dtype
+                        return self.numpy_step(node)
                     raise UnsupportedError(f"input '{x}' is {v.dtype}; host kernels compute float32",
                                            node=node.name, op=node.op)
-        handler(self, node)
+        if node.op in self.int_ops or node.op not in FLOAT_OPS:
+            return handler(self, node)
+        # a case the handler does not cover (an attribute value, a runtime-valued weight...) is no refusal:
+        # forget what it planned and run the node through numpy
+        saved = (len(self.steps), len(self.all), dict(self.tensors), dict(self.primary), dict(self.convs))
+        try:
+            handler(self, node)
+        except UnsupportedError:
+            steps, count, self.tensors, self.primary, self.convs = saved
+            del self.steps[steps:], self.all[count:]
+            self.numpy_step(node)
+
+    def numpy_step(self, node: Node) -> None:
+        """The host fallback: `node` runs through its numpy kernel on plain arrays, inside the plan."""
+        inputs = [self.get(x, PLAIN, node) if x else None for x in node.inputs]
+        if any(t is not None and t.storage is not None for t in inputs):
+            raise UnsupportedError("numpy kernels read plain tensors, not the accelerator's packed ones",
+                                   node=node.name, op=node.op)
+        outputs: list[Tensor | None] = []
+        for name in node.outputs:
+            if not name:
+                outputs.append(None)
+                continue
+            v = self.g.values[name]
+            if v.shape is None:
+                raise UnsupportedError(f"output '{name}' has no static shape", node=node.name, op=node.op)
+            try:
+                dtype = dtype_of_numpy(numpy_dtype(v.dtype))
+            except ValueError:
+                raise UnsupportedError(f"output '{name}' is {v.dtype}, which host tensors do not hold",
+                                       node=node.name, op=node.op) from None
+            outputs.append(self.new(name, v.shape, PLAIN, dtype))
+        args = [t for t in [*inputs, *outputs] if t is not None]
+        self.steps.append(Step(node.name, None, args, host=node, host_inputs=inputs, host_outputs=outputs))
 
     def fold(self, node: Node) -> None:
         """A node of constants only: evaluated once, here (it depends on no feed)."""

@@ -253,16 +253,25 @@ class ConvWorkload:
 
 
 def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,
-                residual: Operand | None = None, tiles: tuple[int, int] | ConvSchedule | None = None) -> Kernel:
+                residual: Operand | None = None, tiles: tuple[int, int] | ConvSchedule | None = None,
+                groups: int = 1) -> Kernel:
     """Convolution + bias (+ residual) (+ ReLU or clip), blocked layouts. Parameters: x, w (packed), bias
     (O/bo, bo), [residual], y. `tiles`: (r, ocb) or a whole :class:`ConvSchedule` (default: the
-    heuristic's, :func:`conv_tiles`)."""
+    heuristic's, :func:`conv_tiles`).
+
+    With `groups` > 1 (ONNX's grouped convolution) output channel block co reads only the input blocks
+    of its group, and the weights are those of one group, (O/bo, C/groups/bi, KH, KW, bi, bo): the blocks
+    must divide the channels of a group."""
     s = spec
     oh_, ow_ = s.out_hw
+    cg, og = s.cin // groups, s.cout // groups
+    if s.cin % groups or s.cout % groups or cg % s.bi or og % s.bo:
+        raise ValueError(f"'{name}': blocks {s.bi}/{s.bo} do not divide the {cg}/{og} channels of each of the "
+                         f"{groups} groups")
     x = Buffer("x", (s.n, s.cin // s.bi, s.h, s.w, s.bi))
-    w = Buffer("w", (s.cout // s.bo, s.cin // s.bi, s.kh, s.kw, s.bi, s.bo))
+    w = Buffer("w", (s.cout // s.bo, cg // s.bi, s.kh, s.kw, s.bi, s.bo))
     b = Buffer("bias", (s.cout // s.bo, s.bo))
-    rco = reduce_axis(s.cin // s.bi, "rc.o")
+    rco = reduce_axis(cg // s.bi, "rc.o")
     rkh = reduce_axis(s.kh, "rkh")
     rkw = reduce_axis(s.kw, "rkw")
     rci = reduce_axis(s.bi, "rc.i")
@@ -271,7 +280,8 @@ def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none",
     out_layout = Layout(s.bo)
 
     def body(n: Var, co: Var, oh: Var, ow: Var, c: Var):
-        return reduce_sum(x[n, rco, oh * sh + (rkh + dy), ow * sw + (rkw + dx), rci] * w[co, rco, rkh, rkw, rci, c],
+        block = rco if groups == 1 else co // (og // s.bo) * (cg // s.bi) + rco  # the first block of co's group
+        return reduce_sum(x[n, block, oh * sh + (rkh + dy), ow * sw + (rkw + dx), rci] * w[co, rco, rkh, rkw, rci, c],
                           [rco, rkh, rkw, rci])
 
     def epilogue(acc: Expr, n: Var, co: Var, oh: Var, ow: Var, c: Var) -> Expr:
@@ -470,8 +480,9 @@ def _schedule_pool(y, layout: Layout, target: Target) -> None:
             y.parallel(fused)
 
 
-def global_pool_kernel(name: str, src: Operand, target: Target) -> Kernel:
-    """GlobalAveragePool: the mean over H and W, keeping the layout ((N, C/b, 1, 1, b) when blocked)."""
+def global_pool_kernel(name: str, src: Operand, target: Target, kind: str = "avg") -> Kernel:
+    """GlobalAveragePool (`kind` "avg": the mean over H and W) or GlobalMaxPool ("max"), keeping the
+    layout ((N, C/b, 1, 1, b) when blocked)."""
     n_, c_, h_, w_ = src.shape
     layout = src.layout
     rh, rw = reduce_axis(h_, "rh"), reduce_axis(w_, "rw")
@@ -479,11 +490,15 @@ def global_pool_kernel(name: str, src: Operand, target: Target) -> Kernel:
 
     def body(*phys: Var):  # float64 sums divided by the count: numpy's mean(dtype=float64)
         if layout.blocked:
-            return reduce_sum(cast("f64", src.buffer[layout.at(phys[0], phys[1], rh, rw, phys[4])]), [rh, rw])
-        return reduce_sum(cast("f64", src.buffer[phys[0], phys[1], rh, rw]), [rh, rw])
+            xv = src.buffer[layout.at(phys[0], phys[1], rh, rw, phys[4])]
+        else:
+            xv = src.buffer[phys[0], phys[1], rh, rw]
+        return reduce_max(xv, [rh, rw]) if kind == "max" else reduce_sum(cast("f64", xv), [rh, rw])
 
-    y = compute("y", layout.domain((n_, c_, 1, 1)), body, epilogue=lambda acc, *phys: cast("f32", acc / count),
-                dtype="f32")
+    def epilogue(acc: Expr, *phys: Var) -> Expr:
+        return acc if kind == "max" else cast("f32", acc / count)
+
+    y = compute("y", layout.domain((n_, c_, 1, 1)), body, epilogue=epilogue, dtype="f32")
     _schedule_pool(y, layout, target)
     return Kernel(name, [src.buffer], [y.out], [y])
 
