@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.runtime.artifact import Artifact
 
-__all__ = ["SECTION", "FsimDevice", "ProgramTimer", "timing_model"]
+__all__ = ["SECTION", "FsimDevice", "ProgramTimer", "new_timing_model", "timing_model"]
 
 
 def timing_model() -> Any | None:
@@ -39,6 +39,13 @@ def timing_model() -> Any | None:
     if importlib.util.find_spec("weft.sim.timing") is None:
         return None
     return importlib.import_module("weft.sim.timing")
+
+
+def new_timing_model(config: AcceleratorConfig) -> Any | None:
+    """This build's timing model for `config` (its default DRAM timing), None without one."""
+    module = timing_model()
+    cls = getattr(module, "TimingModel", None) if module is not None else None
+    return cls(config) if cls is not None else None
 
 
 class ProgramTimer:
@@ -52,9 +59,8 @@ class ProgramTimer:
     @classmethod
     def of(cls, image: AcceleratorImage) -> ProgramTimer | None:
         """A timer on this build's timing model (None without one)."""
-        module = timing_model()
-        model = getattr(module, "TimingModel", None) if module is not None else None
-        return cls(model(image.config), image) if model is not None else None
+        model = new_timing_model(image.config)
+        return cls(model, image) if model is not None else None
 
     def cycles(self, layer: Mapping[str, Any]) -> int:
         name = layer["name"]
