@@ -140,3 +140,26 @@ def test_driver_device_calls_on_layer_around_each_program():
     sess.run(None, feeds)
     accel = [layer["name"] for layer in sess.stats["layers"] if layer["target"] == "accel"]
     assert calls == [(name, when) for name in accel for when in ("before", "after")]
+
+
+def test_rtl_device_code_path_on_the_fsim_register_model(monkeypatch):
+    """The rtl device's walk, driver runner and cycle bookkeeping, with the simulation swapped for the
+    functional simulator's register model (no Verilog simulator needed)."""
+    from weft.runtime import rtl_device
+
+    art, feeds = compiled("awkward_cnn")
+    monkeypatch.setattr(rtl_device, "rtl_hardware",
+                        lambda config, nbytes, **options: fsim_hardware(config, FIRST_ADDRESS + nbytes))
+    sess = weft.InferenceSession(art, device="rtl")
+    after: list[str] = []
+    sess.device.on_layer = lambda layer, dram, when: after.append(layer["name"]) if when == "after" else None
+    try:
+        out = sess.run(None, feeds)
+    finally:
+        sess.device.close()
+    for r, d in zip(weft.InferenceSession(art, device="ref").run(None, feeds), out, strict=True):
+        np.testing.assert_array_equal(r, d)
+    accel = [layer for layer in sess.stats["layers"] if layer["target"] == "accel"]
+    assert after == [layer["name"] for layer in accel]
+    assert [sess.device.layer_cycles(layer) for layer in accel] == [layer["cycles"] for layer in accel]
+    assert sess.stats["device"] == "rtl" and sess.stats["cycles"] == sum(layer["cycles"] for layer in accel)
