@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from weft.compiler.float_ops import macs_of
-from weft.compiler.ir import Graph, Node, numpy_dtype
+from weft.compiler.ir import Graph, Node, Value, numpy_dtype
 from weft.compiler.partition import ACCEL_OPS
 from weft.errors import WeftError
 from weft.runtime.devices import DeviceError
@@ -166,6 +166,13 @@ def _last_uses(graph: Graph) -> dict[str, int]:
     return last
 
 
+def _record(node: Node, ins: list[Value | None], outs: list[Value]) -> dict[str, Any]:
+    """A layer's record before it runs: name, op, target, macs (of the logical shapes), output shape."""
+    return {"name": node.name, "op": node.op, "target": target_of(node),
+            "macs": macs_of(node, [v.logical_shape if v else None for v in ins], [v.logical_shape for v in outs]),
+            "shape": list(outs[0].logical_shape or ())}
+
+
 def walk_graph(graph: Graph, feeds: Mapping[str, Any], *, runner: AcceleratorRunner | None = None,
                keep_intermediates: bool = False, host: HostRunner | None = None) -> RunResult:
     """Run `graph` on `feeds`: accelerator layers on `runner` (on the host without one), host layers on
@@ -182,10 +189,7 @@ def walk_graph(graph: Graph, feeds: Mapping[str, Any], *, runner: AcceleratorRun
         for k, node in enumerate(graph.nodes):
             ins = [graph.values.get(x) if x else None for x in node.inputs]
             outs = [graph.values[o] for o in node.outputs]
-            record: dict[str, Any] = {
-                "name": node.name, "op": node.op, "target": target_of(node),
-                "macs": macs_of(node, [v.logical_shape if v else None for v in ins], [v.logical_shape for v in outs]),
-                "shape": list(outs[0].logical_shape or ())}
+            record = _record(node, ins, outs)
             start = time.perf_counter()
             if runner is not None and record["target"] == "accel":
                 layer = runner.layer_info(node)
