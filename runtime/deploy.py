@@ -25,7 +25,7 @@ __all__ = ["BLOCKED", "add_deploy_arguments", "board_modules", "deploy", "run_de
 BLOCKED = ("onnx", "onnxruntime", "llvmlite", "xgboost", "amaranth", "cocotb", "cocotbext", "scipy", "torch")
 #: What the board imports; the file list is what these pull in.
 ENTRY_MODULES = ("weft.runtime", "weft.runtime.pynq_device", "weft.runtime.driver", "weft.runtime.bitstreams",
-                 "weft.runtime.remote")
+                 "weft.runtime.remote", "weft.runtime.walker", "weft.runtime.host", "weft.runtime.dram_runner")
 
 _BLOCKER = """
 import importlib.abc, sys

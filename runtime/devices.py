@@ -57,18 +57,16 @@ class Device:
 
 
 class RefDevice(Device):
-    """The reference interpreter as a device: no cycles, the partition's layers as they would run."""
+    """The reference interpreter as a device: the graph walker with no accelerator runner (no cycles, the
+    partition's layers as they would run)."""
 
     name = "ref"
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-        from weft.runtime.reference import run_reference
+        from weft.runtime.walker import run_loaded  # the walker imports this module
 
-        if self.artifact is None:
-            raise DeviceError("load an artifact before running")
-        result = run_reference(self.artifact.graph, feeds, keep_intermediates=keep_intermediates)
-        return result.outputs, {"cycles": None, "layers": result.layers}, result.values
+        return run_loaded(self.artifact, feeds, keep_intermediates=keep_intermediates)
 
 
 Factory = Callable[..., Device]

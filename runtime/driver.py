@@ -9,7 +9,8 @@ register spec (``registers_spec``, which ``weft rtl`` writes as JSON), never fro
 A run: the DRAM image goes into a buffer the hardware allocated at some physical address; the program's
 DRAM addresses are relocated to it; the launch checks (:mod:`weft.runtime.safety`) pass; INSN_ADDR,
 INSN_COUNT, CTRL.start; STATUS is polled until done or the watchdog's budget runs out; the image is read
-back. The graph walk is the fsim device's (:class:`DriverDevice` swaps its simulator for the driver).
+back. :class:`DriverDevice` is the graph walker (:mod:`weft.runtime.walker`) with a DRAM-image runner
+(:mod:`weft.runtime.dram_runner`) whose programs run through the driver (:class:`DriverPrograms`).
 
 Imports numpy and light weft modules only: this module is part of the board runtime.
 """
@@ -27,14 +28,17 @@ from weft.hw.regs import ErrorCode, registers_spec
 from weft.isa.asm import format_insn
 from weft.isa.constants import Opcode
 from weft.isa.encoding import decode_insns, encode_insns, layout_of
-from weft.runtime.fsim_device import FsimDevice
+from weft.runtime.devices import Device
+from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer
 from weft.runtime.safety import LaunchError, check_config_hash, check_launch, mem_row_bytes, unit_of
+from weft.runtime.walker import run_loaded
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
+    from weft.runtime.artifact import Artifact
     from weft.sim.dram import Dram
 
-__all__ = ["Buffer", "Driver", "DriverDevice", "Hardware", "RegisterMap", "RunError", "WatchdogError"]
+__all__ = ["Buffer", "Driver", "DriverDevice", "DriverPrograms", "Hardware", "RegisterMap", "RunError", "WatchdogError"]
 
 
 class RunError(WeftError):
@@ -244,8 +248,9 @@ def _waiting_queue(insns: np.ndarray, unit: str, dispatched: int) -> str | None:
     return None
 
 
-class _DriverRunner:
-    """The fsim device's simulator slot, filled by a driver: ``run(dram, insn_addr, insn_count)``."""
+class DriverPrograms:
+    """A :class:`~weft.runtime.dram_runner.ProgramRunner` on `driver`: each program runs on the hardware
+    from a copy of the DRAM image, and the hardware's counters become the simulator's statistics."""
 
     def __init__(self, driver: Driver):
         self.driver = driver
@@ -261,22 +266,31 @@ class _DriverRunner:
                 "seconds": result["seconds"]}
 
 
-class DriverDevice(FsimDevice):
-    """A device whose accelerator layers run through :class:`Driver` on `hardware`; host layers in numpy."""
+class DriverDevice(Device):
+    """A device whose accelerator layers run through :class:`Driver` on `hardware`; host layers in numpy.
+    ``on_layer`` is called around each program as on the fsim device."""
 
     name = "driver"
 
     def __init__(self, config: AcceleratorConfig, hardware: Hardware, *, spec: Mapping[str, Any] | None = None,
-                 timeout_s: float = 60.0):
-        super().__init__(config, timing=False)
+                 timeout_s: float = 60.0, on_layer: OnLayer | None = None, name: str = "driver"):
+        super().__init__(config)
+        self.name = name  # the device it serves (pynq), in messages
         self.hardware = hardware
         self.driver = Driver(hardware, config, spec, timeout_s=timeout_s)
         self.driver.check_hardware()
+        self.on_layer = on_layer
+        self.runner: DramRunner | None = None
 
-    def _make_simulator(self) -> Any:
-        self._timing = None
-        self._cycles = {}
-        return _DriverRunner(self.driver)
+    def load(self, artifact: Artifact) -> None:
+        super().load(artifact)
+        self.image = AcceleratorImage(artifact, self.config, self.name)
+        self.layers = self.image.layers
+        self.runner = DramRunner(self.image, DriverPrograms(self.driver), self)
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+        return run_loaded(self.artifact, feeds, runner=self.runner, keep_intermediates=keep_intermediates)
 
     def close(self) -> None:
         close = getattr(self.hardware, "close", None)

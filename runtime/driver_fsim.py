@@ -114,13 +114,9 @@ class FsimBackend:
         self.sim = FunctionalSimulator(config)
         self.regs = {r.name: r for r in register_map(config)}
         self.by_offset = {r.offset: r for r in self.regs.values()}
-        self.timing = None
-        if timing:
-            from weft.runtime.fsim_device import timing_model
+        from weft.runtime.fsim_device import new_timing_model
 
-            model = timing_model()
-            cls = getattr(model, "TimingModel", None) if model is not None else None
-            self.timing = cls(config) if cls is not None else None
+        self.timing = new_timing_model(config) if timing else None
         self.reset()
 
     def reset(self) -> None:

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from weft.runtime.devices import DeviceError, register_device
+from weft.runtime.devices import Device, DeviceError, register_device
 from weft.runtime.driver import DriverDevice
 from weft.runtime.safety import check_config_hash
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
+    from weft.runtime.artifact import Artifact
 
 __all__ = ["PynqDevice", "PynqHardware", "read_manifest"]
 
@@ -91,14 +92,16 @@ class PynqHardware:
             free()
 
 
-class PynqDevice(DriverDevice):
+class PynqDevice(Device):
     """``device="pynq"``: options ``bitstream`` (path of the .bit; its manifest beside it), ``spec`` (the
-    register spec JSON written by ``weft rtl``, or its dict), ``ip_name``, ``timeout_s``."""
+    register spec JSON written by ``weft rtl``, or its dict), ``ip_name``, ``timeout_s``. The driver device
+    on a :class:`PynqHardware` (kept as :attr:`board`; ``driver`` and ``hardware`` are its)."""
 
     name = "pynq"
 
     def __init__(self, config: AcceleratorConfig, *, bitstream: str | Path | None = None,
                  spec: str | Path | Mapping | None = None, ip_name: str | None = None, timeout_s: float = 60.0):
+        super().__init__(config)
         if bitstream is None:
             raise DeviceError("device 'pynq' needs the bitstream: InferenceSession(art, device='pynq', "
                               "bitstream='weft.bit') (its manifest.json beside it)")
@@ -108,7 +111,20 @@ class PynqDevice(DriverDevice):
         if isinstance(spec, (str, Path)):
             data = json.loads(Path(spec).read_text())
             spec = data.get("registers", data) if "registers" in data and isinstance(data["registers"], dict) else data
-        super().__init__(config, PynqHardware(bitstream, ip_name=ip_name), spec=spec, timeout_s=timeout_s)
+        self.board = DriverDevice(config, PynqHardware(bitstream, ip_name=ip_name), spec=spec, timeout_s=timeout_s,
+                                  name=self.name)
+        self.driver, self.hardware = self.board.driver, self.board.hardware
+
+    def load(self, artifact: Artifact) -> None:
+        super().load(artifact)
+        self.board.load(artifact)
+
+    def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
+            ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+        return self.board.run(feeds, keep_intermediates=keep_intermediates)
+
+    def close(self) -> None:
+        self.board.close()
 
 
 register_device("pynq", PynqDevice)

@@ -25,17 +25,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weft.runtime.devices import DeviceError, register_device
-from weft.runtime.driver import DriverDevice
+from weft.runtime.devices import Device, DeviceError, register_device
+from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer, ProgramRunner
+from weft.runtime.driver import Driver, DriverPrograms
 from weft.runtime.driver_fsim import FIRST_ADDRESS, BackendHardware
 from weft.runtime.trace import RtlLayer
+from weft.runtime.walker import run_loaded
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
 
     import numpy as np
 
     from weft.config import AcceleratorConfig
+    from weft.runtime.artifact import Artifact
     from weft.sim.dram import Dram
 
 __all__ = ["RtlBackend", "RtlDevice", "rtl_hardware"]
@@ -201,45 +204,43 @@ def rtl_hardware(config: AcceleratorConfig, nbytes: int, **options: Any) -> Back
     return BackendHardware(RtlBackend(config, FIRST_ADDRESS + nbytes, **options))
 
 
-class RtlDevice(DriverDevice):
+class RtlDevice(Device):
     """``InferenceSession(art, device="rtl", simulator="verilator"|"icarus", timing="pynq", read_latency=...,
     write_latency=..., read_duty=..., write_duty=..., timeout_s=..., trace=False)``. The simulation starts
     when the artifact is loaded (its DRAM sized for the artifact's image). With `trace`, each run keeps the
-    RTL's activity per accelerator layer in :attr:`trace_layers`. `on_layer` is the fsim device's hook."""
+    RTL's activity per accelerator layer in :attr:`trace_layers`. `on_layer` is the fsim device's hook.
+
+    The graph walker with a DRAM-image runner whose programs run through the driver on the simulation
+    (:class:`~weft.runtime.driver.DriverPrograms`), followed by this device's bookkeeping (:class:`_Recording`)."""
 
     name = "rtl"
 
     def __init__(self, config: AcceleratorConfig, *, timeout_s: float = 600.0, trace: bool = False,
-                 on_layer: Callable[[dict[str, Any], Dram, str], None] | None = None, **options: Any):
-        from weft.runtime.fsim_device import FsimDevice
-
-        FsimDevice.__init__(self, config, timing=False, on_layer=on_layer)
+                 on_layer: OnLayer | None = None, **options: Any):
+        super().__init__(config)
+        self.on_layer = on_layer
         self.options, self.timeout_s, self.trace = {**options, "trace": trace}, timeout_s, trace
         self.hardware: BackendHardware | None = None
+        self.runner: DramRunner | None = None
         #: Per accelerator layer of the last run, in order (with ``trace=True``).
         self.trace_layers: list[RtlLayer] = []
         self._measured: dict[str, int] = {}
 
-    def load(self, artifact: Any) -> None:
-        from weft.runtime.driver import Driver
-        from weft.runtime.fsim_device import SECTION
-
-        if artifact.target == "accel" and SECTION in artifact.sections:
-            nbytes = int(artifact.sections[SECTION].meta["dram_bytes"])
-            if self.hardware is not None:
-                self.hardware.close()
-            self.hardware = rtl_hardware(self.config, nbytes, **self.options)
-            self.driver = Driver(self.hardware, self.config, timeout_s=self.timeout_s)
-            self.driver.check_hardware()
+    def load(self, artifact: Artifact) -> None:
         super().load(artifact)
-
-    def _make_simulator(self) -> Any:
-        return _Recording(self, super()._make_simulator())
+        self.image = AcceleratorImage(artifact, self.config, self.name)
+        self.layers = self.image.layers
+        if self.hardware is not None:
+            self.hardware.close()
+        self.hardware = rtl_hardware(self.config, int(self.image.meta["dram_bytes"]), **self.options)
+        self.driver = Driver(self.hardware, self.config, timeout_s=self.timeout_s)
+        self.driver.check_hardware()
+        self.runner = DramRunner(self.image, _Recording(self, DriverPrograms(self.driver)), self)
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
         self.trace_layers = []
-        return super().run(feeds, keep_intermediates=keep_intermediates)
+        return run_loaded(self.artifact, feeds, runner=self.runner, keep_intermediates=keep_intermediates)
 
     def layer_cycles(self, layer: dict[str, Any]) -> int | None:
         """Cycles the RTL took for the layer's program when it last ran (None before)."""
@@ -274,16 +275,16 @@ class RtlDevice(DriverDevice):
 
 
 class _Recording:
-    """The driver's runner, followed by the device's bookkeeping (cycles, trace) after each program."""
+    """The driver's programs, followed by the device's bookkeeping (cycles, trace) after each program."""
 
-    def __init__(self, device: RtlDevice, runner: Any):
-        self.device, self.runner = device, runner
+    def __init__(self, device: RtlDevice, programs: ProgramRunner):
+        self.device, self.programs = device, programs
 
     def run(self, dram: Dram, insn_addr: int, insn_count: int) -> dict[str, Any]:
         hardware = self.device.hardware
         if self.device.trace and hardware is not None:
             hardware.backend.take_activity()  # what a failed run may have left
-        stats = self.runner.run(dram, insn_addr, insn_count)
+        stats = self.programs.run(dram, insn_addr, insn_count)
         self.device._ran(dram, insn_addr, insn_count, stats)
         return stats
 

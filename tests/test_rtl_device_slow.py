@@ -46,7 +46,7 @@ def test_resnet18_conv_layer_on_default_rtl_equals_fsim_and_ref():
     fsim = weft.InferenceSession(art, device="fsim")
     fsim.run(None, feeds, keep_intermediates=True)
     np.testing.assert_array_equal(fsim.intermediate(out), ref.intermediate(out))
-    rows = fsim.device._read_value(_Image(image), out)  # the RTL's DRAM, unpacked like the fsim device does
+    rows = fsim.device.image.read_value(_Image(image), out)  # the RTL's DRAM, unpacked like the fsim device does
     np.testing.assert_array_equal(rows, ref.intermediate(out))
 
 

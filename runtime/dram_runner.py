@@ -1,0 +1,156 @@
+"""Accelerator layers on one DRAM image: the accelerator runner of the fsim and driver devices.
+
+The artifact's ``accel`` section (written by :mod:`weft.compiler.backend`) gives the constant part of the
+image (weights, epilogue vectors, micro-ops, programs) and where each activation and program lives
+(:class:`AcceleratorImage`). :class:`DramRunner` keeps that image for one run, packs values into their
+buffers and unpacks them, and runs each layer's program with a :class:`ProgramRunner`: the functional
+simulator itself (fsim), or the driver on hardware (rtl, pynq), which copies the image to its DMA buffer.
+
+Imports numpy and light weft modules only: the board runtime uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from weft.compiler.ir import Node, numpy_dtype
+from weft.runtime.devices import DeviceError
+from weft.sim.bits import pack, unpack
+from weft.sim.dram import Dram
+
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
+    from weft.runtime.artifact import Artifact
+
+__all__ = ["SECTION", "AcceleratorImage", "DramRunner", "LayerHooks", "OnLayer", "ProgramRunner", "one_blas_thread"]
+
+SECTION = "accel"
+
+#: ``on_layer(layer, dram, "before" | "after")`` around each accelerator program (to replay a layer
+#: elsewhere, e.g. on the RTL, from the same DRAM image, or to follow progress).
+OnLayer = Callable[[dict[str, Any], Dram, str], None]
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager:
+    """The simulator's matmuls are small (one instruction each): BLAS threads cost more than they save,
+    and on a busy machine their spin-waits cost a hundredfold. Limited when threadpoolctl is installed."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(1, user_api="blas")
+
+
+class AcceleratorImage:
+    """The ``accel`` section of `artifact` as device `device` (named in errors) reads it: ``meta``,
+    the constant bytes ``const``, and ``layers`` (each accelerator layer's program, by node name)."""
+
+    def __init__(self, artifact: Artifact, config: AcceleratorConfig, device: str):
+        if artifact.target != "accel":
+            raise DeviceError(f"device '{device}' runs artifacts compiled for the accelerator, not target "
+                              f"'{artifact.target}' (use device 'ref')")
+        if SECTION not in artifact.sections:
+            raise DeviceError("the artifact has no instruction streams (section 'accel'): recompile it with a "
+                              "weft that has the accelerator back end")
+        section = artifact.sections[SECTION]
+        self.config, self.meta = config, section.meta
+        if self.meta.get("version") != 1:
+            raise DeviceError(f"section 'accel' has version {self.meta.get('version')!r}; this device reads 1")
+        self.const = section.array("const")
+        self.layers: dict[str, dict[str, Any]] = {layer["name"]: layer for layer in self.meta["layers"]}
+
+    def fresh_dram(self) -> Dram:
+        """A DRAM holding the constants only."""
+        dram = Dram(self.meta["dram_bytes"])
+        dram.write(self.meta["const_base"], self.const)
+        return dram
+
+    def program_words(self, layer: Mapping[str, Any]) -> np.ndarray:
+        """The encoded instruction stream of `layer` (from the constants)."""
+        start = layer["insn_addr"] - self.meta["const_base"]
+        return self.const[start:start + layer["insn_count"] * layer["insn_bytes"]]
+
+    def layer(self, name: str) -> dict[str, Any]:
+        layer = self.layers.get(name)
+        if layer is None:
+            raise DeviceError(f"layer '{name}' has no program in the artifact")
+        return layer
+
+    def write_value(self, dram: Dram, name: str, array: np.ndarray) -> None:
+        info = self.meta["values"][name]
+        data = pack(np.asarray(array).reshape(-1, array.shape[-1]).astype(np.int64), self.config.out_width)
+        if data.size != info["bytes"]:
+            raise DeviceError(f"value '{name}' has {data.size} bytes, its DRAM buffer {info['bytes']}")
+        dram.write(info["addr"], data)
+
+    def read_value(self, dram: Any, name: str) -> np.ndarray:
+        """Value `name` unpacked from `dram` (anything with Dram's ``read(addr, nbytes)``)."""
+        info = self.meta["values"][name]
+        raw = dram.read(info["addr"], info["bytes"])
+        values = unpack(raw[None, :], self.config.out_width)
+        return values.reshape(tuple(info["shape"])).astype(numpy_dtype(info["dtype"]))
+
+
+class ProgramRunner(Protocol):
+    """Runs the program at `insn_addr` of `dram` to its FINISH, updating `dram`; returns its statistics:
+    ``insns`` (by kind), ``insn_count``, ``bytes`` (by kind), ``macs``, ``alu_ops``, and ``cycles`` (None
+    when unknown)."""
+
+    def run(self, dram: Dram, insn_addr: int, insn_count: int) -> dict[str, Any]: ...
+
+
+class LayerHooks(Protocol):
+    """Whose ``on_layer`` hook the runner calls (the device's, which callers may set after loading)."""
+
+    on_layer: OnLayer | None
+
+
+class DramRunner:
+    """The :class:`~weft.runtime.walker.AcceleratorRunner` of a device whose accelerator works on one DRAM
+    image: `programs` runs each layer's program, `hooks.on_layer` is called around it, and `cycles(layer)`
+    gives a layer's cycles when the program runner does not count them (the timing model on fsim)."""
+
+    def __init__(self, image: AcceleratorImage, programs: ProgramRunner, hooks: LayerHooks, *,
+                 cycles: Callable[[dict[str, Any]], int | None] | None = None):
+        self.image, self.programs, self.hooks, self.cycles = image, programs, hooks, cycles
+        self.dram: Dram | None = None
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        self.dram = self.image.fresh_dram()
+        with one_blas_thread():
+            yield
+
+    def layer_info(self, node: Node) -> dict[str, Any]:
+        return self.image.layer(node.name)
+
+    def write_value(self, name: str, array: np.ndarray) -> None:
+        assert self.dram is not None
+        self.image.write_value(self.dram, name, array)
+
+    def read_value(self, name: str) -> np.ndarray:
+        assert self.dram is not None
+        return self.image.read_value(self.dram, name)
+
+    def run_layer(self, node: Node, layer: dict[str, Any]) -> dict[str, Any]:
+        dram, hook = self.dram, self.hooks.on_layer
+        assert dram is not None
+        if hook is not None:
+            hook(layer, dram, "before")
+        stats = self.programs.run(dram, layer["insn_addr"], layer["insn_count"])
+        if hook is not None:
+            hook(layer, dram, "after")
+        cycles = stats.get("cycles")
+        if cycles is None and self.cycles is not None:
+            cycles = self.cycles(layer)
+        return {"insns": stats["insns"], "insn_count": stats["insn_count"], "bytes": stats["bytes"],
+                "accel_macs": stats["macs"], "alu_ops": stats["alu_ops"], "cycles": cycles,
+                "schedule": layer["schedule"]}
+
+    def host_fields(self) -> dict[str, Any]:
+        # The host's work: no accelerator instructions, DRAM traffic or cycles.
+        return {"insns": {}, "insn_count": 0, "bytes": {}, "accel_macs": 0, "alu_ops": 0, "cycles": None}
