@@ -6,6 +6,10 @@ graph run on sample inputs) and the float host layers of the runtime (softmax, a
 inputs that older opsets gave as attributes (Clip's bounds, Pad's pads, Slice's ranges, the axes of
 Squeeze/Unsqueeze) are always inputs here, and pads are always explicit (top, left, bottom, right).
 
+Activations, math, comparisons and reductions live in :mod:`~weft.compiler.float_elementwise`, layout ops
+(Transpose, Split, Expand, Tile, Resize) in :mod:`~weft.compiler.float_tensor`, LRN, ConvTranspose and the
+normalizations in :mod:`~weft.compiler.float_nn`; ``FLOAT_OPS`` merges their tables.
+
 Two ops exist only in the IR: ``FusedConv`` (conv or dense + bias + optional residual add + optional
 ReLU/clip, made by the fusion pass) and ``ChannelAffine`` (a per-channel ``x * scale + shift``).
 """
@@ -13,49 +17,24 @@ ReLU/clip, made by the fusion pass) and ``ChannelAffine`` (a per-channel ``x * s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from weft.compiler.errors import ModelError, UnsupportedError
+from weft.compiler.errors import UnsupportedError
+from weft.compiler.float_base import Known, OpDef, Shape
+from weft.compiler.float_base import broadcast as _broadcast
+from weft.compiler.float_base import err as _err
+from weft.compiler.float_base import need as _need
+from weft.compiler.float_base import same as _same
+from weft.compiler.float_base import shape_of as _shape
+from weft.compiler.float_elementwise import ELEMENTWISE_OPS
+from weft.compiler.float_nn import NN_OPS
+from weft.compiler.float_tensor import TENSOR_OPS
 from weft.compiler.ir import Node, Value
 
 __all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry", "run_float_op"]
-
-Shape = tuple[int, ...]
-#: Resolves input k to its value when statically known (a constant or a folded shape), else None.
-Known = Callable[[int], "np.ndarray | None"]
-
-
-@dataclass(frozen=True)
-class OpDef:
-    """Shape rule and kernel of one op. ``infer(node, inputs, known)`` returns (shape, dtype) per output;
-    ``run(node, arrays)`` returns the output arrays (absent optional inputs are None)."""
-
-    infer: Callable[[Node, list[Value | None], Known], list[tuple[Shape, str]]]
-    run: Callable[[Node, list[Any]], list[np.ndarray]]
-
-
-def _err(node: Node, message: str) -> ModelError:
-    return ModelError(message, node=node.name, op=node.op)
-
-
-def _shape(node: Node, v: Value | None, what: str) -> Shape:
-    if v is None or v.shape is None:
-        raise _err(node, f"the shape of {what} is unknown")
-    return v.shape
-
-
-def _need(node: Node, known: Known, k: int, what: str) -> np.ndarray:
-    value = known(k)
-    if value is None:
-        raise UnsupportedError(
-            f"{what} (input {k}, '{node.inputs[k]}') must be a constant or fold to one; it depends on "
-            "runtime data", node=node.name, op=node.op)
-    return value
-
 
 # ---- geometry ----------------------------------------------------------------------------------------
 
@@ -106,7 +85,7 @@ def conv2d(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, strides: Shape, p
            group: int = 1) -> np.ndarray:
     """Float NCHW convolution (dilation 1) as im2col + one batched matmul over the `group` groups: input
     channels [g*C/G, (g+1)*C/G) feed output channels [g*O/G, (g+1)*O/G), as in ONNX."""
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     o, cg, kh, kw = w.shape
     out_hw = (conv_out_size(h, kh, strides[0], pads[0], pads[2]), conv_out_size(wd, kw, strides[1], pads[1], pads[3]))
     cols = im2col(x.transpose(0, 2, 3, 1), (kh, kw), strides, pads, out_hw)  # (N, Ho, Wo, kh, kw, C)
@@ -211,20 +190,6 @@ def _axes(node: Node, axes: np.ndarray | None, rank: int) -> list[int]:
 
 
 # ---- shape rules -------------------------------------------------------------------------------------
-
-
-def _same(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
-    v = ins[0]
-    return [(_shape(node, v, "the input"), v.dtype)]  # type: ignore[union-attr]
-
-
-def _broadcast(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
-    shapes = [_shape(node, v, f"input {k}") for k, v in enumerate(ins)]
-    try:
-        out = np.broadcast_shapes(*shapes)
-    except ValueError:
-        raise _err(node, f"input shapes {[list(s) for s in shapes]} do not broadcast") from None
-    return [(tuple(out), ins[0].dtype)]  # type: ignore[union-attr]
 
 
 def _infer_conv(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
@@ -497,6 +462,9 @@ FLOAT_OPS: dict[str, OpDef] = {
     "Slice": OpDef(_infer_by_running, _run_slice),
     "Cast": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), n.attrs["to"])],
                   lambda n, a: [a[0].astype(_np_dtype(n.attrs["to"]))]),
+    **ELEMENTWISE_OPS,
+    **TENSOR_OPS,
+    **NN_OPS,
 }
 
 

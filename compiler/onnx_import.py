@@ -14,7 +14,7 @@ Anything else is a :class:`ModelError` naming the input.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -23,11 +23,12 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from weft.compiler.errors import ModelError, UnsupportedError
+from weft.compiler.float_tensor import RESIZE_MODES
 from weft.compiler.ir import Graph, Node, Value
 
 __all__ = ["MIN_OPSET", "SUPPORTED_OPS", "declared_inputs", "import_onnx", "load_model"]
 
-MIN_OPSET = 9
+MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
 _ELEM_TYPES = {
@@ -37,16 +38,19 @@ _ELEM_TYPES = {
 }
 
 
-def load_model(source: str | Path | bytes | onnx.ModelProto, what: str | None = None) -> onnx.ModelProto:
+def load_model(source: str | Path | bytes | onnx.ModelProto, what: str | None = None,
+               folder: str | Path | None = None) -> onnx.ModelProto:
     """Read an ONNX model; unreadable, truncated or empty files raise ModelError naming the file (or
-    `what`, for bytes read elsewhere)."""
+    `what`, for bytes read elsewhere). Tensors kept in external data files are read from the model's
+    folder (`folder` for bytes read from a file there); see :func:`_load_external_data`."""
     if isinstance(source, onnx.ModelProto):
+        _load_external_data(source, what or "the model", None)
         return source
     if isinstance(source, (bytes, bytearray)):
         what, data = what or "the model bytes", bytes(source)
     else:
         path = Path(source)
-        what = str(path)
+        what, folder = str(path), path.parent
         if not path.is_file():
             raise ModelError(f"{path}: no such model file")
         data = path.read_bytes()
@@ -60,7 +64,44 @@ def load_model(source: str | Path | bytes | onnx.ModelProto, what: str | None = 
             from None
     if not model.HasField("graph") or not model.graph.output:
         raise ModelError(f"{what}: the ONNX model has no graph outputs (is the file truncated?)")
+    _load_external_data(model, what, None if folder is None else Path(folder))
     return model
+
+
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        for attr in node.attribute:
+            tensors.extend([attr.t] if attr.HasField("t") else attr.tensors)
+    return [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def _load_external_data(model: onnx.ModelProto, what: str, folder: Path | None) -> None:
+    """Read external tensor data into the tensors, in place: each tensor's location is a file inside
+    `folder` (the model's own folder; never a path outside it), at its offset and length."""
+    for t in _external_tensors(model):
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        if folder is None:
+            raise ModelError(f"{what}: tensor '{t.name}' keeps its data in the external file '{location}', which "
+                             "only a model loaded from its path can read; pass the .onnx path instead")
+        rel = PurePath(location)
+        target = (folder / rel).resolve()
+        if not location or rel.is_absolute() or ".." in rel.parts or not target.is_relative_to(folder.resolve()):
+            raise ModelError(f"{what}: tensor '{t.name}' names the external data file '{location}', which is not "
+                             "inside the model's folder")
+        if not target.is_file():
+            raise ModelError(f"{what}: the external data file '{folder / rel}' (tensor '{t.name}') is missing")
+        offset, length = int(info.get("offset", 0)), info.get("length")
+        with target.open("rb") as f:
+            f.seek(offset)
+            data = f.read(int(length)) if length is not None else f.read()
+        if length is not None and len(data) != int(length):
+            raise ModelError(f"{what}: the external data file '{folder / rel}' is too short for tensor '{t.name}' "
+                             f"({len(data)} of {length} bytes at offset {offset})")
+        t.raw_data = data
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -77,9 +118,6 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _tensor(t: onnx.TensorProto, what: str) -> np.ndarray:
-    if t.data_location == onnx.TensorProto.EXTERNAL:
-        raise UnsupportedError(f"{what} '{t.name}' keeps its data in an external file; save the model with "
-                               "the weights inside")
     if t.data_type not in _ELEM_TYPES:
         raise UnsupportedError(f"{what} '{t.name}' has data type "
                                f"{onnx.TensorProto.DataType.Name(t.data_type)}, which weft does not support")
@@ -141,7 +179,16 @@ def _fix_shape(name: str, dims: list[int | str | None], given: Sequence[int] | N
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    """Attribute values, with strings decoded (onnx gives bytes)."""
+    out = {}
+    for a in node.attribute:
+        value = onnx.helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode() for v in value]
+        out[a.name] = value
+    return out
 
 
 class _Importer:
@@ -291,8 +338,8 @@ def _softmax(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) 
 
 
 def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
-    if len(node.output) > 1 and node.output[1]:
-        raise _unsupported(name, node.op_type, "the mask output is not supported at inference")
+    """Inference Dropout is the identity; its mask (bool from opset 10, the input's type before) is all
+    true, written as ConstantOfShape(Shape(x)) so that it folds to a constant."""
     if a.get("is_test", 1) == 0:
         raise _unsupported(name, node.op_type, "is_test=0 (training mode) is not supported")
     if len(node.input) > 2 and node.input[2]:
@@ -300,6 +347,11 @@ def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) 
         if mode is None or bool(mode):
             raise _unsupported(name, node.op_type, "training_mode must be a constant false at inference")
     im.emit("Identity", node.input[:1], node.output[:1], {}, name)
+    if len(node.output) > 1 and node.output[1]:
+        shape = im.graph.unique_name(f"{name}_shape")
+        im.emit("Shape", node.input[:1], [shape], {}, f"{name}_mask_shape")
+        one = np.ones(1, np.bool_ if im.opset >= 10 else np.float32)
+        im.emit("ConstantOfShape", [shape], node.output[1:2], {"value": one}, f"{name}_mask")
 
 
 def _batchnorm(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
@@ -371,6 +423,77 @@ def _cast(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> 
     im.emit("Cast", node.input, node.output, {"to": to}, name)
 
 
+def _reduce(axes_input_opset: int) -> Converter:
+    """Reduce*: `axes` is an attribute before `axes_input_opset` (18; 13 for ReduceSum), an input from it."""
+
+    def convert(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+        inputs = list(node.input)
+        if im.opset < axes_input_opset and "axes" in a:
+            inputs = [inputs[0], im.const(f"{name}_axes", np.array(a["axes"], np.int64))]
+        attrs = {k: int(a[k]) for k in ("keepdims", "noop_with_empty_axes") if k in a}
+        im.emit(node.op_type, inputs, node.output, attrs, name)
+
+    return convert
+
+
+def _split(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    inputs = list(node.input)
+    if im.opset < 13 and "split" in a:
+        inputs = [inputs[0], im.const(f"{name}_split", np.array(a["split"], np.int64))]
+    attrs: dict[str, Any] = {"axis": int(a.get("axis", 0))}
+    if "num_outputs" in a:
+        if int(a["num_outputs"]) != len(node.output):
+            raise ModelError(f"num_outputs {a['num_outputs']} differs from its {len(node.output)} outputs",
+                             node=name, op=node.op_type)
+        attrs["num_outputs"] = int(a["num_outputs"])
+    im.emit("Split", inputs, node.output, attrs, name)
+
+
+def _resize_mode(node: onnx.NodeProto, name: str, a: dict[str, Any]) -> str:
+    mode = {"bilinear": "linear"}.get(a.get("mode", "nearest"), a.get("mode", "nearest"))
+    if mode not in RESIZE_MODES:
+        raise _unsupported(name, node.op_type, f"mode '{mode}' is not supported (supported: "
+                                               f"{', '.join(RESIZE_MODES)})")
+    return mode
+
+
+def _resize(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    """Resize/Upsample in the opset-11+ form (X, roi, scales, sizes). Upsample (any opset) and Resize-10
+    map source coordinates asymmetrically, with onnxruntime's rounding for them ("legacy")."""
+    mode = _resize_mode(node, name, a)
+    if node.op_type == "Resize" and im.opset >= 11:
+        if a.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+            raise _unsupported(name, node.op_type, "coordinate_transformation_mode 'tf_crop_and_resize' is not "
+                                                   "supported")
+        keep = ("coordinate_transformation_mode", "nearest_mode", "antialias", "axes", "keep_aspect_ratio_policy")
+        attrs = {"mode": mode, **{k: a[k] for k in keep if k in a}}
+        im.emit("Resize", node.input, node.output, attrs, name)
+        return
+    if "scales" in a:  # Upsample before opset 9
+        scales = im.const(f"{name}_scales", np.array(a["scales"], np.float32))
+    else:
+        scales = node.input[1]
+    attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "legacy"}
+    im.emit("Resize", [node.input[0], "", scales], node.output, attrs, name)
+
+
+def _conv_transpose(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    kernel = a.get("kernel_shape")
+    if kernel is not None and len(kernel) != 2:
+        raise _unsupported(name, node.op_type, f"only 2-D kernels are supported, got kernel_shape {list(kernel)}")
+    keep = ("dilations", "group", "output_padding", "output_shape", "pads", "strides")
+    attrs: dict[str, Any] = {k: a[k] for k in keep if k in a}
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+        attrs["auto_pad"] = a["auto_pad"]
+    im.emit("ConvTranspose", node.input, node.output, attrs, name)
+
+
+def _layer_norm(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    if a.get("stash_type", 1) != 1:
+        raise _unsupported(name, node.op_type, "only stash_type=1 (float32 statistics) is supported")
+    im.emit(node.op_type, node.input, node.output, {k: a[k] for k in ("axis", "epsilon") if k in a}, name)
+
+
 def _plain(*keep: str, defaults: Mapping[str, Any] | None = None) -> Converter:
     def convert(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
         attrs = {**(defaults or {}), **{k: a[k] for k in keep if k in a}}
@@ -405,6 +528,24 @@ _CONVERTERS: dict[str, Converter] = {
     "Squeeze": _axes_to_input(13, 1),
     "Slice": _axes_to_input(10, 3),
     "Cast": _cast,
+    **{op: _plain() for op in (
+        "Sigmoid", "HardSwish", "Tanh", "Softplus", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal",
+        "PRelu", "Max", "Min", "Pow", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or",
+        "Not", "Where", "GlobalMaxPool", "Expand", "Tile")},
+    "HardSigmoid": _plain("alpha", "beta"),
+    "LeakyRelu": _plain("alpha"),
+    "Elu": _plain("alpha"),
+    "Gelu": _plain("approximate"),
+    "ReduceMean": _reduce(18), "ReduceMax": _reduce(18), "ReduceMin": _reduce(18), "ReduceSum": _reduce(13),
+    "ArgMax": _plain("axis", "keepdims", "select_last_index"),
+    "LRN": _plain("size", "alpha", "beta", "bias"),
+    "Transpose": _plain("perm"),
+    "Split": _split,
+    "Resize": _resize,
+    "Upsample": _resize,
+    "ConvTranspose": _conv_transpose,
+    "InstanceNormalization": _plain("epsilon"),
+    "LayerNormalization": _layer_norm,
 }
 
 #: Attributes each op may carry (anything else is an UnsupportedError naming the attribute).
@@ -430,6 +571,23 @@ _ATTRS: dict[str, set[str]] = {
     "Squeeze": {"axes"},
     "Slice": {"starts", "ends", "axes"},
     "Cast": {"to", "saturate"},
+    "HardSigmoid": {"alpha", "beta"},
+    "LeakyRelu": {"alpha"},
+    "Elu": {"alpha"},
+    "Gelu": {"approximate"},
+    **{op: {"axes", "keepdims", "noop_with_empty_axes"}
+       for op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum")},
+    "ArgMax": {"axis", "keepdims", "select_last_index"},
+    "LRN": {"size", "alpha", "beta", "bias"},
+    "Transpose": {"perm"},
+    "Split": {"axis", "split", "num_outputs"},
+    "Resize": {"mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",
+               "extrapolation_value", "antialias", "axes", "keep_aspect_ratio_policy"},
+    "Upsample": {"mode", "scales"},
+    "ConvTranspose": {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads",
+                      "strides"},
+    "InstanceNormalization": {"epsilon"},
+    "LayerNormalization": {"axis", "epsilon", "stash_type"},
 }
 
 SUPPORTED_OPS = frozenset(_CONVERTERS)
