@@ -1,0 +1,182 @@
+"""Every op the importer learned, in the opset forms exporters write, through weft's float graph on the
+reference device, against onnxruntime on random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import weft
+
+from .test_frontend_util import make_model, ort_run, rand
+
+X4 = {"x": [2, 6, 5, 7]}
+
+
+def _node(op: str, inputs: list[str], outputs: list[str] | None = None, **attrs: object) -> onnx.NodeProto:
+    return helper.make_node(op, inputs, outputs or ["y"], name=f"the_{op.lower()}", **attrs)
+
+
+def _i64(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def _f32(*values: float) -> np.ndarray:
+    return np.array(values, np.float32)
+
+
+def assert_matches_onnxruntime(model: onnx.ModelProto, seed: int = 0, rtol: float = 1e-5, atol: float = 1e-6,
+                               positive: bool = False) -> list[np.ndarray]:
+    """Compile for the cpu target, run on the ref device, compare every output with onnxruntime."""
+    feeds = {}
+    for k, vi in enumerate(model.graph.input):
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        x = rand(*shape, seed=seed + k)
+        feeds[vi.name] = np.abs(x) + np.float32(0.1) if positive else x
+    want = ort_run(model, feeds)
+    art = weft.compile(model, target="cpu")
+    got = weft.InferenceSession(art, device="ref").run(None, feeds)
+    assert len(got) == len(want)
+    for name, a, b in zip([o.name for o in model.graph.output], got, want, strict=True):
+        assert a.shape == b.shape, name
+        assert a.dtype == b.dtype, name
+        if a.dtype == np.bool_ or a.dtype.kind == "i":
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        else:
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=name)
+    return got
+
+
+# (nodes, inputs, outputs, initializers, opset) per case; outputs None-shaped unless a test needs more
+UNARY = [
+    ("Sigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSigmoid", {}), ("HardSwish", {}),
+    ("Tanh", {}), ("LeakyRelu", {"alpha": 0.2}), ("LeakyRelu", {}), ("Elu", {"alpha": 0.7}), ("Softplus", {}),
+    ("Erf", {}), ("Exp", {}), ("Neg", {}), ("Abs", {}), ("Reciprocal", {}),
+]
+
+FIRST_OPSET = {"HardSwish": 14, "Erf": 9}
+UNARY_CASES = [(op, attrs, opset) for op, attrs in UNARY for opset in (7, 13, 22) if opset >= FIRST_OPSET.get(op, 7)]
+
+
+@pytest.mark.parametrize(("op", "attrs", "opset"), UNARY_CASES,
+                         ids=[f"{op}-{sorted(a)}-{v}" for op, a, v in UNARY_CASES])
+def test_unary_activations(op, attrs, opset):
+    model = make_model([_node(op, ["x"], **attrs)], X4, {"y": None}, opset=opset)
+    assert_matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize("op", ["Sqrt", "Log"])
+def test_unary_on_positive_inputs(op):
+    assert_matches_onnxruntime(make_model([_node(op, ["x"])], X4, {"y": None}), positive=True)
+
+
+@pytest.mark.parametrize("approximate", [None, "none", "tanh"])
+def test_gelu_opset_20(approximate):
+    attrs = {} if approximate is None else {"approximate": approximate}
+    assert_matches_onnxruntime(make_model([_node("Gelu", ["x"], **attrs)], X4, {"y": None}, opset=20))
+
+
+def test_gelu_written_with_erf():
+    """How exporters before opset 20 write GELU: x * 0.5 * (1 + erf(x / sqrt 2))."""
+    nodes = [_node("Div", ["x", "s2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["x", "p"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])]
+    inits = {"s2": _f32(np.sqrt(2)).reshape(()), "one": _f32(1).reshape(()), "half": _f32(0.5).reshape(())}
+    assert_matches_onnxruntime(make_model(nodes, X4, {"y": None}, inits))
+
+
+@pytest.mark.parametrize("slope", [(1, 6, 1, 1), (6, 1, 1), (1,), (7,)], ids=str)
+def test_prelu_broadcasts_the_slope(slope):
+    model = make_model([_node("PRelu", ["x", "s"])], X4, {"y": None}, {"s": rand(*slope, seed=3)}, opset=9)
+    assert_matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+@pytest.mark.parametrize("opset", [8, 13])
+def test_variadic_max_min_broadcast(op, opset):
+    inputs = {"x": [2, 6, 5, 7], "b": [6, 1, 7], "c": [1]}
+    assert_matches_onnxruntime(make_model([_node(op, ["x", "b", "c"])], inputs, {"y": None}, opset=opset))
+
+
+def test_pow_with_float_and_int_exponents():
+    nodes = [_node("Pow", ["x", "e"], ["p"]), helper.make_node("Pow", ["p", "k"], ["y"])]
+    model = make_model(nodes, {"x": [3, 4]}, {"y": None}, {"e": _f32(2.0, 0.5, 1.5, 3.0), "k": _i64(2)}, opset=15)
+    assert_matches_onnxruntime(model, positive=True)
+
+
+def test_comparisons_where_and_logic():
+    nodes = [
+        _node("Greater", ["x", "b"], ["gt"]), helper.make_node("Less", ["x", "c"], ["lt"]),
+        helper.make_node("Equal", ["gt", "lt"], ["eq"]), helper.make_node("Not", ["eq"], ["ne"]),
+        helper.make_node("And", ["ne", "gt"], ["both"]), helper.make_node("Where", ["both", "x", "b"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "logic", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5]),
+                                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [5]),
+                                               helper.make_tensor_value_info("c", TensorProto.FLOAT, [3, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("ne", TensorProto.BOOL, None)])
+    opsets = [helper.make_opsetid("", 13)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
+    assert_matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("select_last_index", [0, 1])
+def test_argmax(keepdims, select_last_index):
+    node = _node("ArgMax", ["r"], axis=1, keepdims=keepdims, select_last_index=select_last_index)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), node]  # Relu's zeros make ties
+    graph = helper.make_graph(nodes, "argmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    opsets = [helper.make_opsetid("", 13)]
+    assert_matches_onnxruntime(helper.make_model(graph, opset_imports=opsets,
+                                                 ir_version=helper.find_min_ir_version_for(opsets)))
+
+
+# ---- reductions --------------------------------------------------------------------------------------
+
+def _axes_input_opset(op: str) -> int:
+    return 13 if op == "ReduceSum" else 18
+
+
+# (axes, keepdims, noop_with_empty_axes); noop_with_empty_axes comes with axes as an input
+REDUCE_FORMS = [
+    ([2, 3], 1, None), ([1], 0, None), ([-1], 1, None), (None, 0, None), (None, 1, 1), ([0, 2], None, None),
+]
+REDUCE_CASES = [(op, opset, *form) for op in ("ReduceMean", "ReduceMax", "ReduceSum", "ReduceMin")
+                for opset in (7, 11, 13, 18) for form in REDUCE_FORMS
+                if form[2] is None or opset >= _axes_input_opset(op)]
+
+
+@pytest.mark.parametrize(("op", "opset", "axes", "keepdims", "noop"), REDUCE_CASES, ids=str)
+def test_reductions_attribute_and_input_forms(op, opset, axes, keepdims, noop):
+    axes_as_input = opset >= _axes_input_opset(op)
+    attrs = {k: v for k, v in (("keepdims", keepdims), ("noop_with_empty_axes", noop)) if v is not None}
+    inits = {}
+    if axes is not None and axes_as_input:
+        inits["axes"] = _i64(*axes)
+        node = _node(op, ["x", "axes"], **attrs)
+    else:
+        node = _node(op, ["x"], **attrs, **({} if axes is None else {"axes": axes}))
+    assert_matches_onnxruntime(make_model([node], X4, {"y": None}, inits, opset=opset))
+
+
+def test_global_max_pool():
+    assert_matches_onnxruntime(make_model([_node("GlobalMaxPool", ["x"])], X4, {"y": None}, opset=7))
+
+
+def test_reduce_mean_head_as_the_dynamo_exporter_writes_it():
+    """PyTorch's dynamo exporter (opset 18) writes ``x.mean((2, 3))`` + Linear as ReduceMean over an axes
+    input, keepdims, then Flatten and Gemm."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("ReduceMean", ["r", "axes"], ["m"], name="mean", keepdims=1),
+        helper.make_node("Flatten", ["m"], ["f"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["y"], name="fc", transB=1),
+    ]
+    inits = {"w": rand(8, 3, 3, 3, seed=1), "b": rand(8, seed=2), "axes": _i64(2, 3),
+             "fc_w": rand(10, 8, seed=3), "fc_b": rand(10, seed=4)}
+    model = make_model(nodes, {"x": [2, 3, 9, 9]}, {"y": [2, 10]}, inits, opset=18)
+    assert_matches_onnxruntime(model, rtol=1e-4, atol=1e-5)
