@@ -180,3 +180,135 @@ def test_reduce_mean_head_as_the_dynamo_exporter_writes_it():
              "fc_w": rand(10, 8, seed=3), "fc_b": rand(10, seed=4)}
     model = make_model(nodes, {"x": [2, 3, 9, 9]}, {"y": [2, 10]}, inits, opset=18)
     assert_matches_onnxruntime(model, rtol=1e-4, atol=1e-5)
+
+
+# ---- layout ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("perm", [None, [0, 2, 3, 1], [3, 1, 0, 2]], ids=str)
+def test_transpose(perm):
+    attrs = {} if perm is None else {"perm": perm}
+    assert_matches_onnxruntime(make_model([_node("Transpose", ["x"], **attrs)], X4, {"y": None}, opset=7))
+
+
+SPLIT_CASES = [
+    # (opset, axis, split given as, split sizes or num_outputs, outputs)
+    (7, 1, "attribute", [2, 4], 2), (11, -1, "attribute", [3, 1, 3], 3), (11, 1, None, None, 3),
+    (13, 1, "input", [1, 5], 2), (13, 2, None, None, 5), (18, 3, "num_outputs", 3, 3), (18, 1, "num_outputs", 4, 4),
+    (18, 1, "input", [2, 2, 2], 3),
+]
+
+
+@pytest.mark.parametrize(("opset", "axis", "form", "split", "count"), SPLIT_CASES, ids=str)
+def test_split_forms(opset, axis, form, split, count):
+    outs = [f"y{k}" for k in range(count)]
+    inits, attrs, inputs = {}, {"axis": axis}, ["x"]
+    if form == "attribute":
+        attrs["split"] = split
+    elif form == "input":
+        inits["split"], inputs = _i64(*split), ["x", "split"]
+    elif form == "num_outputs":
+        attrs["num_outputs"] = split
+    model = make_model([_node("Split", inputs, outs, **attrs)], X4, dict.fromkeys(outs), inits, opset=opset)
+    assert_matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize(("shape", "target"), [([3, 1], [2, 3, 4]), ([1, 4], [3, 1]), ([2, 1, 5], [1])], ids=str)
+def test_expand(shape, target):
+    model = make_model([_node("Expand", ["x", "s"])], {"x": shape}, {"y": None}, {"s": _i64(*target)}, opset=8)
+    assert_matches_onnxruntime(model)
+
+
+def test_tile():
+    model = make_model([_node("Tile", ["x", "r"])], {"x": [2, 3, 4]}, {"y": None}, {"r": _i64(2, 1, 3)}, opset=7)
+    assert_matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize("opset", [7, 11, 13, 21])
+def test_squeeze_unsqueeze_forms(opset):
+    """Axes as attributes before opset 13, inputs from it; Squeeze without axes drops every 1."""
+    axes_input = opset >= 13
+    inits = {"ua": _i64(0, 3), "sa": _i64(2)} if axes_input else {}
+    unsq = _node("Unsqueeze", ["x", "ua"] if axes_input else ["x"], ["u"], **({} if axes_input else {"axes": [0, 3]}))
+    sq = helper.make_node("Squeeze", ["u", "sa"] if axes_input else ["u"], ["s"],
+                          **({} if axes_input else {"axes": [2]}))
+    squeeze_all = helper.make_node("Squeeze", ["s"], ["y"])
+    model = make_model([unsq, sq, squeeze_all], {"x": [3, 1, 4]}, {"y": None, "s": None}, inits, opset=opset)
+    got = assert_matches_onnxruntime(model)
+    assert got[0].shape == (3, 4)
+
+
+@pytest.mark.parametrize("opset", [7, 14])
+def test_reshape_and_flatten(opset):
+    nodes = [_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Flatten", ["r"], ["y"], axis=2)]
+    model = make_model(nodes, X4, {"y": None}, {"shape": _i64(0, -1, 5, 1)}, opset=opset)
+    assert_matches_onnxruntime(model)
+
+
+def test_reshape_allowzero_keeps_a_zero_as_a_size():
+    model = make_model([_node("Reshape", ["x", "shape"], allowzero=1)], {"x": [2, 3]}, {"y": None},
+                       {"shape": _i64(3, 2)}, opset=14)
+    assert_matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize(("a", "b"), [([2, 3, 4, 5], [2, 3, 5, 6]), ([2, 3, 4, 5], [5, 6]), ([4, 5], [3, 5, 2]),
+                                      ([3, 1, 4, 5], [2, 5, 3]), ([5], [2, 5, 3]), ([2, 3, 5], [5])], ids=str)
+def test_matmul_with_batch_dimensions(a, b):
+    model = make_model([_node("MatMul", ["a", "b"])], {"a": a, "b": b}, {"y": None}, opset=9)
+    assert_matches_onnxruntime(model, rtol=1e-5, atol=1e-5)
+
+
+# ---- Resize and Upsample -----------------------------------------------------------------------------
+
+
+# Upsample (opsets 7-9) only grows; Resize-10 also shrinks
+UPSAMPLE_CASES = [(opset, scales, mode) for opset in (7, 9, 10) for mode in ("nearest", "linear")
+                  for scales in ([1.0, 1.0, 2.0, 2.0], [1.0, 1.0, 3.0, 1.5], [1.0, 1.0, 0.5, 0.6])
+                  if opset == 10 or min(scales) >= 1]
+
+
+@pytest.mark.parametrize(("opset", "scales", "mode"), UPSAMPLE_CASES, ids=str)
+def test_upsample_and_resize_10(opset, scales, mode):
+    if opset == 7:
+        node = _node("Upsample", ["x"], mode=mode, scales=scales)
+        inits = {}
+    else:
+        node = _node("Upsample" if opset == 9 else "Resize", ["x", "scales"], mode=mode)
+        inits = {"scales": _f32(*scales)}
+    assert_matches_onnxruntime(make_model([node], {"x": [1, 2, 5, 6]}, {"y": None}, inits, opset=opset))
+
+
+RESIZE_MODES = [
+    ("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_floor"),
+    ("nearest", "align_corners", "round_prefer_ceil"), ("nearest", "pytorch_half_pixel", "ceil"),
+    ("nearest", "tf_half_pixel_for_nn", "round_prefer_floor"), ("linear", "half_pixel", None),
+    ("linear", "asymmetric", None), ("linear", "align_corners", None), ("linear", "pytorch_half_pixel", None),
+]
+
+
+@pytest.mark.parametrize(("mode", "transform", "nearest"), RESIZE_MODES, ids=str)
+@pytest.mark.parametrize("target", [("scales", [1, 1, 2, 1.5]), ("scales", [1, 1, 0.6, 0.5]),
+                                    ("sizes", [1, 2, 9, 1]), ("sizes", [1, 2, 3, 13])], ids=str)
+@pytest.mark.parametrize("opset", [11, 13, 19])
+def test_resize_11_and_later(opset, target, mode, transform, nearest):
+    attrs = {"mode": mode, "coordinate_transformation_mode": transform}
+    if nearest is not None:
+        attrs["nearest_mode"] = nearest
+    kind, values = target
+    inits = {"roi": np.zeros(0, np.float32)}
+    if kind == "scales":
+        inits["scales"] = _f32(*values)
+        inputs = ["x", "roi", "scales"]
+    else:
+        inits.update(scales=np.zeros(0, np.float32), sizes=_i64(*values))
+        inputs = ["x", "roi", "scales", "sizes"]
+    if opset >= 13 and kind == "sizes":
+        inputs[1:3] = ["", ""]
+    model = make_model([_node("Resize", inputs, **attrs)], {"x": [1, 2, 5, 6]}, {"y": None}, inits, opset=opset)
+    assert_matches_onnxruntime(model)
+
+
+def test_resize_19_with_axes():
+    node = _node("Resize", ["x", "", "scales"], mode="linear", axes=[3, 2])
+    model = make_model([node], {"x": [1, 2, 5, 6]}, {"y": None}, {"scales": _f32(2, 3)}, opset=19)
+    assert_matches_onnxruntime(model)
