@@ -34,7 +34,9 @@ def _run_lrn(node: Node, a: list[Any]) -> list[np.ndarray]:
 def conv_transpose_geometry(node: Node, x: tuple[int, ...], w: tuple[int, ...]) -> tuple[tuple[int, int, int, int],
                                                                                         tuple[int, int]]:
     """(pads (top, left, bottom, right), output HW) of a 2-D ConvTranspose, with output_shape and auto_pad
-    resolved as onnxruntime does (the odd padding goes to the end, or the start for SAME_UPPER)."""
+    resolved as onnxruntime does: the output is output_shape, or input * stride for auto_pad SAME_*; the
+    odd padding goes to the start (the end for SAME_UPPER), and an output larger than the full result
+    appends zeros (a negative end pad)."""
     if len(x) != 4 or len(w) != 4:
         raise UnsupportedError(f"only 2-D ConvTranspose is supported, got input {list(x)} and weights {list(w)}",
                                node=node.name, op=node.op)
@@ -45,14 +47,14 @@ def conv_transpose_geometry(node: Node, x: tuple[int, ...], w: tuple[int, ...]) 
     auto_pad = node.attrs.get("auto_pad", "NOTSET")
     target = node.attrs.get("output_shape")
     full = [strides[a] * (x[2 + a] - 1) + extra[a] + (w[2 + a] - 1) * dil[a] + 1 for a in (0, 1)]
-    if auto_pad == "VALID":
-        pads = [0, 0, 0, 0]
-    elif target is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        target = list(target)[-2:] if target is not None else [x[2] * strides[0], x[3] * strides[1]]
+    if target is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        want = [int(t) for t in list(target)[-2:]] if target is not None else [x[2] * strides[0], x[3] * strides[1]]
         for a in (0, 1):
-            total = max(full[a] - int(target[a]), 0)
-            head = total - total // 2 if auto_pad == "SAME_UPPER" else total // 2
-            pads[a], pads[a + 2] = head, total - head
+            total = max(full[a] - want[a], 0)
+            head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            pads[a], pads[a + 2] = head, full[a] - head - want[a]
+    elif auto_pad == "VALID":
+        pads = [0, 0, 0, 0]
     out = (full[0] - pads[0] - pads[2], full[1] - pads[1] - pads[3])
     if min(out) < 1:
         raise err(node, f"the output {list(out)} is empty")
@@ -78,7 +80,10 @@ def conv_transpose2d(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | N
         for j in range(kw):
             full[:, :, :, i * dh: i * dh + sh * (h - 1) + 1: sh, j * dw: j * dw + sw * (wd - 1) + 1: sw] += \
                 cols[..., i, j].transpose(0, 1, 4, 2, 3)
-    y = full.reshape(n, group * og, *full.shape[3:])[:, :, pads[0]: pads[0] + out_hw[0], pads[1]: pads[1] + out_hw[1]]
+    grow = [(0, 0)] * 3 + [(max(-pads[0], 0), max(-pads[2], 0)), (max(-pads[1], 0), max(-pads[3], 0))]
+    full = np.pad(full, grow)
+    top, left = max(pads[0], 0), max(pads[1], 0)
+    y = full.reshape(n, group * og, *full.shape[3:])[:, :, top: top + out_hw[0], left: left + out_hw[1]]
     if b is not None:
         y = y + b.reshape(1, -1, 1, 1)
     return np.ascontiguousarray(y.astype(x.dtype))

@@ -338,8 +338,9 @@ def _softmax(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) 
 
 
 def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
-    """Inference Dropout is the identity; its mask (bool from opset 10, the input's type before) is all
-    true, written as ConstantOfShape(Shape(x)) so that it folds to a constant."""
+    """Inference Dropout is the identity. Its mask (bool from opset 10, the input's type before) is all
+    true from opset 12; onnxruntime gives an all-false (zero) mask for the older forms, and so does weft.
+    It is written as ConstantOfShape(Shape(x)), which folds to a constant."""
     if a.get("is_test", 1) == 0:
         raise _unsupported(name, node.op_type, "is_test=0 (training mode) is not supported")
     if len(node.input) > 2 and node.input[2]:
@@ -350,8 +351,8 @@ def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) 
     if len(node.output) > 1 and node.output[1]:
         shape = im.graph.unique_name(f"{name}_shape")
         im.emit("Shape", node.input[:1], [shape], {}, f"{name}_mask_shape")
-        one = np.ones(1, np.bool_ if im.opset >= 10 else np.float32)
-        im.emit("ConstantOfShape", [shape], node.output[1:2], {"value": one}, f"{name}_mask")
+        fill = np.full(1, im.opset >= 12, np.bool_ if im.opset >= 10 else np.float32)
+        im.emit("ConstantOfShape", [shape], node.output[1:2], {"value": fill}, f"{name}_mask")
 
 
 def _batchnorm(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:

@@ -90,7 +90,7 @@ def test_external_weights_of_a_model_proto_name_the_missing_file():
     init.ClearField("float_data")
     init.data_location = TensorProto.EXTERNAL
     init.external_data.add(key="location", value="weights.bin")
-    with pytest.raises(ModelError, match="tensor 'w' keeps its data in the external file 'weights.bin'"):
+    with pytest.raises(ModelError, match=r"tensor 'w' keeps its data in the external file 'weights\.bin'"):
         weft.compile(model, target="cpu")
 
 

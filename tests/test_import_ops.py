@@ -312,3 +312,102 @@ def test_resize_19_with_axes():
     node = _node("Resize", ["x", "", "scales"], mode="linear", axes=[3, 2])
     model = make_model([node], {"x": [1, 2, 5, 6]}, {"y": None}, {"scales": _f32(2, 3)}, opset=19)
     assert_matches_onnxruntime(model)
+
+
+# ---- neural-network ops ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attrs", [{"size": 3}, {"size": 5, "alpha": 2e-3, "beta": 0.6, "bias": 2.0},
+                                   {"size": 1, "alpha": 0.1}], ids=str)
+def test_lrn(attrs):
+    """AlexNet's LRN (onnxruntime refuses even sizes; weft follows ONNX's window for them)."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"), _node("LRN", ["c"], **attrs)]
+    model = make_model(nodes, {"x": [2, 3, 7, 7]}, {"y": None}, {"w": rand(6, 3, 3, 3, seed=2)}, opset=7)
+    assert_matches_onnxruntime(model, rtol=2e-5)
+
+
+CONV_TRANSPOSE = [
+    {}, {"strides": [2, 2]}, {"strides": [2, 3], "pads": [1, 0, 1, 2]},
+    {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}, {"group": 2},
+    {"group": 3, "strides": [3, 2], "output_padding": [2, 1]}, {"strides": [2, 2], "output_shape": [12, 14]},
+    {"strides": [2, 2], "output_shape": [10, 12]},
+    {"strides": [2, 2], "output_shape": [10, 12], "auto_pad": "SAME_UPPER"},
+    {"strides": [2, 2], "auto_pad": "SAME_UPPER"}, {"strides": [2, 2], "auto_pad": "SAME_LOWER"},
+    {"dilations": [2, 1]},
+]
+
+
+@pytest.mark.parametrize("attrs", CONV_TRANSPOSE, ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_transpose(attrs, bias):
+    group = attrs.get("group", 1)
+    inits = {"w": rand(6, 4 // (2 if group == 2 else 1) if group != 3 else 2, 3, 3, seed=5)}
+    inputs = ["x", "w"]
+    if bias:
+        inits["b"] = rand(inits["w"].shape[1] * group, seed=6)
+        inputs.append("b")
+    model = make_model([_node("ConvTranspose", inputs, **attrs)], {"x": [2, 6, 5, 6]}, {"y": None}, inits, opset=11)
+    assert_matches_onnxruntime(model, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [7, 13])
+def test_instance_normalization(opset):
+    node = _node("InstanceNormalization", ["x", "s", "b"], epsilon=1e-3)
+    model = make_model([node], X4, {"y": None}, {"s": rand(6, seed=1), "b": rand(6, seed=2)}, opset=opset)
+    assert_matches_onnxruntime(model, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("axis", "stats"), [(-1, False), (1, True), (2, True), (-2, False)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_normalization(axis, stats, bias):
+    x = [2, 6, 5, 7]
+    norm = x[axis:]
+    inits = {"s": rand(*norm, seed=1)}
+    inputs = ["x", "s"]
+    if bias:
+        inits["b"] = rand(*norm, seed=2)
+        inputs.append("b")
+    outs = ["y", "mean", "inv"] if stats else ["y"]
+    node = _node("LayerNormalization", inputs, outs, axis=axis, epsilon=1e-4)
+    model = make_model([node], {"x": x}, dict.fromkeys(outs), inits, opset=17)
+    assert_matches_onnxruntime(model, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [7, 11])
+def test_batch_normalization_of_opset_7_with_spatial(opset):
+    attrs = {"spatial": 1} if opset < 9 else {}
+    inits = {"s": rand(6, seed=1), "b": rand(6, seed=2), "m": rand(6, seed=3), "v": np.abs(rand(6, seed=4)) + 0.5}
+    node = _node("BatchNormalization", ["x", "s", "b", "m", "v"], epsilon=1e-3, **attrs)
+    assert_matches_onnxruntime(make_model([node], X4, {"y": None}, inits, opset=opset), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [7, 10, 12, 13, 22])
+def test_dropout_with_its_mask_output(opset):
+    """The mask is all true at inference from opset 12; onnxruntime's is all false (zeros before opset 10,
+    where it has the input's type) for the older forms."""
+    inputs, inits = ["x"], {}
+    if opset >= 12:
+        inputs, inits = ["x", "ratio"], {"ratio": np.array(0.3, np.float32)}
+    nodes = [_node("Dropout", inputs, ["d", "mask"], **({"ratio": 0.3} if opset < 12 else {})),
+             helper.make_node("Relu", ["d"], ["y"])]
+    mask_type = TensorProto.BOOL if opset >= 10 else TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "drop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6]),
+                               helper.make_tensor_value_info("mask", mask_type, [2, 6])],
+                              [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
+    assert assert_matches_onnxruntime(model)[1].all() == (opset >= 12)
+
+
+def test_hardswish_mobilenet_block():
+    """MobileNetV3's conv + HardSwish + HardSigmoid squeeze-excite gate."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("HardSwish", ["c"], ["h"], name="hswish"),
+        helper.make_node("GlobalAveragePool", ["h"], ["g"], name="gap"),
+        helper.make_node("HardSigmoid", ["g"], ["gate"], name="hsig", alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", ["h", "gate"], ["y"], name="scale"),
+    ]
+    inits = {"w": rand(8, 3, 3, 3, seed=1), "b": rand(8, seed=2)}
+    assert_matches_onnxruntime(make_model(nodes, {"x": [1, 3, 8, 8]}, {"y": None}, inits, opset=14), atol=1e-5)
