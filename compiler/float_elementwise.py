@@ -1,5 +1,5 @@
 """Float elementwise and reduction ops: activations, unary math, variadic/broadcast binaries,
-comparisons and logic, ReduceMean/Max/Min/Sum, ArgMax and GlobalMaxPool.
+comparisons and logic, the Reduce* family, ArgMax and GlobalMaxPool.
 
 Kernels compute in the input's precision as onnxruntime does, except where float32 would lose more than
 rounding (sums and means accumulate in float64; erf has no numpy ufunc and runs on math.erf).
@@ -155,6 +155,12 @@ def _reducer(fn: Callable[..., np.ndarray], wide: bool) -> OpDef:
     return OpDef(infer, run)
 
 
+def _log_sum_exp(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    top = np.max(x, axis=axis, keepdims=True)
+    y = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+    return y if keepdims else np.squeeze(y, axis)
+
+
 def _argmax(node: Node, x: np.ndarray) -> np.ndarray:
     axis = int(node.attrs.get("axis", 0)) % x.ndim
     if node.attrs.get("select_last_index", 0):
@@ -199,6 +205,11 @@ ELEMENTWISE_OPS: dict[str, OpDef] = {
     "ReduceSum": _reducer(np.sum, wide=True),
     "ReduceMax": _reducer(np.max, wide=False),
     "ReduceMin": _reducer(np.min, wide=False),
+    "ReduceProd": _reducer(np.prod, wide=True),
+    "ReduceSumSquare": _reducer(lambda x, **k: np.sum(np.square(x), **k), wide=True),
+    "ReduceL1": _reducer(lambda x, **k: np.sum(np.abs(x), **k), wide=True),
+    "ReduceL2": _reducer(lambda x, **k: np.sqrt(np.sum(np.square(x), **k)), wide=True),
+    "ReduceLogSumExp": _reducer(_log_sum_exp, wide=True),
     "ArgMax": OpDef(_infer_argmax, lambda n, a: [_argmax(n, a[0])]),
     "GlobalMaxPool": OpDef(_infer_global_pool,
                            lambda n, a: [a[0].max(axis=tuple(range(2, a[0].ndim)), keepdims=True)]),

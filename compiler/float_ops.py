@@ -249,7 +249,8 @@ def _infer_matmul(node: Node, ins: list[Value | None], known: Known) -> list[tup
 
 def _infer_flatten(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
     x = _shape(node, ins[0], "the input")
-    axis = node.attrs.get("axis", 1) % (len(x) + 1) if x else 0
+    axis = int(node.attrs.get("axis", 1))
+    axis = axis + len(x) if axis < 0 else axis  # ONNX: a negative axis counts from the rank, not rank + 1
     return [((int(np.prod(x[:axis])), int(np.prod(x[axis:]))), ins[0].dtype)]  # type: ignore[union-attr]
 
 
@@ -462,6 +463,9 @@ FLOAT_OPS: dict[str, OpDef] = {
     "Slice": OpDef(_infer_by_running, _run_slice),
     "Cast": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), n.attrs["to"])],
                   lambda n, a: [a[0].astype(_np_dtype(n.attrs["to"]))]),
+    "CastLike": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), i[1].dtype)],  # type: ignore[union-attr]
+                      lambda n, a: [a[0].astype(a[1].dtype)]),
+    "Size": OpDef(lambda n, i, k: [((), "int64")], lambda n, a: [np.array(a[0].size, np.int64)]),
     **ELEMENTWISE_OPS,
     **TENSOR_OPS,
     **NN_OPS,

@@ -19,7 +19,8 @@ from weft.compiler.ir import Node, Value
 __all__ = ["RESIZE_MODES", "TENSOR_OPS", "split_sizes"]
 
 RESIZE_MODES = ("nearest", "linear")
-_TRANSFORMS = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn")
+_TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+               "tf_half_pixel_for_nn")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "legacy")
 
 
@@ -79,9 +80,16 @@ def _resize_plan(node: Node, shape: tuple[int, ...], scales: np.ndarray | None,
     rank = len(shape)
     axes = [int(a) % rank for a in node.attrs.get("axes", range(rank))]
     out, factors = list(shape), [1.0] * rank
-    if sizes is not None:
-        if node.attrs.get("keep_aspect_ratio_policy", "stretch") != "stretch":
-            raise UnsupportedError("only keep_aspect_ratio_policy 'stretch' is supported", node=node.name, op=node.op)
+    policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
+    if sizes is not None and policy in ("not_larger", "not_smaller"):  # one scale for every listed axis
+        ratios = [int(s) / shape[a] for a, s in zip(axes, sizes.reshape(-1), strict=True)]
+        scale = min(ratios) if policy == "not_larger" else max(ratios)
+        for a in axes:
+            out[a], factors[a] = int(np.round(shape[a] * scale)), scale
+    elif sizes is not None:
+        if policy != "stretch":
+            raise UnsupportedError(f"keep_aspect_ratio_policy '{policy}' is not supported", node=node.name,
+                                   op=node.op)
         for a, s in zip(axes, sizes.reshape(-1), strict=True):
             out[a], factors[a] = int(s), int(s) / shape[a]
     elif scales is not None:
@@ -105,6 +113,9 @@ def _source_coords(node: Node, size: int, out: int, scale: float) -> np.ndarray:
         return (i + 0.5) / scale
     if mode == "pytorch_half_pixel" and out == 1:
         return np.zeros(out)
+    if mode == "half_pixel_symmetric":  # centre the floor()ed output on the input
+        offset = size / 2 * (1 - out / (scale * size))
+        return offset + (i + 0.5) / scale - 0.5
     return (i + 0.5) / scale - 0.5
 
 

@@ -503,6 +503,10 @@ def _plain(*keep: str, defaults: Mapping[str, Any] | None = None) -> Converter:
     return convert
 
 
+#: Reductions whose axes became an input in opset 18 (ReduceSum's did in 13).
+_REDUCE_18 = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1", "ReduceL2",
+              "ReduceLogSumExp")
+
 _CONVERTERS: dict[str, Converter] = {
     "Conv": _conv,
     "Gemm": _plain("alpha", "beta", "transA", "transB"),
@@ -529,6 +533,8 @@ _CONVERTERS: dict[str, Converter] = {
     "Squeeze": _axes_to_input(13, 1),
     "Slice": _axes_to_input(10, 3),
     "Cast": _cast,
+    "CastLike": _plain(),
+    "Size": _plain(),
     **{op: _plain() for op in (
         "Sigmoid", "HardSwish", "Tanh", "Softplus", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal",
         "PRelu", "Max", "Min", "Pow", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or",
@@ -537,7 +543,8 @@ _CONVERTERS: dict[str, Converter] = {
     "LeakyRelu": _plain("alpha"),
     "Elu": _plain("alpha"),
     "Gelu": _plain("approximate"),
-    "ReduceMean": _reduce(18), "ReduceMax": _reduce(18), "ReduceMin": _reduce(18), "ReduceSum": _reduce(13),
+    **{op: _reduce(18) for op in _REDUCE_18},
+    "ReduceSum": _reduce(13),
     "ArgMax": _plain("axis", "keepdims", "select_last_index"),
     "LRN": _plain("size", "alpha", "beta", "bias"),
     "Transpose": _plain("perm"),
@@ -572,12 +579,12 @@ _ATTRS: dict[str, set[str]] = {
     "Squeeze": {"axes"},
     "Slice": {"starts", "ends", "axes"},
     "Cast": {"to", "saturate"},
+    "CastLike": {"saturate"},
     "HardSigmoid": {"alpha", "beta"},
     "LeakyRelu": {"alpha"},
     "Elu": {"alpha"},
     "Gelu": {"approximate"},
-    **{op: {"axes", "keepdims", "noop_with_empty_axes"}
-       for op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum")},
+    **{op: {"axes", "keepdims", "noop_with_empty_axes"} for op in (*_REDUCE_18, "ReduceSum")},
     "ArgMax": {"axis", "keepdims", "select_last_index"},
     "LRN": {"size", "alpha", "beta", "bias"},
     "Transpose": {"perm"},

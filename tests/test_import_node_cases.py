@@ -1,0 +1,162 @@
+"""onnx's own node tests (the cases behind onnx/backend/test/data/node, generated in memory by
+onnx.backend.test.case.node) for the ops weft imports, through the float graph on the reference device,
+against the outputs onnx stores for them.
+
+Weft needs static shapes, so every graph input after the first is frozen into an initializer with its test
+value (scales, axes, split sizes, a second operand). The list holds every float32 case of the ops weft
+imports that passes; what is left out, and why:
+
+- ConvTranspose 1-D and 3-D (weft's ConvTranspose is 2-D), Resize in cubic mode, with antialias or
+  tf_crop_and_resize, SplitToSequence: not supported, each an UnsupportedError naming the node.
+- Zero-sized tensors (reduce_*_empty_set, split_zero_size_splits, reshape_allowzero_reordered): weft fixes
+  a 0 dimension like a dynamic one.
+- pow_types_float32_uint32/uint64: weft has no unsigned 32/64-bit tensors.
+- resize_downsample_scales_linear_align_corners: onnx's reference maps coordinates with the unrounded
+  output size (scale * size); onnxruntime, which weft follows, with the integer output size.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+import weft
+
+CASES = """
+    abs argmax_default_axis_example argmax_default_axis_example_select_last_index argmax_default_axis_random
+    argmax_default_axis_random_select_last_index argmax_keepdims_example argmax_keepdims_example_select_last_index
+    argmax_keepdims_random argmax_keepdims_random_select_last_index argmax_negative_axis_keepdims_example
+    argmax_negative_axis_keepdims_example_select_last_index argmax_negative_axis_keepdims_random
+    argmax_negative_axis_keepdims_random_select_last_index argmax_no_keepdims_example
+    argmax_no_keepdims_example_select_last_index argmax_no_keepdims_random
+    argmax_no_keepdims_random_select_last_index convtranspose convtranspose_autopad_same convtranspose_dilations
+    convtranspose_group_2 convtranspose_group_2_image_3 convtranspose_kernel_shape convtranspose_output_shape
+    convtranspose_pad convtranspose_pads dropout_default dropout_default_mask dropout_default_mask_ratio
+    dropout_default_old dropout_default_ratio dropout_random_old elu elu_default elu_default_expanded_ver18
+    elu_example elu_example_expanded_ver18 elu_expanded_ver18 erf exp exp_example expand_dim_changed
+    expand_dim_unchanged flatten_axis0 flatten_axis1 flatten_axis2 flatten_axis3 flatten_default_axis
+    flatten_negative_axis1 flatten_negative_axis2 flatten_negative_axis3 flatten_negative_axis4 gelu_default_1
+    gelu_default_1_expanded gelu_default_2 gelu_default_2_expanded gelu_tanh_1 gelu_tanh_1_expanded gelu_tanh_2
+    gelu_tanh_2_expanded globalmaxpool globalmaxpool_precomputed greater greater_bcast greater_equal
+    greater_equal_bcast greater_equal_bcast_expanded greater_equal_expanded hardsigmoid hardsigmoid_default
+    hardsigmoid_default_expanded_ver18 hardsigmoid_example hardsigmoid_example_expanded_ver18
+    hardsigmoid_expanded_ver18 hardswish hardswish_expanded instancenorm_epsilon instancenorm_example
+    layer_normalization_2d_axis0 layer_normalization_2d_axis0_expanded layer_normalization_2d_axis0_expanded_ver18
+    layer_normalization_2d_axis1 layer_normalization_2d_axis1_expanded layer_normalization_2d_axis1_expanded_ver18
+    layer_normalization_2d_axis_negative_1 layer_normalization_2d_axis_negative_1_expanded
+    layer_normalization_2d_axis_negative_1_expanded_ver18 layer_normalization_2d_axis_negative_2
+    layer_normalization_2d_axis_negative_2_expanded layer_normalization_2d_axis_negative_2_expanded_ver18
+    layer_normalization_3d_axis0_epsilon layer_normalization_3d_axis0_epsilon_expanded
+    layer_normalization_3d_axis0_epsilon_expanded_ver18 layer_normalization_3d_axis1_epsilon
+    layer_normalization_3d_axis1_epsilon_expanded layer_normalization_3d_axis1_epsilon_expanded_ver18
+    layer_normalization_3d_axis2_epsilon layer_normalization_3d_axis2_epsilon_expanded
+    layer_normalization_3d_axis2_epsilon_expanded_ver18 layer_normalization_3d_axis_negative_1_epsilon
+    layer_normalization_3d_axis_negative_1_epsilon_expanded
+    layer_normalization_3d_axis_negative_1_epsilon_expanded_ver18 layer_normalization_3d_axis_negative_2_epsilon
+    layer_normalization_3d_axis_negative_2_epsilon_expanded
+    layer_normalization_3d_axis_negative_2_epsilon_expanded_ver18 layer_normalization_3d_axis_negative_3_epsilon
+    layer_normalization_3d_axis_negative_3_epsilon_expanded
+    layer_normalization_3d_axis_negative_3_epsilon_expanded_ver18 layer_normalization_4d_axis0
+    layer_normalization_4d_axis0_expanded layer_normalization_4d_axis0_expanded_ver18 layer_normalization_4d_axis1
+    layer_normalization_4d_axis1_expanded layer_normalization_4d_axis1_expanded_ver18 layer_normalization_4d_axis2
+    layer_normalization_4d_axis2_expanded layer_normalization_4d_axis2_expanded_ver18 layer_normalization_4d_axis3
+    layer_normalization_4d_axis3_expanded layer_normalization_4d_axis3_expanded_ver18
+    layer_normalization_4d_axis_negative_1 layer_normalization_4d_axis_negative_1_expanded
+    layer_normalization_4d_axis_negative_1_expanded_ver18 layer_normalization_4d_axis_negative_2
+    layer_normalization_4d_axis_negative_2_expanded layer_normalization_4d_axis_negative_2_expanded_ver18
+    layer_normalization_4d_axis_negative_3 layer_normalization_4d_axis_negative_3_expanded
+    layer_normalization_4d_axis_negative_3_expanded_ver18 layer_normalization_4d_axis_negative_4
+    layer_normalization_4d_axis_negative_4_expanded layer_normalization_4d_axis_negative_4_expanded_ver18
+    layer_normalization_default_axis layer_normalization_default_axis_expanded
+    layer_normalization_default_axis_expanded_ver18 leakyrelu leakyrelu_default leakyrelu_default_expanded
+    leakyrelu_example leakyrelu_example_expanded leakyrelu_expanded less less_bcast less_equal less_equal_bcast
+    less_equal_bcast_expanded less_equal_expanded log log_example lrn lrn_default matmul_1d_1d matmul_1d_3d
+    matmul_2d matmul_3d matmul_4d matmul_4d_1d matmul_bcast max_example max_float32 max_one_input max_two_inputs
+    min_example min_float32 min_one_input min_two_inputs neg neg_example pow pow_bcast_array pow_bcast_scalar
+    pow_example pow_types_float32_int32 pow_types_float32_int64 prelu_broadcast prelu_broadcast_expanded
+    prelu_example prelu_example_expanded reciprocal reciprocal_example reduce_max_default_axes_keepdim_example
+    reduce_max_default_axes_keepdims_random reduce_max_do_not_keepdims_example reduce_max_do_not_keepdims_random
+    reduce_max_keepdims_example reduce_max_keepdims_random reduce_max_negative_axes_keepdims_example
+    reduce_max_negative_axes_keepdims_random reduce_mean_default_axes_keepdims_example
+    reduce_mean_default_axes_keepdims_random reduce_mean_do_not_keepdims_example reduce_mean_do_not_keepdims_random
+    reduce_mean_keepdims_example reduce_mean_keepdims_random reduce_mean_negative_axes_keepdims_example
+    reduce_mean_negative_axes_keepdims_random reduce_min_default_axes_keepdims_example
+    reduce_min_default_axes_keepdims_random reduce_min_do_not_keepdims_example reduce_min_do_not_keepdims_random
+    reduce_min_keepdims_example reduce_min_keepdims_random reduce_min_negative_axes_keepdims_example
+    reduce_min_negative_axes_keepdims_random reduce_sum_default_axes_keepdims_example
+    reduce_sum_default_axes_keepdims_random reduce_sum_do_not_keepdims_example reduce_sum_do_not_keepdims_random
+    reduce_sum_empty_axes_input_noop reduce_sum_empty_axes_input_noop_example reduce_sum_keepdims_example
+    reduce_sum_keepdims_random reduce_sum_negative_axes_keepdims_example reduce_sum_negative_axes_keepdims_random
+    reduce_sum_square_default_axes_keepdims_example reduce_sum_square_default_axes_keepdims_example_expanded
+    reduce_sum_square_default_axes_keepdims_random reduce_sum_square_default_axes_keepdims_random_expanded
+    reduce_sum_square_do_not_keepdims_example reduce_sum_square_do_not_keepdims_example_expanded
+    reduce_sum_square_do_not_keepdims_random reduce_sum_square_do_not_keepdims_random_expanded
+    reduce_sum_square_keepdims_example reduce_sum_square_keepdims_example_expanded reduce_sum_square_keepdims_random
+    reduce_sum_square_keepdims_random_expanded reduce_sum_square_negative_axes_keepdims_example
+    reduce_sum_square_negative_axes_keepdims_example_expanded reduce_sum_square_negative_axes_keepdims_random
+    reduce_sum_square_negative_axes_keepdims_random_expanded reshape_extended_dims reshape_negative_dim
+    reshape_negative_extended_dims reshape_one_dim reshape_reduced_dims reshape_reordered_all_dims
+    reshape_reordered_last_dims reshape_zero_and_negative_dim reshape_zero_dim resize_downsample_scales_linear
+    resize_downsample_scales_linear_half_pixel_symmetric resize_downsample_scales_nearest
+    resize_downsample_sizes_linear_pytorch_half_pixel resize_downsample_sizes_nearest
+    resize_downsample_sizes_nearest_not_larger resize_downsample_sizes_nearest_not_smaller
+    resize_upsample_scales_linear resize_upsample_scales_linear_align_corners
+    resize_upsample_scales_linear_half_pixel_symmetric resize_upsample_scales_nearest
+    resize_upsample_scales_nearest_axes_2_3 resize_upsample_scales_nearest_axes_3_2 resize_upsample_sizes_nearest
+    resize_upsample_sizes_nearest_axes_2_3 resize_upsample_sizes_nearest_axes_3_2
+    resize_upsample_sizes_nearest_ceil_half_pixel resize_upsample_sizes_nearest_floor_align_corners
+    resize_upsample_sizes_nearest_not_larger resize_upsample_sizes_nearest_not_smaller
+    resize_upsample_sizes_nearest_round_prefer_ceil_asymmetric sigmoid sigmoid_example softplus softplus_example
+    softplus_example_expanded_ver18 softplus_expanded_ver18 split_1d_uneven_split_opset18
+    split_2d_uneven_split_opset18 split_equal_parts_1d_opset13 split_equal_parts_1d_opset18 split_equal_parts_2d
+    split_equal_parts_2d_opset13 split_equal_parts_default_axis_opset13 split_equal_parts_default_axis_opset18
+    split_variable_parts_1d_opset13 split_variable_parts_1d_opset18 split_variable_parts_2d_opset13
+    split_variable_parts_2d_opset18 split_variable_parts_default_axis_opset13
+    split_variable_parts_default_axis_opset18 sqrt sqrt_example squeeze squeeze_negative_axes tanh tanh_example tile
+    tile_precomputed transpose_all_permutations_0 transpose_all_permutations_1 transpose_all_permutations_2
+    transpose_all_permutations_3 transpose_all_permutations_4 transpose_all_permutations_5 transpose_default
+    unsqueeze_axis_0 unsqueeze_axis_1 unsqueeze_axis_2 unsqueeze_negative_axes unsqueeze_three_axes
+    unsqueeze_two_axes unsqueeze_unsorted_axes upsample_nearest
+""".split()
+
+
+@functools.cache
+def _cases() -> dict[str, object]:
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # onnx's generators warn about their own overflow cases
+        return {case.name: case for case in collect_testcases(None)}
+
+
+def _frozen(case: object) -> tuple[onnx.ModelProto, list[tuple[dict[str, np.ndarray], list[np.ndarray]]]]:
+    """The case's model with every graph input after the first turned into an initializer."""
+    model = onnx.ModelProto.FromString(case.model.SerializeToString())
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [vi for vi in model.graph.input if vi.name not in inits]
+    first_inputs, _ = case.data_sets[0]
+    for vi, value in list(zip(inputs, first_inputs, strict=True))[1:]:
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value, vi.name))
+        model.graph.input.remove(vi)
+    data = [({inputs[0].name: ins[0]}, list(outs)) for ins, outs in case.data_sets
+            if all(np.array_equal(a, b) for a, b in zip(ins[1:], first_inputs[1:], strict=True))]
+    return model, data
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_onnx_node_case(name):
+    case = _cases()[f"test_{name}"]
+    model, data = _frozen(case)
+    assert data
+    art = weft.compile(model, target="cpu")
+    session = weft.InferenceSession(art, device="ref")
+    for feeds, want in data:
+        got = session.run(None, feeds)
+        assert len(got) == len(want)
+        for out, a, b in zip(model.graph.output, got, want, strict=True):
+            assert a.shape == b.shape, out.name
+            np.testing.assert_allclose(a, b, rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-6), err_msg=out.name)
