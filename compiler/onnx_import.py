@@ -1,10 +1,12 @@
 """ONNX -> IR. The only module of weft that imports onnx.
 
-It reads a model (a path, bytes or a ``ModelProto``), checks what weft supports, and emits the IR with
-attributes normalized across opsets 9 to current: optional inputs that older opsets gave as attributes
-(Clip's bounds, Pad's pads, Slice's ranges, Squeeze/Unsqueeze axes) become constant inputs, Softmax
-records whether it has the pre-13 "coerce to 2-D" meaning, Dropout becomes Identity, Sum becomes a chain
-of Add, and Constant nodes become constants.
+It reads a model (a path, bytes or a ``ModelProto``; tensors kept in an external data file are read from
+the model's folder), checks what weft supports, and emits the IR with attributes normalized across opsets
+7 to current: optional inputs that older opsets gave as attributes (Clip's bounds, Pad's pads, Slice's
+ranges, Squeeze/Unsqueeze/Reduce* axes, Split's sizes, Upsample's scales) become constant inputs, Softmax
+records whether it has the pre-13 "coerce to 2-D" meaning, Upsample and the opset-10 Resize become the
+opset-11 Resize, Dropout becomes Identity (and its mask a constant), Sum becomes a chain of Add, and
+Constant nodes become constants.
 
 Dynamic input dimensions are fixed from, in order: ``input_shapes``, the shape of the calibration data
 (see :func:`weft.compiler.calibrate.sample_shapes`), and for the leading (batch) dimension only, 1.
