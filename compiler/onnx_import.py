@@ -360,11 +360,26 @@ def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) 
 def _batchnorm(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
     if a.get("training_mode", 0):
         raise _unsupported(name, node.op_type, "training_mode=1 is not supported at inference")
-    if a.get("spatial", 1) != 1:
-        raise _unsupported(name, node.op_type, "spatial=0 is not supported")
     if any(node.output[1:]):
         raise _unsupported(name, node.op_type, "the running mean/var outputs (training) are not supported")
+    if a.get("spatial", 1) != 1:
+        _per_activation_batchnorm(im, node, name, float(a.get("epsilon", 1e-5)))
+        return
     im.emit("BatchNormalization", node.input, node.output[:1], {"epsilon": float(a.get("epsilon", 1e-5))}, name)
+
+
+def _per_activation_batchnorm(im: _Importer, node: onnx.NodeProto, name: str, epsilon: float) -> None:
+    """BatchNormalization with spatial=0 (opsets 7-8): statistics per activation, shaped (C, D1, ...), so
+    it is no per-channel affine; it becomes x * inv + shift with both folded from the constant inputs."""
+    params = [im.graph.constants.get(x) for x in node.input[1:5]]
+    if any(p is None for p in params):
+        raise _unsupported(name, node.op_type, "spatial=0 needs constant scale, bias, mean and variance")
+    scale, bias, mean, var = (np.asarray(p, np.float64) for p in params)
+    inv = scale / np.sqrt(var + epsilon)
+    scaled = im.graph.unique_name(f"{name}_scaled")
+    im.emit("Mul", [node.input[0], im.const(f"{name}_inv", inv.astype(np.float32))], [scaled], {}, f"{name}_mul")
+    im.emit("Add", [scaled, im.const(f"{name}_shift", (bias - mean * inv).astype(np.float32))], node.output[:1], {},
+            name)
 
 
 def _sum(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:

@@ -245,7 +245,7 @@ def test_reshape_and_flatten(opset):
     assert_matches_onnxruntime(model)
 
 
-def test_reshape_allowzero_keeps_a_zero_as_a_size():
+def test_reshape_allowzero_attribute():
     model = make_model([_node("Reshape", ["x", "shape"], allowzero=1)], {"x": [2, 3]}, {"y": None},
                        {"shape": _i64(3, 2)}, opset=14)
     assert_matches_onnxruntime(model)
@@ -411,3 +411,38 @@ def test_hardswish_mobilenet_block():
     ]
     inits = {"w": rand(8, 3, 3, 3, seed=1), "b": rand(8, seed=2)}
     assert_matches_onnxruntime(make_model(nodes, {"x": [1, 3, 8, 8]}, {"y": None}, inits, opset=14), atol=1e-5)
+
+
+def test_every_imported_op_has_a_float_definition():
+    """What the importer accepts, the float graph can infer, fold and run (Constant, Sum, Dropout and
+    Upsample become other ops at import)."""
+    from weft.compiler.float_ops import FLOAT_OPS
+    from weft.compiler.onnx_import import SUPPORTED_OPS
+
+    rewritten = {"Constant", "Sum", "Dropout", "Upsample"}
+    assert SUPPORTED_OPS - rewritten <= set(FLOAT_OPS)
+    assert {"Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "LeakyRelu", "PRelu", "Elu", "Softplus", "Erf", "Gelu",
+            "Max", "Min", "Pow", "Sqrt", "Exp", "Neg", "Abs", "Reciprocal", "ReduceMean", "ReduceMax", "ReduceSum",
+            "GlobalMaxPool", "LRN", "Transpose", "Split", "Expand", "Tile", "Resize", "Upsample", "ConvTranspose",
+            "InstanceNormalization", "LayerNormalization", "Equal", "Where", "Less", "Greater", "And", "Not",
+            "ArgMax"} <= SUPPORTED_OPS
+
+
+def test_shape_subgraphs_on_new_ops_fold_away():
+    """A Resize whose sizes come from Shape -> Slice -> Concat -> Cast, and an Expand to the Shape of another
+    tensor, fold to constants before the float graph runs."""
+    from weft.compiler import passes
+    from weft.compiler.onnx_import import import_onnx
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Slice", ["s", "zero", "two"], ["nc"]),
+        helper.make_node("Mul", ["hw", "two"], ["hw2"]), helper.make_node("Concat", ["nc", "hw2"], ["sizes"], axis=0),
+        _node("Resize", ["x", "", "", "sizes"], ["r"], mode="nearest"),
+        helper.make_node("Shape", ["r"], ["rs"]), helper.make_node("Expand", ["b", "rs"], ["e"]),
+        helper.make_node("Add", ["r", "e"], ["y"]),
+    ]
+    inits = {"zero": _i64(0), "two": _i64(2), "hw": _i64(3, 4), "b": rand(1, 1, 1, 8, seed=4)}
+    model = make_model(nodes, {"x": [1, 2, 3, 4]}, {"y": None}, inits, opset=13)
+    graph = passes.fold_constants(passes.infer_shapes(import_onnx(model)))
+    assert [n.op for n in graph.nodes] == ["Resize", "Add"]
+    assert_matches_onnxruntime(model)
