@@ -446,3 +446,17 @@ def test_shape_subgraphs_on_new_ops_fold_away():
     graph = passes.fold_constants(passes.infer_shapes(import_onnx(model)))
     assert [n.op for n in graph.nodes] == ["Resize", "Add"]
     assert_matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize("opset", [7, 8])
+@pytest.mark.parametrize("builder", ["vgg_small", "awkward_cnn", "mlp", "small_resnet"])
+def test_test_models_converted_down_to_opsets_7_and_8(builder, opset):
+    """Whole models in their opset-7/8 forms (BatchNormalization with spatial, Dropout with ratio, Clip and
+    Pad attributes), written by onnx's version converter."""
+    from onnx import version_converter
+
+    from weft.compiler import models
+
+    model = version_converter.convert_version(models.MODELS[builder](opset=9), opset)
+    assert model.opset_import[0].version == opset
+    assert_matches_onnxruntime(model, rtol=1e-4, atol=1e-5)
