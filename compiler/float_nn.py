@@ -1,4 +1,4 @@
-"""Float neural-network ops beyond convolution: LRN, ConvTranspose (2-D), InstanceNormalization and
+"""Float neural-network ops beyond convolution: LRN, ConvTranspose (1-D, 2-D), InstanceNormalization and
 LayerNormalization. Statistics accumulate in float64 and results are cast back to the input's type."""
 
 from __future__ import annotations
@@ -31,6 +31,20 @@ def _run_lrn(node: Node, a: list[Any]) -> list[np.ndarray]:
 # ---- ConvTranspose -----------------------------------------------------------------------------------
 
 
+def _as_2d(node: Node, x: tuple[int, ...], w: tuple[int, ...]) -> tuple[Node, tuple[int, ...], tuple[int, ...]]:
+    """A 1-D ConvTranspose as the 2-D one over a height of 1: (node with 2-D attributes, x, w shapes)."""
+    if len(x) != 3 or len(w) != 3:
+        return node, x, w
+    flat = node.copy()
+    lead = {"strides": 1, "dilations": 1, "output_padding": 0, "output_shape": 1}
+    for key, one in lead.items():
+        if key in node.attrs:
+            flat.attrs[key] = (one, *node.attrs[key][-1:])
+    if "pads" in node.attrs:
+        flat.attrs["pads"] = (0, node.attrs["pads"][0], 0, node.attrs["pads"][1])
+    return flat, (x[0], x[1], 1, x[2]), (w[0], w[1], 1, w[2])
+
+
 def conv_transpose_geometry(node: Node, x: tuple[int, ...], w: tuple[int, ...]) -> tuple[tuple[int, int, int, int],
                                                                                         tuple[int, int]]:
     """(pads (top, left, bottom, right), output HW) of a 2-D ConvTranspose, with output_shape and auto_pad
@@ -38,8 +52,8 @@ def conv_transpose_geometry(node: Node, x: tuple[int, ...], w: tuple[int, ...]) 
     odd padding goes to the start (the end for SAME_UPPER), and an output larger than the full result
     appends zeros (a negative end pad)."""
     if len(x) != 4 or len(w) != 4:
-        raise UnsupportedError(f"only 2-D ConvTranspose is supported, got input {list(x)} and weights {list(w)}",
-                               node=node.name, op=node.op)
+        raise UnsupportedError(f"only 1-D and 2-D ConvTranspose are supported, got input {list(x)} and weights "
+                               f"{list(w)}", node=node.name, op=node.op)
     strides = tuple(node.attrs.get("strides", (1, 1)))
     dil = tuple(node.attrs.get("dilations", (1, 1)))
     extra = tuple(node.attrs.get("output_padding", (0, 0)))
@@ -62,7 +76,12 @@ def conv_transpose_geometry(node: Node, x: tuple[int, ...], w: tuple[int, ...]) 
 
 
 def conv_transpose2d(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-    """Each input pixel scatters its kernel-weighted copy into the output (col2im), group by group."""
+    """Each input pixel scatters its kernel-weighted copy into the output (col2im), group by group; a 1-D
+    input runs as a 2-D one of height 1."""
+    if x.ndim == 3:
+        flat, x4, w4 = _as_2d(node, x.shape, w.shape)
+        y = conv_transpose2d(flat, x.reshape(x4), w.reshape(w4), b)
+        return y.reshape(y.shape[0], y.shape[1], y.shape[3])
     n, c, h, wd = x.shape
     group = int(node.attrs.get("group", 1))
     og, kh, kw = w.shape[1], w.shape[2], w.shape[3]
@@ -94,8 +113,9 @@ def _infer_conv_transpose(node: Node, ins: list[Value | None], known: Known) -> 
     group = int(node.attrs.get("group", 1))
     if len(x) == 4 and (len(w) != 4 or w[0] != x[1] or x[1] % group):
         raise err(node, f"weights {list(w)} do not match an input with {x[1]} channels in {group} group(s)")
-    _, out = conv_transpose_geometry(node, x, w)
-    return [((x[0], w[1] * group, *out), ins[0].dtype)]  # type: ignore[union-attr]
+    flat, x4, w4 = _as_2d(node, x, w)
+    _, out = conv_transpose_geometry(flat, x4, w4)
+    return [((x[0], w[1] * group, *(out if len(x) == 4 else out[1:])), ins[0].dtype)]  # type: ignore[union-attr]
 
 
 # ---- normalizations ----------------------------------------------------------------------------------

@@ -497,8 +497,9 @@ def _resize(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -
 
 def _conv_transpose(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
     kernel = a.get("kernel_shape")
-    if kernel is not None and len(kernel) != 2:
-        raise _unsupported(name, node.op_type, f"only 2-D kernels are supported, got kernel_shape {list(kernel)}")
+    if kernel is not None and len(kernel) not in (1, 2):
+        raise _unsupported(name, node.op_type, f"only 1-D and 2-D kernels are supported, got kernel_shape "
+                                               f"{list(kernel)}")
     keep = ("dilations", "group", "output_padding", "output_shape", "pads", "strides")
     attrs: dict[str, Any] = {k: a[k] for k in keep if k in a}
     if a.get("auto_pad", "NOTSET") not in ("NOTSET", ""):

@@ -6,7 +6,7 @@ Weft needs static shapes, so every graph input after the first is frozen into an
 value (scales, axes, split sizes, a second operand). The list holds every float32 case of the ops weft
 imports that passes; what is left out, and why:
 
-- ConvTranspose 1-D and 3-D (weft's ConvTranspose is 2-D), Resize in cubic mode, with antialias or
+- ConvTranspose 3-D (weft's ConvTranspose is 1-D or 2-D), Resize in cubic mode, with antialias or
   tf_crop_and_resize, SplitToSequence: not supported, each an UnsupportedError naming the node.
 - Zero-sized tensors (reduce_*_empty_set, split_zero_size_splits, reshape_allowzero_reordered): weft fixes
   a 0 dimension like a dynamic one.
@@ -33,7 +33,8 @@ CASES = """
     argmax_negative_axis_keepdims_example_select_last_index argmax_negative_axis_keepdims_random
     argmax_negative_axis_keepdims_random_select_last_index argmax_no_keepdims_example
     argmax_no_keepdims_example_select_last_index argmax_no_keepdims_random
-    argmax_no_keepdims_random_select_last_index convtranspose convtranspose_autopad_same convtranspose_dilations
+    argmax_no_keepdims_random_select_last_index convtranspose convtranspose_1d convtranspose_autopad_same
+    convtranspose_dilations
     convtranspose_group_2 convtranspose_group_2_image_3 convtranspose_kernel_shape convtranspose_output_shape
     convtranspose_pad convtranspose_pads dropout_default dropout_default_mask dropout_default_mask_ratio
     dropout_default_old dropout_default_ratio dropout_random_old elu elu_default elu_default_expanded_ver18

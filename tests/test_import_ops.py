@@ -350,6 +350,16 @@ def test_conv_transpose(attrs, bias):
     assert_matches_onnxruntime(model, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("attrs", [{}, {"strides": [3], "pads": [1, 2], "output_padding": [1]}, {"group": 2},
+                                   {"strides": [2], "output_shape": [12]}, {"strides": [2], "auto_pad": "SAME_UPPER"}],
+                         ids=str)
+def test_conv_transpose_1d(attrs):
+    inits = {"w": rand(6, 2, 3, seed=5), "b": rand(2 * attrs.get("group", 1), seed=6)}
+    model = make_model([_node("ConvTranspose", ["x", "w", "b"], **attrs)], {"x": [2, 6, 6]}, {"y": None}, inits,
+                       opset=11)
+    assert_matches_onnxruntime(model, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("opset", [7, 13])
 def test_instance_normalization(opset):
     node = _node("InstanceNormalization", ["x", "s", "b"], epsilon=1e-3)
