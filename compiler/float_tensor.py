@@ -1,4 +1,4 @@
-"""Float layout ops: Transpose, Split, Expand, Tile and Resize (nearest and linear).
+"""Float layout ops: Transpose, Split, Expand, Tile and Resize (nearest, linear and cubic).
 
 Resize is in its opset-11+ form (inputs X, roi, scales, sizes); the importer rewrites Upsample and the
 opset-10 Resize into it with ``coordinate_transformation_mode="asymmetric"`` and ``nearest_mode="legacy"``,
@@ -18,7 +18,7 @@ from weft.compiler.ir import Node, Value
 
 __all__ = ["RESIZE_MODES", "TENSOR_OPS", "split_sizes"]
 
-RESIZE_MODES = ("nearest", "linear")
+RESIZE_MODES = ("nearest", "linear", "cubic")
 _TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
                "tf_half_pixel_for_nn")
 _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "legacy")
@@ -133,11 +133,34 @@ def _resize_axis(node: Node, x: np.ndarray, axis: int, out: int, scale: float) -
     coords = _source_coords(node, size, out, scale)
     if node.attrs.get("mode", "nearest") == "nearest":
         return np.take(x, np.clip(_nearest_index(node, coords, scale), 0, size - 1), axis=axis)
+    if node.attrs.get("mode") == "cubic":
+        return _cubic_axis(node, x, axis, coords)
     coords = np.clip(coords, 0, size - 1)
     lo = np.floor(coords).astype(np.int64)
     hi = np.minimum(lo + 1, size - 1)
     w = (coords - lo).reshape([-1 if k == axis else 1 for k in range(x.ndim)])
     return np.take(x, lo, axis=axis) * (1 - w) + np.take(x, hi, axis=axis) * w
+
+
+def _cubic_axis(node: Node, x: np.ndarray, axis: int, coords: np.ndarray) -> np.ndarray:
+    """Keys' cubic convolution over the 4 taps around each source coordinate; taps past the edges repeat the
+    edge, or with exclude_outside get weight 0 (the others renormalized)."""
+    size = x.shape[axis]
+    a = float(node.attrs.get("cubic_coeff_a", -0.75))
+    base = np.floor(coords).astype(np.int64)
+    t = coords - base
+    dist = np.stack([1 + t, t, 1 - t, 2 - t], axis=1)  # (out, 4)
+    near = (a + 2) * dist ** 3 - (a + 3) * dist ** 2 + 1
+    far = a * dist ** 3 - 5 * a * dist ** 2 + 8 * a * dist - 4 * a
+    weights = np.where(dist <= 1, near, far)
+    taps = base[:, None] + np.arange(-1, 3)[None, :]
+    if node.attrs.get("exclude_outside", 0):
+        weights = np.where((taps >= 0) & (taps < size), weights, 0)
+        weights = weights / weights.sum(axis=1, keepdims=True)
+    taps = np.clip(taps, 0, size - 1)
+    moved = np.moveaxis(x, axis, -1)
+    y = np.einsum("...ok,ok->...o", moved[..., taps], weights)
+    return np.moveaxis(y, -1, axis)
 
 
 def _check_resize(node: Node) -> None:

@@ -483,7 +483,8 @@ def _resize(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -
         if a.get("coordinate_transformation_mode") == "tf_crop_and_resize":
             raise _unsupported(name, node.op_type, "coordinate_transformation_mode 'tf_crop_and_resize' is not "
                                                    "supported")
-        keep = ("coordinate_transformation_mode", "nearest_mode", "antialias", "axes", "keep_aspect_ratio_policy")
+        keep = ("coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside", "antialias",
+                "axes", "keep_aspect_ratio_policy")
         attrs = {"mode": mode, **{k: a[k] for k in keep if k in a}}
         im.emit("Resize", node.input, node.output, attrs, name)
         return

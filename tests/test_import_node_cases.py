@@ -6,13 +6,14 @@ Weft needs static shapes, so every graph input after the first is frozen into an
 value (scales, axes, split sizes, a second operand). The list holds every float32 case of the ops weft
 imports that passes; what is left out, and why:
 
-- ConvTranspose 3-D (weft's ConvTranspose is 1-D or 2-D), Resize in cubic mode, with antialias or
-  tf_crop_and_resize, SplitToSequence: not supported, each an UnsupportedError naming the node.
+- ConvTranspose 3-D (weft's ConvTranspose is 1-D or 2-D), Resize with antialias or tf_crop_and_resize,
+  SplitToSequence: not supported, each an UnsupportedError naming the node.
 - Zero-sized tensors (reduce_*_empty_set, split_zero_size_splits, reshape_allowzero_reordered): weft fixes
   a 0 dimension like a dynamic one.
 - pow_types_float32_uint32/uint64: weft has no unsigned 32/64-bit tensors.
-- resize_downsample_scales_linear_align_corners: onnx's reference maps coordinates with the unrounded
-  output size (scale * size); onnxruntime, which weft follows, with the integer output size.
+- resize_downsample_scales_linear_align_corners, resize_downsample_scales_cubic_align_corners: onnx's
+  reference maps coordinates with the unrounded output size (scale * size); onnxruntime, which weft
+  follows, with the integer output size.
 """
 
 from __future__ import annotations
@@ -34,15 +35,14 @@ CASES = """
     argmax_negative_axis_keepdims_random_select_last_index argmax_no_keepdims_example
     argmax_no_keepdims_example_select_last_index argmax_no_keepdims_random
     argmax_no_keepdims_random_select_last_index convtranspose convtranspose_1d convtranspose_autopad_same
-    convtranspose_dilations
-    convtranspose_group_2 convtranspose_group_2_image_3 convtranspose_kernel_shape convtranspose_output_shape
-    convtranspose_pad convtranspose_pads dropout_default dropout_default_mask dropout_default_mask_ratio
-    dropout_default_old dropout_default_ratio dropout_random_old elu elu_default elu_default_expanded_ver18
-    elu_example elu_example_expanded_ver18 elu_expanded_ver18 erf exp exp_example expand_dim_changed
-    expand_dim_unchanged flatten_axis0 flatten_axis1 flatten_axis2 flatten_axis3 flatten_default_axis
-    flatten_negative_axis1 flatten_negative_axis2 flatten_negative_axis3 flatten_negative_axis4 gelu_default_1
-    gelu_default_1_expanded gelu_default_2 gelu_default_2_expanded gelu_tanh_1 gelu_tanh_1_expanded gelu_tanh_2
-    gelu_tanh_2_expanded globalmaxpool globalmaxpool_precomputed greater greater_bcast greater_equal
+    convtranspose_dilations convtranspose_group_2 convtranspose_group_2_image_3 convtranspose_kernel_shape
+    convtranspose_output_shape convtranspose_pad convtranspose_pads dropout_default dropout_default_mask
+    dropout_default_mask_ratio dropout_default_old dropout_default_ratio dropout_random_old elu elu_default
+    elu_default_expanded_ver18 elu_example elu_example_expanded_ver18 elu_expanded_ver18 erf exp exp_example
+    expand_dim_changed expand_dim_unchanged flatten_axis0 flatten_axis1 flatten_axis2 flatten_axis3
+    flatten_default_axis flatten_negative_axis1 flatten_negative_axis2 flatten_negative_axis3 flatten_negative_axis4
+    gelu_default_1 gelu_default_1_expanded gelu_default_2 gelu_default_2_expanded gelu_tanh_1 gelu_tanh_1_expanded
+    gelu_tanh_2 gelu_tanh_2_expanded globalmaxpool globalmaxpool_precomputed greater greater_bcast greater_equal
     greater_equal_bcast greater_equal_bcast_expanded greater_equal_expanded hardsigmoid hardsigmoid_default
     hardsigmoid_default_expanded_ver18 hardsigmoid_example hardsigmoid_example_expanded_ver18
     hardsigmoid_expanded_ver18 hardswish hardswish_expanded instancenorm_epsilon instancenorm_example
@@ -101,27 +101,30 @@ CASES = """
     reduce_sum_square_negative_axes_keepdims_example_expanded reduce_sum_square_negative_axes_keepdims_random
     reduce_sum_square_negative_axes_keepdims_random_expanded reshape_extended_dims reshape_negative_dim
     reshape_negative_extended_dims reshape_one_dim reshape_reduced_dims reshape_reordered_all_dims
-    reshape_reordered_last_dims reshape_zero_and_negative_dim reshape_zero_dim resize_downsample_scales_linear
+    reshape_reordered_last_dims reshape_zero_and_negative_dim reshape_zero_dim resize_downsample_scales_cubic
+    resize_downsample_scales_cubic_A_n0p5_exclude_outside resize_downsample_scales_linear
     resize_downsample_scales_linear_half_pixel_symmetric resize_downsample_scales_nearest
-    resize_downsample_sizes_linear_pytorch_half_pixel resize_downsample_sizes_nearest
+    resize_downsample_sizes_cubic resize_downsample_sizes_linear_pytorch_half_pixel resize_downsample_sizes_nearest
     resize_downsample_sizes_nearest_not_larger resize_downsample_sizes_nearest_not_smaller
-    resize_upsample_scales_linear resize_upsample_scales_linear_align_corners
-    resize_upsample_scales_linear_half_pixel_symmetric resize_upsample_scales_nearest
-    resize_upsample_scales_nearest_axes_2_3 resize_upsample_scales_nearest_axes_3_2 resize_upsample_sizes_nearest
-    resize_upsample_sizes_nearest_axes_2_3 resize_upsample_sizes_nearest_axes_3_2
-    resize_upsample_sizes_nearest_ceil_half_pixel resize_upsample_sizes_nearest_floor_align_corners
-    resize_upsample_sizes_nearest_not_larger resize_upsample_sizes_nearest_not_smaller
-    resize_upsample_sizes_nearest_round_prefer_ceil_asymmetric sigmoid sigmoid_example softplus softplus_example
-    softplus_example_expanded_ver18 softplus_expanded_ver18 split_1d_uneven_split_opset18
-    split_2d_uneven_split_opset18 split_equal_parts_1d_opset13 split_equal_parts_1d_opset18 split_equal_parts_2d
-    split_equal_parts_2d_opset13 split_equal_parts_default_axis_opset13 split_equal_parts_default_axis_opset18
-    split_variable_parts_1d_opset13 split_variable_parts_1d_opset18 split_variable_parts_2d_opset13
-    split_variable_parts_2d_opset18 split_variable_parts_default_axis_opset13
-    split_variable_parts_default_axis_opset18 sqrt sqrt_example squeeze squeeze_negative_axes tanh tanh_example tile
-    tile_precomputed transpose_all_permutations_0 transpose_all_permutations_1 transpose_all_permutations_2
-    transpose_all_permutations_3 transpose_all_permutations_4 transpose_all_permutations_5 transpose_default
-    unsqueeze_axis_0 unsqueeze_axis_1 unsqueeze_axis_2 unsqueeze_negative_axes unsqueeze_three_axes
-    unsqueeze_two_axes unsqueeze_unsorted_axes upsample_nearest
+    resize_upsample_scales_cubic resize_upsample_scales_cubic_A_n0p5_exclude_outside
+    resize_upsample_scales_cubic_align_corners resize_upsample_scales_cubic_asymmetric resize_upsample_scales_linear
+    resize_upsample_scales_linear_align_corners resize_upsample_scales_linear_half_pixel_symmetric
+    resize_upsample_scales_nearest resize_upsample_scales_nearest_axes_2_3 resize_upsample_scales_nearest_axes_3_2
+    resize_upsample_sizes_cubic resize_upsample_sizes_nearest resize_upsample_sizes_nearest_axes_2_3
+    resize_upsample_sizes_nearest_axes_3_2 resize_upsample_sizes_nearest_ceil_half_pixel
+    resize_upsample_sizes_nearest_floor_align_corners resize_upsample_sizes_nearest_not_larger
+    resize_upsample_sizes_nearest_not_smaller resize_upsample_sizes_nearest_round_prefer_ceil_asymmetric sigmoid
+    sigmoid_example softplus softplus_example softplus_example_expanded_ver18 softplus_expanded_ver18
+    split_1d_uneven_split_opset18 split_2d_uneven_split_opset18 split_equal_parts_1d_opset13
+    split_equal_parts_1d_opset18 split_equal_parts_2d split_equal_parts_2d_opset13
+    split_equal_parts_default_axis_opset13 split_equal_parts_default_axis_opset18 split_variable_parts_1d_opset13
+    split_variable_parts_1d_opset18 split_variable_parts_2d_opset13 split_variable_parts_2d_opset18
+    split_variable_parts_default_axis_opset13 split_variable_parts_default_axis_opset18 sqrt sqrt_example squeeze
+    squeeze_negative_axes tanh tanh_example tile tile_precomputed transpose_all_permutations_0
+    transpose_all_permutations_1 transpose_all_permutations_2 transpose_all_permutations_3
+    transpose_all_permutations_4 transpose_all_permutations_5 transpose_default unsqueeze_axis_0 unsqueeze_axis_1
+    unsqueeze_axis_2 unsqueeze_negative_axes unsqueeze_three_axes unsqueeze_two_axes unsqueeze_unsorted_axes
+    upsample_nearest
 """.split()
 
 

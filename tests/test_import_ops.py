@@ -283,6 +283,8 @@ RESIZE_MODES = [
     ("nearest", "align_corners", "round_prefer_ceil"), ("nearest", "pytorch_half_pixel", "ceil"),
     ("nearest", "tf_half_pixel_for_nn", "round_prefer_floor"), ("linear", "half_pixel", None),
     ("linear", "asymmetric", None), ("linear", "align_corners", None), ("linear", "pytorch_half_pixel", None),
+    ("linear", "half_pixel_symmetric", None), ("cubic", "half_pixel", None), ("cubic", "align_corners", None),
+    ("cubic", "asymmetric", None), ("cubic", "pytorch_half_pixel", None),
 ]
 
 
@@ -306,6 +308,15 @@ def test_resize_11_and_later(opset, target, mode, transform, nearest):
         inputs[1:3] = ["", ""]
     model = make_model([_node("Resize", inputs, **attrs)], {"x": [1, 2, 5, 6]}, {"y": None}, inits, opset=opset)
     assert_matches_onnxruntime(model)
+
+
+@pytest.mark.parametrize("attrs", [{"exclude_outside": 1}, {"cubic_coeff_a": -0.5},
+                                   {"cubic_coeff_a": -0.5, "exclude_outside": 1}], ids=str)
+@pytest.mark.parametrize("scales", [[1, 1, 2, 1.5], [1, 1, 0.6, 0.5]], ids=str)
+def test_resize_cubic_options(attrs, scales):
+    node = _node("Resize", ["x", "", "scales"], mode="cubic", **attrs)
+    model = make_model([node], {"x": [1, 2, 5, 6]}, {"y": None}, {"scales": _f32(*scales)}, opset=13)
+    assert_matches_onnxruntime(model, atol=1e-5)
 
 
 def test_resize_19_with_axes():
