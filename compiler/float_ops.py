@@ -498,6 +498,9 @@ def macs_of(node: Node, in_shapes: Sequence[Shape | None], out_shapes: Sequence[
     if op == "MatMul":
         a, y = in_shapes[0], out_shapes[0]
         return int(np.prod(y)) * int(a[-1])  # type: ignore[arg-type,index]
+    if op == "ConvTranspose":  # every input element meets its group's (C_out / group) x kernel weights
+        x, w = in_shapes[0], in_shapes[1]
+        return int(np.prod(x)) * int(np.prod(w[1:]))  # type: ignore[arg-type,index]
     return 0
 
 

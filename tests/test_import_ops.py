@@ -481,3 +481,12 @@ def test_test_models_converted_down_to_opsets_7_and_8(builder, opset):
     model = version_converter.convert_version(models.MODELS[builder](opset=9), opset)
     assert model.opset_import[0].version == opset
     assert_matches_onnxruntime(model, rtol=1e-4, atol=1e-5)
+
+
+def test_conv_transpose_counts_its_macs():
+    from weft.compiler.float_ops import macs_of
+    from weft.compiler.ir import Node
+
+    node = Node("ConvTranspose", ["x", "w"], ["y"], {"group": 2}, "up")
+    # 2x6x5x5 inputs, each meeting 4 output channels (of its group) x 3x3 taps
+    assert macs_of(node, [(2, 6, 5, 5), (6, 4, 3, 3)], [(2, 8, 7, 7)]) == 2 * 6 * 5 * 5 * 4 * 9
