@@ -281,8 +281,7 @@ def _window_attrs(node: onnx.NodeProto, name: str, a: dict[str, Any], *, conv: b
     out: dict[str, Any] = {"strides": tuple(a.get("strides", (1, 1))), "pads": pads}
     if len(out["strides"]) != 2:
         raise _unsupported(name, node.op_type, f"strides {list(out['strides'])} are not 2-D")
-    auto_pad = a.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    auto_pad = a.get("auto_pad", "NOTSET")
     if auto_pad not in ("NOTSET", ""):
         out["auto_pad"] = auto_pad
     if not conv:
@@ -321,8 +320,7 @@ def _clip(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> 
 
 
 def _pad(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
-    mode = a.get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = a.get("mode", "constant")
     if mode != "constant":
         raise _unsupported(name, node.op_type, f"mode '{mode}' is not supported; only 'constant'")
     if im.opset < 11:
