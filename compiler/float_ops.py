@@ -23,7 +23,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_base import Known, OpDef, Shape
+from weft.compiler.float_base import Known, OpDef, Shape, by_running
 from weft.compiler.float_base import broadcast as _broadcast
 from weft.compiler.float_base import err as _err
 from weft.compiler.float_base import need as _need
@@ -32,7 +32,7 @@ from weft.compiler.float_base import shape_of as _shape
 from weft.compiler.float_elementwise import ELEMENTWISE_OPS
 from weft.compiler.float_nn import NN_OPS
 from weft.compiler.float_tensor import TENSOR_OPS
-from weft.compiler.ir import Node, Value
+from weft.compiler.ir import Node, Value, dtype_name, numpy_dtype
 
 __all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry", "run_float_op"]
 
@@ -297,46 +297,16 @@ def _infer_pad(node: Node, ins: list[Value | None], known: Known) -> list[tuple[
     return [(out, ins[0].dtype)]  # type: ignore[union-attr]
 
 
-#: Inputs whose values (not just shapes) decide the output shape of a shape op.
-_VALUE_INPUTS = {"Slice": (1, 2, 3, 4), "Unsqueeze": (1,), "Squeeze": (1,)}
-
-
-def _infer_by_running(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
-    """Shape ops on small, statically known data: run the kernel on placeholders of the right shape."""
-    args = []
-    for k, v in enumerate(ins):
-        if v is None:
-            args.append(None)
-            continue
-        value = _need(node, known, k, "this input") if k in _VALUE_INPUTS.get(node.op, ()) else known(k)
-        args.append(value if value is not None else np.zeros(_shape(node, v, f"input {k}"),
-                                                            _np_dtype(v.dtype)))
-    outs = FLOAT_OPS[node.op].run(node, args)
-    return [(o.shape, _ir_dtype(o)) for o in outs]
-
-
 def _infer_cos(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
     shape = _need(node, known, 0, "the shape")
     value = node.attrs.get("value")
-    dtype = _ir_dtype(value) if isinstance(value, np.ndarray) else "float32"
+    dtype = dtype_name(value) if isinstance(value, np.ndarray) else "float32"
     return [(tuple(int(d) for d in shape.reshape(-1)), dtype)]
 
 
 def _infer_shape(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
     x = _shape(node, ins[0], "the input")
     return [((len(x[slice(node.attrs.get("start", 0), node.attrs.get("end"))]),), "int64")]
-
-
-def _np_dtype(name: str) -> np.dtype:
-    from weft.compiler.ir import numpy_dtype
-
-    return numpy_dtype(name)
-
-
-def _ir_dtype(array: np.ndarray) -> str:
-    from weft.compiler.ir import dtype_name
-
-    return dtype_name(np.asarray(array))
 
 
 # ---- kernels by op -----------------------------------------------------------------------------------
@@ -457,12 +427,13 @@ FLOAT_OPS: dict[str, OpDef] = {
     "ConstantOfShape": OpDef(_infer_cos, _run_cos),
     "Shape": OpDef(_infer_shape, lambda n, a: [np.array(
         a[0].shape[slice(n.attrs.get("start", 0), n.attrs.get("end"))], dtype=np.int64)]),
-    "Gather": OpDef(_infer_by_running, _run_gather),
-    "Unsqueeze": OpDef(_infer_by_running, _run_unsqueeze),
-    "Squeeze": OpDef(_infer_by_running, _run_squeeze),
-    "Slice": OpDef(_infer_by_running, _run_slice),
+    # shape ops on small, statically known data: their values (not just shapes) decide the output shape
+    "Gather": OpDef(by_running(_run_gather), _run_gather),
+    "Unsqueeze": OpDef(by_running(_run_unsqueeze, (1,)), _run_unsqueeze),
+    "Squeeze": OpDef(by_running(_run_squeeze, (1,)), _run_squeeze),
+    "Slice": OpDef(by_running(_run_slice, (1, 2, 3, 4)), _run_slice),
     "Cast": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), n.attrs["to"])],
-                  lambda n, a: [a[0].astype(_np_dtype(n.attrs["to"]))]),
+                  lambda n, a: [a[0].astype(numpy_dtype(n.attrs["to"]))]),
     "CastLike": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), i[1].dtype)],  # type: ignore[union-attr]
                       lambda n, a: [a[0].astype(a[1].dtype)]),
     "Size": OpDef(lambda n, i, k: [((), "int64")], lambda n, a: [np.array(a[0].size, np.int64)]),
