@@ -81,6 +81,18 @@ _UNARY: dict[str, Unary] = {
     "Abs": lambda n, x: np.abs(x),
     "Reciprocal": lambda n, x: np.reciprocal(x),
     "Not": lambda n, x: np.logical_not(x),
+    "Floor": lambda n, x: np.floor(x),
+    "Ceil": lambda n, x: np.ceil(x),
+    "Round": lambda n, x: np.round(x),  # halves to even, as ONNX
+    "Sign": lambda n, x: np.sign(x),
+    "Sin": lambda n, x: np.sin(x),
+    "Cos": lambda n, x: np.cos(x),
+    "Softsign": lambda n, x: x / (1 + np.abs(x)),
+    "Selu": lambda n, x: np.float32(n.attrs.get("gamma", 1.0507009873554805)) * np.where(
+        x > 0, x, np.float32(n.attrs.get("alpha", 1.6732632423543772)) * np.expm1(np.minimum(x, 0))),
+    "Celu": lambda n, x: np.maximum(x, 0) + np.minimum(0, _alpha(n, 1.0) * np.expm1(x / _alpha(n, 1.0))),
+    "ThresholdedRelu": lambda n, x: np.where(x > _alpha(n, 1.0), x, 0),
+    "Mish": lambda n, x: x * np.tanh(np.logaddexp(0, x.astype(np.float64))),
 }
 
 
@@ -191,6 +203,7 @@ ELEMENTWISE_OPS: dict[str, OpDef] = {
     **{op: _unary(fn) for op, fn in _UNARY.items()},
     "Max": _variadic(np.maximum),
     "Min": _variadic(np.minimum),
+    "Mean": OpDef(broadcast, lambda n, a: [(sum(x.astype(np.float64) for x in a) / len(a)).astype(a[0].dtype)]),
     "Pow": OpDef(broadcast, _run_pow),
     "PRelu": OpDef(_infer_prelu, lambda n, a: [np.where(a[0] >= 0, a[0], a[0] * a[1]).astype(a[0].dtype)]),
     "Equal": _compare(np.equal),

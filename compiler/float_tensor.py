@@ -1,4 +1,4 @@
-"""Float layout ops: Transpose, Split, Expand, Tile and Resize (nearest, linear and cubic).
+"""Float layout ops: Transpose, Split, Expand, Tile, Range and Resize (nearest, linear and cubic).
 
 Resize is in its opset-11+ form (inputs X, roi, scales, sizes); the importer rewrites Upsample and the
 opset-10 Resize into it with ``coordinate_transformation_mode="asymmetric"`` and ``nearest_mode="legacy"``,
@@ -194,7 +194,16 @@ def _infer_resize(node: Node, ins: list[Value | None], known: Known) -> Result:
     return [(_resize_plan(node, x, *extra)[0], ins[0].dtype)]  # type: ignore[union-attr]
 
 
+def _run_range(node: Node, a: list[Any]) -> list[np.ndarray]:
+    start, limit, delta = (x.reshape(()) for x in a)
+    if delta == 0:
+        raise err(node, "delta is 0")
+    count = max(int(np.ceil((limit - start) / delta)), 0)
+    return [(start + np.arange(count, dtype=np.result_type(start, delta)) * delta).astype(start.dtype)]
+
+
 TENSOR_OPS: dict[str, OpDef] = {
+    "Range": OpDef(by_running(_run_range, (0, 1, 2)), _run_range),
     "Transpose": OpDef(by_running(_run_transpose), _run_transpose),
     "Split": OpDef(by_running(_run_split, (1,)), _run_split),
     "Expand": OpDef(by_running(_run_expand, (1,)), _run_expand),

@@ -10,7 +10,8 @@ imports that passes; what is left out, and why:
   SplitToSequence: not supported, each an UnsupportedError naming the node.
 - Zero-sized tensors (reduce_*_empty_set, split_zero_size_splits, reshape_allowzero_reordered): weft fixes
   a 0 dimension like a dynamic one.
-- pow_types_float32_uint32/uint64: weft has no unsigned 32/64-bit tensors.
+- pow_types_float32_uint32/uint64, castlike to types other than float32: weft has no such tensors.
+- range_float_type_positive_delta: Range computes shapes; weft needs its inputs to be constants.
 - resize_downsample_scales_linear_align_corners, resize_downsample_scales_cubic_align_corners: onnx's
   reference maps coordinates with the unrounded output size (scale * size); onnxruntime, which weft
   follows, with the integer output size.
@@ -34,16 +35,17 @@ CASES = """
     argmax_negative_axis_keepdims_example_select_last_index argmax_negative_axis_keepdims_random
     argmax_negative_axis_keepdims_random_select_last_index argmax_no_keepdims_example
     argmax_no_keepdims_example_select_last_index argmax_no_keepdims_random
-    argmax_no_keepdims_random_select_last_index convtranspose convtranspose_1d convtranspose_autopad_same
-    convtranspose_dilations convtranspose_group_2 convtranspose_group_2_image_3 convtranspose_kernel_shape
-    convtranspose_output_shape convtranspose_pad convtranspose_pads dropout_default dropout_default_mask
-    dropout_default_mask_ratio dropout_default_old dropout_default_ratio dropout_random_old elu elu_default
-    elu_default_expanded_ver18 elu_example elu_example_expanded_ver18 elu_expanded_ver18 erf exp exp_example
-    expand_dim_changed expand_dim_unchanged flatten_axis0 flatten_axis1 flatten_axis2 flatten_axis3
-    flatten_default_axis flatten_negative_axis1 flatten_negative_axis2 flatten_negative_axis3 flatten_negative_axis4
-    gelu_default_1 gelu_default_1_expanded gelu_default_2 gelu_default_2_expanded gelu_tanh_1 gelu_tanh_1_expanded
-    gelu_tanh_2 gelu_tanh_2_expanded globalmaxpool globalmaxpool_precomputed greater greater_bcast greater_equal
-    greater_equal_bcast greater_equal_bcast_expanded greater_equal_expanded hardsigmoid hardsigmoid_default
+    argmax_no_keepdims_random_select_last_index ceil ceil_example celu celu_expanded convtranspose convtranspose_1d
+    convtranspose_autopad_same convtranspose_dilations convtranspose_group_2 convtranspose_group_2_image_3
+    convtranspose_kernel_shape convtranspose_output_shape convtranspose_pad convtranspose_pads cos cos_example
+    dropout_default dropout_default_mask dropout_default_mask_ratio dropout_default_old dropout_default_ratio
+    dropout_random_old elu elu_default elu_default_expanded_ver18 elu_example elu_example_expanded_ver18
+    elu_expanded_ver18 erf exp exp_example expand_dim_changed expand_dim_unchanged flatten_axis0 flatten_axis1
+    flatten_axis2 flatten_axis3 flatten_default_axis flatten_negative_axis1 flatten_negative_axis2
+    flatten_negative_axis3 flatten_negative_axis4 floor floor_example gelu_default_1 gelu_default_1_expanded
+    gelu_default_2 gelu_default_2_expanded gelu_tanh_1 gelu_tanh_1_expanded gelu_tanh_2 gelu_tanh_2_expanded
+    globalmaxpool globalmaxpool_precomputed greater greater_bcast greater_equal greater_equal_bcast
+    greater_equal_bcast_expanded greater_equal_expanded hardsigmoid hardsigmoid_default
     hardsigmoid_default_expanded_ver18 hardsigmoid_example hardsigmoid_example_expanded_ver18
     hardsigmoid_expanded_ver18 hardswish hardswish_expanded instancenorm_epsilon instancenorm_example
     layer_normalization_2d_axis0 layer_normalization_2d_axis0_expanded layer_normalization_2d_axis0_expanded_ver18
@@ -77,21 +79,22 @@ CASES = """
     leakyrelu_example leakyrelu_example_expanded leakyrelu_expanded less less_bcast less_equal less_equal_bcast
     less_equal_bcast_expanded less_equal_expanded log log_example lrn lrn_default matmul_1d_1d matmul_1d_3d
     matmul_2d matmul_3d matmul_4d matmul_4d_1d matmul_bcast max_example max_float32 max_one_input max_two_inputs
-    min_example min_float32 min_one_input min_two_inputs neg neg_example pow pow_bcast_array pow_bcast_scalar
-    pow_example pow_types_float32_int32 pow_types_float32_int64 prelu_broadcast prelu_broadcast_expanded
-    prelu_example prelu_example_expanded reciprocal reciprocal_example reduce_max_default_axes_keepdim_example
-    reduce_max_default_axes_keepdims_random reduce_max_do_not_keepdims_example reduce_max_do_not_keepdims_random
-    reduce_max_keepdims_example reduce_max_keepdims_random reduce_max_negative_axes_keepdims_example
-    reduce_max_negative_axes_keepdims_random reduce_mean_default_axes_keepdims_example
-    reduce_mean_default_axes_keepdims_random reduce_mean_do_not_keepdims_example reduce_mean_do_not_keepdims_random
-    reduce_mean_keepdims_example reduce_mean_keepdims_random reduce_mean_negative_axes_keepdims_example
-    reduce_mean_negative_axes_keepdims_random reduce_min_default_axes_keepdims_example
-    reduce_min_default_axes_keepdims_random reduce_min_do_not_keepdims_example reduce_min_do_not_keepdims_random
-    reduce_min_keepdims_example reduce_min_keepdims_random reduce_min_negative_axes_keepdims_example
-    reduce_min_negative_axes_keepdims_random reduce_sum_default_axes_keepdims_example
-    reduce_sum_default_axes_keepdims_random reduce_sum_do_not_keepdims_example reduce_sum_do_not_keepdims_random
-    reduce_sum_empty_axes_input_noop reduce_sum_empty_axes_input_noop_example reduce_sum_keepdims_example
-    reduce_sum_keepdims_random reduce_sum_negative_axes_keepdims_example reduce_sum_negative_axes_keepdims_random
+    mean_example mean_one_input mean_two_inputs min_example min_float32 min_one_input min_two_inputs mish
+    mish_expanded neg neg_example pow pow_bcast_array pow_bcast_scalar pow_example pow_types_float32_int32
+    pow_types_float32_int64 prelu_broadcast prelu_broadcast_expanded prelu_example prelu_example_expanded reciprocal
+    reciprocal_example reduce_max_default_axes_keepdim_example reduce_max_default_axes_keepdims_random
+    reduce_max_do_not_keepdims_example reduce_max_do_not_keepdims_random reduce_max_keepdims_example
+    reduce_max_keepdims_random reduce_max_negative_axes_keepdims_example reduce_max_negative_axes_keepdims_random
+    reduce_mean_default_axes_keepdims_example reduce_mean_default_axes_keepdims_random
+    reduce_mean_do_not_keepdims_example reduce_mean_do_not_keepdims_random reduce_mean_keepdims_example
+    reduce_mean_keepdims_random reduce_mean_negative_axes_keepdims_example reduce_mean_negative_axes_keepdims_random
+    reduce_min_default_axes_keepdims_example reduce_min_default_axes_keepdims_random
+    reduce_min_do_not_keepdims_example reduce_min_do_not_keepdims_random reduce_min_keepdims_example
+    reduce_min_keepdims_random reduce_min_negative_axes_keepdims_example reduce_min_negative_axes_keepdims_random
+    reduce_sum_default_axes_keepdims_example reduce_sum_default_axes_keepdims_random
+    reduce_sum_do_not_keepdims_example reduce_sum_do_not_keepdims_random reduce_sum_empty_axes_input_noop
+    reduce_sum_empty_axes_input_noop_example reduce_sum_keepdims_example reduce_sum_keepdims_random
+    reduce_sum_negative_axes_keepdims_example reduce_sum_negative_axes_keepdims_random
     reduce_sum_square_default_axes_keepdims_example reduce_sum_square_default_axes_keepdims_example_expanded
     reduce_sum_square_default_axes_keepdims_random reduce_sum_square_default_axes_keepdims_random_expanded
     reduce_sum_square_do_not_keepdims_example reduce_sum_square_do_not_keepdims_example_expanded
@@ -113,18 +116,21 @@ CASES = """
     resize_upsample_sizes_cubic resize_upsample_sizes_nearest resize_upsample_sizes_nearest_axes_2_3
     resize_upsample_sizes_nearest_axes_3_2 resize_upsample_sizes_nearest_ceil_half_pixel
     resize_upsample_sizes_nearest_floor_align_corners resize_upsample_sizes_nearest_not_larger
-    resize_upsample_sizes_nearest_not_smaller resize_upsample_sizes_nearest_round_prefer_ceil_asymmetric sigmoid
-    sigmoid_example softplus softplus_example softplus_example_expanded_ver18 softplus_expanded_ver18
+    resize_upsample_sizes_nearest_not_smaller resize_upsample_sizes_nearest_round_prefer_ceil_asymmetric round selu
+    selu_default selu_default_expanded_ver18 selu_example selu_example_expanded_ver18 selu_expanded_ver18 sigmoid
+    sigmoid_example sign sin sin_example size size_example softplus softplus_example softplus_example_expanded_ver18
+    softplus_expanded_ver18 softsign softsign_example softsign_example_expanded_ver18 softsign_expanded_ver18
     split_1d_uneven_split_opset18 split_2d_uneven_split_opset18 split_equal_parts_1d_opset13
     split_equal_parts_1d_opset18 split_equal_parts_2d split_equal_parts_2d_opset13
     split_equal_parts_default_axis_opset13 split_equal_parts_default_axis_opset18 split_variable_parts_1d_opset13
     split_variable_parts_1d_opset18 split_variable_parts_2d_opset13 split_variable_parts_2d_opset18
     split_variable_parts_default_axis_opset13 split_variable_parts_default_axis_opset18 sqrt sqrt_example squeeze
-    squeeze_negative_axes tanh tanh_example tile tile_precomputed transpose_all_permutations_0
-    transpose_all_permutations_1 transpose_all_permutations_2 transpose_all_permutations_3
-    transpose_all_permutations_4 transpose_all_permutations_5 transpose_default unsqueeze_axis_0 unsqueeze_axis_1
-    unsqueeze_axis_2 unsqueeze_negative_axes unsqueeze_three_axes unsqueeze_two_axes unsqueeze_unsorted_axes
-    upsample_nearest
+    squeeze_negative_axes tanh tanh_example thresholdedrelu thresholdedrelu_default
+    thresholdedrelu_default_expanded_ver18 thresholdedrelu_example thresholdedrelu_example_expanded_ver18
+    thresholdedrelu_expanded_ver18 tile tile_precomputed transpose_all_permutations_0 transpose_all_permutations_1
+    transpose_all_permutations_2 transpose_all_permutations_3 transpose_all_permutations_4
+    transpose_all_permutations_5 transpose_default unsqueeze_axis_0 unsqueeze_axis_1 unsqueeze_axis_2
+    unsqueeze_negative_axes unsqueeze_three_axes unsqueeze_two_axes unsqueeze_unsorted_axes upsample_nearest
 """.split()
 
 

@@ -53,10 +53,12 @@ def assert_matches_onnxruntime(model: onnx.ModelProto, seed: int = 0, rtol: floa
 UNARY = [
     ("Sigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSigmoid", {}), ("HardSwish", {}),
     ("Tanh", {}), ("LeakyRelu", {"alpha": 0.2}), ("LeakyRelu", {}), ("Elu", {"alpha": 0.7}), ("Softplus", {}),
-    ("Erf", {}), ("Exp", {}), ("Neg", {}), ("Abs", {}), ("Reciprocal", {}),
+    ("Erf", {}), ("Exp", {}), ("Neg", {}), ("Abs", {}), ("Reciprocal", {}), ("Floor", {}), ("Ceil", {}),
+    ("Round", {}), ("Sign", {}), ("Sin", {}), ("Cos", {}), ("Softsign", {}), ("Selu", {"alpha": 1.5, "gamma": 2.0}),
+    ("Selu", {}), ("Celu", {"alpha": 0.5}), ("ThresholdedRelu", {"alpha": 0.3}), ("Mish", {}),
 ]
 
-FIRST_OPSET = {"HardSwish": 14, "Erf": 9}
+FIRST_OPSET = {"HardSwish": 14, "Erf": 9, "Sign": 9, "ThresholdedRelu": 10, "Round": 11, "Celu": 12, "Mish": 18}
 UNARY_CASES = [(op, attrs, opset) for op, attrs in UNARY for opset in (7, 13, 22) if opset >= FIRST_OPSET.get(op, 7)]
 
 
@@ -93,11 +95,20 @@ def test_prelu_broadcasts_the_slope(slope):
     assert_matches_onnxruntime(model)
 
 
-@pytest.mark.parametrize("op", ["Max", "Min"])
+@pytest.mark.parametrize("op", ["Max", "Min", "Mean"])
 @pytest.mark.parametrize("opset", [8, 13])
 def test_variadic_max_min_broadcast(op, opset):
     inputs = {"x": [2, 6, 5, 7], "b": [6, 1, 7], "c": [1]}
     assert_matches_onnxruntime(make_model([_node(op, ["x", "b", "c"])], inputs, {"y": None}, opset=opset))
+
+
+def test_range_in_a_shape_subgraph_folds():
+    """Positions 0..C-1 from Range(0, Shape(x)[1], 1), as exporters write position ids."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "one"], ["c"], axis=0),
+             helper.make_node("Range", ["zero", "c", "one"], ["r"]), helper.make_node("Cast", ["r"], ["f"], to=1),
+             helper.make_node("Unsqueeze", ["f", "axes"], ["u"]), _node("Add", ["x", "u"])]
+    inits = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64), "axes": _i64(1)}
+    assert_matches_onnxruntime(make_model(nodes, {"x": [2, 6, 3]}, {"y": None}, inits, opset=13))
 
 
 def test_pow_with_float_and_int_exponents():
