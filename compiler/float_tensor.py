@@ -1,4 +1,5 @@
-"""Float layout ops: Transpose, Split, Expand, Tile, Range and Resize (nearest, linear and cubic).
+"""Float layout ops: Transpose, Split, Expand, Tile, Range and Resize (nearest, linear and cubic, with
+antialiasing).
 
 Resize is in its opset-11+ form (inputs X, roi, scales, sizes); the importer rewrites Upsample and the
 opset-10 Resize into it with ``coordinate_transformation_mode="asymmetric"`` and ``nearest_mode="legacy"``,
@@ -133,8 +134,8 @@ def _resize_axis(node: Node, x: np.ndarray, axis: int, out: int, scale: float) -
     coords = _source_coords(node, size, out, scale)
     if node.attrs.get("mode", "nearest") == "nearest":
         return np.take(x, np.clip(_nearest_index(node, coords, scale), 0, size - 1), axis=axis)
-    if node.attrs.get("mode") == "cubic":
-        return _cubic_axis(node, x, axis, coords)
+    if node.attrs.get("mode") == "cubic" or (node.attrs.get("antialias", 0) and scale < 1):
+        return _filter_axis(node, x, axis, coords, scale)
     coords = np.clip(coords, 0, size - 1)
     lo = np.floor(coords).astype(np.int64)
     hi = np.minimum(lo + 1, size - 1)
@@ -142,24 +143,36 @@ def _resize_axis(node: Node, x: np.ndarray, axis: int, out: int, scale: float) -
     return np.take(x, lo, axis=axis) * (1 - w) + np.take(x, hi, axis=axis) * w
 
 
-def _cubic_axis(node: Node, x: np.ndarray, axis: int, coords: np.ndarray) -> np.ndarray:
-    """Keys' cubic convolution over the 4 taps around each source coordinate; taps past the edges repeat the
-    edge, or with exclude_outside get weight 0 (the others renormalized)."""
+def _keys(dist: np.ndarray, a: float) -> np.ndarray:
+    """Keys' cubic convolution kernel at distances `dist` (0 from 2 on)."""
+    d = np.abs(dist)
+    near = (a + 2) * d ** 3 - (a + 3) * d ** 2 + 1
+    far = a * d ** 3 - 5 * a * d ** 2 + 8 * a * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def _filter_axis(node: Node, x: np.ndarray, axis: int, coords: np.ndarray, scale: float) -> np.ndarray:
+    """Cubic, and antialiased (downsampling) linear or cubic: a weighted sum of the taps around each source
+    coordinate. Antialiasing stretches the kernel by 1/scale (onnx's reference). Taps past the edges repeat
+    the edge, or with exclude_outside get weight 0 (the others renormalized)."""
     size = x.shape[axis]
-    a = float(node.attrs.get("cubic_coeff_a", -0.75))
-    base = np.floor(coords).astype(np.int64)
-    t = coords - base
-    dist = np.stack([1 + t, t, 1 - t, 2 - t], axis=1)  # (out, 4)
-    near = (a + 2) * dist ** 3 - (a + 3) * dist ** 2 + 1
-    far = a * dist ** 3 - 5 * a * dist ** 2 + 8 * a * dist - 4 * a
-    weights = np.where(dist <= 1, near, far)
-    taps = base[:, None] + np.arange(-1, 3)[None, :]
+    cubic = node.attrs.get("mode") == "cubic"
+    stretch = min(scale, 1.0) if node.attrs.get("antialias", 0) else 1.0
+    reach = 2 if cubic else 1
+    first = int(np.floor(-reach / stretch)) + 1
+    offsets = np.arange(first, 2 - first)
+    # the source coordinate x sits at ratio in (0, 1] past its base tap, so an integer x has its taps to the left
+    ratio = coords - np.floor(coords)
+    ratio = np.where(ratio == 0, 1.0, ratio)
+    base = np.round(coords - ratio).astype(np.int64)
+    dist = (offsets[None, :] - ratio[:, None]) * stretch
+    weights = _keys(dist, float(node.attrs.get("cubic_coeff_a", -0.75))) if cubic else np.clip(1 - np.abs(dist), 0, 1)
+    taps = base[:, None] + offsets[None, :]
     if node.attrs.get("exclude_outside", 0):
         weights = np.where((taps >= 0) & (taps < size), weights, 0)
-        weights = weights / weights.sum(axis=1, keepdims=True)
+    weights = weights / weights.sum(axis=1, keepdims=True)
     taps = np.clip(taps, 0, size - 1)
-    moved = np.moveaxis(x, axis, -1)
-    y = np.einsum("...ok,ok->...o", moved[..., taps], weights)
+    y = np.einsum("...ok,ok->...o", np.moveaxis(x, axis, -1)[..., taps], weights)
     return np.moveaxis(y, -1, axis)
 
 
@@ -170,8 +183,6 @@ def _check_resize(node: Node) -> None:
         if value is not None and value not in allowed:
             raise UnsupportedError(f"{key} '{value}' is not supported (supported: {', '.join(allowed)})",
                                    node=node.name, op=node.op)
-    if node.attrs.get("antialias", 0):
-        raise UnsupportedError("antialias is not supported", node=node.name, op=node.op)
 
 
 def _run_resize(node: Node, a: list[Any]) -> list[np.ndarray]:

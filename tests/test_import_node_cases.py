@@ -6,8 +6,8 @@ Weft needs static shapes, so every graph input after the first is frozen into an
 value (scales, axes, split sizes, a second operand). The list holds every float32 case of the ops weft
 imports that passes; what is left out, and why:
 
-- ConvTranspose 3-D (weft's ConvTranspose is 1-D or 2-D), Resize with antialias or tf_crop_and_resize,
-  SplitToSequence: not supported, each an UnsupportedError naming the node.
+- ConvTranspose 3-D (weft's ConvTranspose is 1-D or 2-D), Resize with tf_crop_and_resize, SplitToSequence:
+  not supported, each an UnsupportedError naming the node.
 - Zero-sized tensors (reduce_*_empty_set, split_zero_size_splits, reshape_allowzero_reordered): weft fixes
   a 0 dimension like a dynamic one.
 - pow_types_float32_uint32/uint64, castlike to types other than float32: weft has no such tensors.
@@ -105,9 +105,11 @@ CASES = """
     reduce_sum_square_negative_axes_keepdims_random_expanded reshape_extended_dims reshape_negative_dim
     reshape_negative_extended_dims reshape_one_dim reshape_reduced_dims reshape_reordered_all_dims
     reshape_reordered_last_dims reshape_zero_and_negative_dim reshape_zero_dim resize_downsample_scales_cubic
-    resize_downsample_scales_cubic_A_n0p5_exclude_outside resize_downsample_scales_linear
+    resize_downsample_scales_cubic_A_n0p5_exclude_outside resize_downsample_scales_cubic_antialias
+    resize_downsample_scales_linear resize_downsample_scales_linear_antialias
     resize_downsample_scales_linear_half_pixel_symmetric resize_downsample_scales_nearest
-    resize_downsample_sizes_cubic resize_downsample_sizes_linear_pytorch_half_pixel resize_downsample_sizes_nearest
+    resize_downsample_sizes_cubic resize_downsample_sizes_cubic_antialias resize_downsample_sizes_linear_antialias
+    resize_downsample_sizes_linear_pytorch_half_pixel resize_downsample_sizes_nearest
     resize_downsample_sizes_nearest_not_larger resize_downsample_sizes_nearest_not_smaller
     resize_upsample_scales_cubic resize_upsample_scales_cubic_A_n0p5_exclude_outside
     resize_upsample_scales_cubic_align_corners resize_upsample_scales_cubic_asymmetric resize_upsample_scales_linear

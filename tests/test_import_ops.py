@@ -330,6 +330,18 @@ def test_resize_cubic_options(attrs, scales):
     assert_matches_onnxruntime(model, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("transform", ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"])
+@pytest.mark.parametrize("target", [("scales", [1, 1, 0.6, 0.5]), ("scales", [1, 1, 0.3, 1.5]),
+                                    ("sizes", [1, 2, 2, 3])], ids=str)
+def test_resize_antialias_18(mode, transform, target):
+    inits = {"scales": _f32(*target[1])} if target[0] == "scales" else {"sizes": _i64(*target[1])}
+    inputs = ["x", "", "scales"] if target[0] == "scales" else ["x", "", "", "sizes"]
+    node = _node("Resize", inputs, mode=mode, antialias=1, coordinate_transformation_mode=transform)
+    model = make_model([node], {"x": [1, 2, 9, 10]}, {"y": None}, inits, opset=18)
+    assert_matches_onnxruntime(model, atol=1e-5)
+
+
 def test_resize_19_with_axes():
     node = _node("Resize", ["x", "", "scales"], mode="linear", axes=[3, 2])
     model = make_model([node], {"x": [1, 2, 5, 6]}, {"y": None}, {"scales": _f32(2, 3)}, opset=19)
