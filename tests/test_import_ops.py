@@ -513,3 +513,35 @@ def test_conv_transpose_counts_its_macs():
     node = Node("ConvTranspose", ["x", "w"], ["y"], {"group": 2}, "up")
     # 2x6x5x5 inputs, each meeting 4 output channels (of its group) x 3x3 taps
     assert macs_of(node, [(2, 6, 5, 5), (6, 4, 3, 3)], [(2, 8, 7, 7)]) == 2 * 6 * 5 * 5 * 4 * 9
+
+
+def test_transformer_block_as_exporters_write_it():
+    """Self-attention + MLP in opset 20: LayerNormalization, batched MatMul, Split with num_outputs,
+    Reshape/Transpose into heads, Softmax, Gelu and a residual, all on the float graph."""
+    d, heads = 8, 2
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g1", "b1"], ["n1"], axis=-1),
+        helper.make_node("MatMul", ["n1", "w_qkv"], ["qkv"]),
+        helper.make_node("Split", ["qkv"], ["q", "k", "v"], axis=-1, num_outputs=3),
+        *[helper.make_node("Reshape", [t, "heads"], [f"{t}h"]) for t in "qkv"],
+        *[helper.make_node("Transpose", [f"{t}h"], [f"{t}t"], perm=[0, 2, 1, 3]) for t in "qv"],
+        helper.make_node("Transpose", ["kh"], ["kt"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["qt", "kt"], ["att"]),
+        helper.make_node("Mul", ["att", "inv_sqrt"], ["scaled"]),
+        helper.make_node("Softmax", ["scaled"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vt"], ["ctx"]),
+        helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["ctx_t", "merged"], ["ctx_m"]),
+        helper.make_node("Add", ["x", "ctx_m"], ["r1"]),
+        helper.make_node("LayerNormalization", ["r1", "g2", "b2"], ["n2"], axis=-1),
+        helper.make_node("MatMul", ["n2", "w1"], ["h"]),
+        helper.make_node("Gelu", ["h"], ["a"], approximate="tanh"),
+        helper.make_node("MatMul", ["a", "w2"], ["m"]),
+        helper.make_node("Add", ["r1", "m"], ["y"]),
+    ]
+    inits = {"g1": rand(d, seed=1), "b1": rand(d, seed=2), "w_qkv": rand(d, 3 * d, seed=3, scale=0.3),
+             "heads": _i64(0, 0, heads, d // heads), "inv_sqrt": np.array(1 / np.sqrt(d // heads), np.float32),
+             "merged": _i64(0, 0, d), "g2": rand(d, seed=4), "b2": rand(d, seed=5),
+             "w1": rand(d, 4 * d, seed=6, scale=0.3), "w2": rand(4 * d, d, seed=7, scale=0.3)}
+    model = make_model(nodes, {"x": [2, 5, d]}, {"y": [2, 5, d]}, inits, opset=20)
+    assert_matches_onnxruntime(model, rtol=1e-4, atol=1e-5)
