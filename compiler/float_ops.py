@@ -142,12 +142,16 @@ def fused_conv(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, r
     return y.reshape(y.shape[0], y.shape[1]) if node.attrs.get("out_rank", 4) == 2 else y
 
 
-def softmax(x: np.ndarray, axis: int, legacy: bool) -> np.ndarray:
+def softmax(x: np.ndarray, axis: int, legacy: bool, log: bool = False) -> np.ndarray:
+    """Softmax (LogSoftmax with `log`) along `axis`."""
     axis = axis % x.ndim if x.ndim else 0
     if legacy:  # opset < 13: the input is coerced to 2-D at `axis`
-        y = softmax(x.reshape(int(np.prod(x.shape[:axis])), -1), 1, False)
+        y = softmax(x.reshape(int(np.prod(x.shape[:axis])), -1), 1, False, log)
         return y.reshape(x.shape)
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    shifted = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    if log:
+        return shifted - np.log(e.sum(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
 
 
@@ -424,6 +428,8 @@ FLOAT_OPS: dict[str, OpDef] = {
     "Pad": OpDef(_infer_pad, _run_pad),
     "Softmax": OpDef(_same, lambda n, a: [softmax(a[0], n.attrs.get("axis", -1), n.attrs.get("legacy", False))
                                           .astype(np.float32)]),
+    "LogSoftmax": OpDef(_same, lambda n, a: [softmax(a[0], n.attrs.get("axis", -1), n.attrs.get("legacy", False),
+                                                     log=True).astype(np.float32)]),
     "ConstantOfShape": OpDef(_infer_cos, _run_cos),
     "Shape": OpDef(_infer_shape, lambda n, a: [np.array(
         a[0].shape[slice(n.attrs.get("start", 0), n.attrs.get("end"))], dtype=np.int64)]),

@@ -3,10 +3,10 @@
 It reads a model (a path, bytes or a ``ModelProto``; tensors kept in an external data file are read from
 the model's folder), checks what weft supports, and emits the IR with attributes normalized across opsets
 7 to current: optional inputs that older opsets gave as attributes (Clip's bounds, Pad's pads, Slice's
-ranges, Squeeze/Unsqueeze/Reduce* axes, Split's sizes, Upsample's scales) become constant inputs, Softmax
-records whether it has the pre-13 "coerce to 2-D" meaning, Upsample and the opset-10 Resize become the
-opset-11 Resize, Dropout becomes Identity (and its mask a constant), Sum becomes a chain of Add, and
-Constant nodes become constants.
+ranges, Squeeze/Unsqueeze/Reduce* axes, Split's sizes, Upsample's scales) become constant inputs,
+Softmax and LogSoftmax record whether they have the pre-13 "coerce to 2-D" meaning, Upsample and the
+opset-10 Resize become the opset-11 Resize, Dropout becomes Identity (and its mask a constant), Sum
+becomes a chain of Add, and Constant nodes become constants.
 
 Dynamic input dimensions are fixed from, in order: ``input_shapes``, the shape of the calibration data
 (see :func:`weft.compiler.calibrate.sample_shapes`), and for the leading (batch) dimension only, 1.
@@ -334,7 +334,7 @@ def _pad(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> N
 def _softmax(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
     legacy = im.opset < 13
     axis = int(a.get("axis", 1 if legacy else -1))
-    im.emit("Softmax", node.input, node.output, {"axis": axis, "legacy": legacy}, name)
+    im.emit(node.op_type, node.input, node.output, {"axis": axis, "legacy": legacy}, name)
 
 
 def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
@@ -540,6 +540,7 @@ _CONVERTERS: dict[str, Converter] = {
     "Concat": _plain("axis"),
     "Pad": _pad,
     "Softmax": _softmax,
+    "LogSoftmax": _softmax,
     "Dropout": _dropout,
     "Identity": _plain(),
     "Constant": _constant,
@@ -590,6 +591,7 @@ _ATTRS: dict[str, set[str]] = {
     "Concat": {"axis"},
     "Pad": {"mode", "pads", "value"},
     "Softmax": {"axis"},
+    "LogSoftmax": {"axis"},
     "Dropout": {"ratio", "is_test", "seed"},
     "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints", "sparse_value",
                  "value_string", "value_strings"},

@@ -111,6 +111,13 @@ def test_range_in_a_shape_subgraph_folds():
     assert_matches_onnxruntime(make_model(nodes, {"x": [2, 6, 3]}, {"y": None}, inits, opset=13))
 
 
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize(("opset", "axis"), [(7, None), (11, 2), (13, None), (13, 1)], ids=str)
+def test_softmax_and_log_softmax_across_opsets(op, opset, axis):
+    node = _node(op, ["x"], **({} if axis is None else {"axis": axis}))
+    assert_matches_onnxruntime(make_model([node], X4, {"y": None}, opset=opset))
+
+
 def test_pow_with_float_and_int_exponents():
     nodes = [_node("Pow", ["x", "e"], ["p"]), helper.make_node("Pow", ["p", "k"], ["y"])]
     model = make_model(nodes, {"x": [3, 4]}, {"y": None}, {"e": _f32(2.0, 0.5, 1.5, 3.0), "k": _i64(2)}, opset=15)
