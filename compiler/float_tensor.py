@@ -1,4 +1,4 @@
-"""Float layout ops: Transpose, Split, Expand, Tile, Range and Resize (nearest, linear and cubic, with
+"""Float layout ops: Transpose, Split, Expand, Tile, Range, GatherElements and Resize (nearest, linear and cubic, with
 antialiasing).
 
 Resize is in its opset-11+ form (inputs X, roi, scales, sizes); the importer rewrites Upsample and the
@@ -205,6 +205,13 @@ def _infer_resize(node: Node, ins: list[Value | None], known: Known) -> Result:
     return [(_resize_plan(node, x, *extra)[0], ins[0].dtype)]  # type: ignore[union-attr]
 
 
+def _run_gather_elements(node: Node, a: list[Any]) -> list[np.ndarray]:
+    x, idx = a
+    axis = int(node.attrs.get("axis", 0)) % x.ndim
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return [np.take_along_axis(x, idx.astype(np.int64), axis=axis)]
+
+
 def _run_range(node: Node, a: list[Any]) -> list[np.ndarray]:
     start, limit, delta = (x.reshape(()) for x in a)
     if delta == 0:
@@ -215,6 +222,7 @@ def _run_range(node: Node, a: list[Any]) -> list[np.ndarray]:
 
 TENSOR_OPS: dict[str, OpDef] = {
     "Range": OpDef(by_running(_run_range, (0, 1, 2)), _run_range),
+    "GatherElements": OpDef(by_running(_run_gather_elements), _run_gather_elements),
     "Transpose": OpDef(by_running(_run_transpose), _run_transpose),
     "Split": OpDef(by_running(_run_split, (1,)), _run_split),
     "Expand": OpDef(by_running(_run_expand, (1,)), _run_expand),

@@ -7,8 +7,8 @@ value (scales, axes, split sizes, a second operand). The list holds every case o
 whose first input is float32 (weft compiles float32 models), except these, left out and why:
 
 - ConvTranspose 3-D (weft's ConvTranspose is 1-D or 2-D), 1-D and 3-D pools and dilated pools, MaxPool's
-  Indices output, BatchNormalization in training mode, Resize with tf_crop_and_resize, SplitToSequence,
-  GatherElements: not supported, each an UnsupportedError naming the node.
+  Indices output, BatchNormalization in training mode, Resize with tf_crop_and_resize, SplitToSequence: not
+  supported, each an UnsupportedError naming the node.
 - Zero-sized tensors (reduce_*_empty_set, split_zero_size_splits, reshape_allowzero_reordered): weft fixes
   a 0 dimension like a dynamic one.
 - pow_types_float32_uint32/uint64, cast/castlike to types weft has no tensors of (float16, bfloat16, the
@@ -56,25 +56,26 @@ CASES = """
     elu_default elu_default_expanded_ver18 elu_example elu_example_expanded_ver18 elu_expanded_ver18 erf exp
     exp_example expand_dim_changed expand_dim_unchanged flatten_axis0 flatten_axis1 flatten_axis2 flatten_axis3
     flatten_default_axis flatten_negative_axis1 flatten_negative_axis2 flatten_negative_axis3 flatten_negative_axis4
-    floor floor_example gather_0 gather_1 gather_2d_indices gather_negative_indices gelu_default_1
-    gelu_default_1_expanded gelu_default_2 gelu_default_2_expanded gelu_tanh_1 gelu_tanh_1_expanded gelu_tanh_2
-    gelu_tanh_2_expanded gemm_all_attributes gemm_alpha gemm_beta gemm_default_matrix_bias gemm_default_no_bias
-    gemm_default_scalar_bias gemm_default_single_elem_vector_bias gemm_default_vector_bias gemm_default_zero_bias
-    gemm_transposeA gemm_transposeB globalaveragepool globalaveragepool_precomputed globalmaxpool
-    globalmaxpool_precomputed greater greater_bcast greater_equal greater_equal_bcast greater_equal_bcast_expanded
-    greater_equal_expanded hardsigmoid hardsigmoid_default hardsigmoid_default_expanded_ver18 hardsigmoid_example
-    hardsigmoid_example_expanded_ver18 hardsigmoid_expanded_ver18 hardswish hardswish_expanded identity
-    instancenorm_epsilon instancenorm_example layer_normalization_2d_axis0 layer_normalization_2d_axis0_expanded
-    layer_normalization_2d_axis0_expanded_ver18 layer_normalization_2d_axis1 layer_normalization_2d_axis1_expanded
-    layer_normalization_2d_axis1_expanded_ver18 layer_normalization_2d_axis_negative_1
-    layer_normalization_2d_axis_negative_1_expanded layer_normalization_2d_axis_negative_1_expanded_ver18
-    layer_normalization_2d_axis_negative_2 layer_normalization_2d_axis_negative_2_expanded
-    layer_normalization_2d_axis_negative_2_expanded_ver18 layer_normalization_3d_axis0_epsilon
-    layer_normalization_3d_axis0_epsilon_expanded layer_normalization_3d_axis0_epsilon_expanded_ver18
-    layer_normalization_3d_axis1_epsilon layer_normalization_3d_axis1_epsilon_expanded
-    layer_normalization_3d_axis1_epsilon_expanded_ver18 layer_normalization_3d_axis2_epsilon
-    layer_normalization_3d_axis2_epsilon_expanded layer_normalization_3d_axis2_epsilon_expanded_ver18
-    layer_normalization_3d_axis_negative_1_epsilon layer_normalization_3d_axis_negative_1_epsilon_expanded
+    floor floor_example gather_0 gather_1 gather_2d_indices gather_elements_0 gather_elements_1
+    gather_elements_negative_indices gather_negative_indices gelu_default_1 gelu_default_1_expanded gelu_default_2
+    gelu_default_2_expanded gelu_tanh_1 gelu_tanh_1_expanded gelu_tanh_2 gelu_tanh_2_expanded gemm_all_attributes
+    gemm_alpha gemm_beta gemm_default_matrix_bias gemm_default_no_bias gemm_default_scalar_bias
+    gemm_default_single_elem_vector_bias gemm_default_vector_bias gemm_default_zero_bias gemm_transposeA
+    gemm_transposeB globalaveragepool globalaveragepool_precomputed globalmaxpool globalmaxpool_precomputed greater
+    greater_bcast greater_equal greater_equal_bcast greater_equal_bcast_expanded greater_equal_expanded hardsigmoid
+    hardsigmoid_default hardsigmoid_default_expanded_ver18 hardsigmoid_example hardsigmoid_example_expanded_ver18
+    hardsigmoid_expanded_ver18 hardswish hardswish_expanded identity instancenorm_epsilon instancenorm_example
+    layer_normalization_2d_axis0 layer_normalization_2d_axis0_expanded layer_normalization_2d_axis0_expanded_ver18
+    layer_normalization_2d_axis1 layer_normalization_2d_axis1_expanded layer_normalization_2d_axis1_expanded_ver18
+    layer_normalization_2d_axis_negative_1 layer_normalization_2d_axis_negative_1_expanded
+    layer_normalization_2d_axis_negative_1_expanded_ver18 layer_normalization_2d_axis_negative_2
+    layer_normalization_2d_axis_negative_2_expanded layer_normalization_2d_axis_negative_2_expanded_ver18
+    layer_normalization_3d_axis0_epsilon layer_normalization_3d_axis0_epsilon_expanded
+    layer_normalization_3d_axis0_epsilon_expanded_ver18 layer_normalization_3d_axis1_epsilon
+    layer_normalization_3d_axis1_epsilon_expanded layer_normalization_3d_axis1_epsilon_expanded_ver18
+    layer_normalization_3d_axis2_epsilon layer_normalization_3d_axis2_epsilon_expanded
+    layer_normalization_3d_axis2_epsilon_expanded_ver18 layer_normalization_3d_axis_negative_1_epsilon
+    layer_normalization_3d_axis_negative_1_epsilon_expanded
     layer_normalization_3d_axis_negative_1_epsilon_expanded_ver18 layer_normalization_3d_axis_negative_2_epsilon
     layer_normalization_3d_axis_negative_2_epsilon_expanded
     layer_normalization_3d_axis_negative_2_epsilon_expanded_ver18 layer_normalization_3d_axis_negative_3_epsilon
