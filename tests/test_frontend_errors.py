@@ -33,15 +33,11 @@ def test_unsupported_op_names_node_and_op():
 
 
 @pytest.mark.parametrize(("attrs", "pattern"), [
-    ({"group": 3, "kernel_shape": [3, 3]}, r"node 'the_conv' \(Conv\): group=3 .*only group=1"),
     ({"dilations": [2, 2]}, r"node 'the_conv' \(Conv\): dilations \[2, 2\] are not supported"),
     ({"kernel_shape": [3, 3, 3]}, r"node 'the_conv' \(Conv\): only 2-D windows"),
 ])
 def test_unsupported_conv_attributes_name_what_is_missing(attrs, pattern):
     model = _conv_model(**attrs)
-    if "group" in attrs:
-        model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], name="the_conv", **attrs)],
-                           {"x": [1, 3, 8, 8]}, {"y": None}, {"w": rand(3, 1, 3, 3)})
     with pytest.raises(UnsupportedError, match=pattern):
         weft.compile(model, target="cpu")
 
