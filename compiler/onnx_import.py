@@ -214,7 +214,10 @@ class _Importer:
         self.defined.update(o for o in outputs if o)
 
     def node_name(self, node: onnx.NodeProto, k: int) -> str:
-        base = node.name or f"{node.op_type}_{k}"
+        return self.fresh_node_name(node.name or f"{node.op_type}_{k}")
+
+    def fresh_node_name(self, base: str) -> str:
+        """A node name no other node has."""
         name, n = base, 1
         while name in self._names:
             name, n = f"{base}_{n}", n + 1
@@ -233,8 +236,9 @@ class _Importer:
             g.inputs.append(name)
             g.values[name] = Value(name, shape, "float32")
             self.defined.add(name)
-        for k, node in enumerate(self.model.graph.node):
-            name = self.node_name(node, k)
+        # the model's node names first, so that the nodes the converters add take other names
+        names = [self.node_name(node, k) for k, node in enumerate(self.model.graph.node)]
+        for node, name in zip(self.model.graph.node, names, strict=True):
             if node.domain not in ("", "ai.onnx"):
                 raise UnsupportedError(f"operator domain '{node.domain}' is not supported", node=name,
                                        op=node.op_type)
@@ -350,9 +354,9 @@ def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) 
     im.emit("Identity", node.input[:1], node.output[:1], {}, name)
     if len(node.output) > 1 and node.output[1]:
         shape = im.graph.unique_name(f"{name}_shape")
-        im.emit("Shape", node.input[:1], [shape], {}, f"{name}_mask_shape")
+        im.emit("Shape", node.input[:1], [shape], {}, im.fresh_node_name(f"{name}_mask_shape"))
         fill = np.full(1, im.opset >= 12, np.bool_ if im.opset >= 10 else np.float32)
-        im.emit("ConstantOfShape", [shape], node.output[1:2], {"value": fill}, f"{name}_mask")
+        im.emit("ConstantOfShape", [shape], node.output[1:2], {"value": fill}, im.fresh_node_name(f"{name}_mask"))
 
 
 def _batchnorm(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
@@ -375,7 +379,8 @@ def _per_activation_batchnorm(im: _Importer, node: onnx.NodeProto, name: str, ep
     scale, bias, mean, var = (np.asarray(p, np.float64) for p in params)
     inv = scale / np.sqrt(var + epsilon)
     scaled = im.graph.unique_name(f"{name}_scaled")
-    im.emit("Mul", [node.input[0], im.const(f"{name}_inv", inv.astype(np.float32))], [scaled], {}, f"{name}_mul")
+    im.emit("Mul", [node.input[0], im.const(f"{name}_inv", inv.astype(np.float32))], [scaled], {},
+            im.fresh_node_name(f"{name}_mul"))
     im.emit("Add", [scaled, im.const(f"{name}_shift", (bias - mean * inv).astype(np.float32))], node.output[:1], {},
             name)
 
@@ -389,7 +394,7 @@ def _sum(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> N
     for k, x in enumerate(inputs[1:]):
         last = k == len(inputs) - 2
         out = node.output[0] if last else im.graph.unique_name(f"{name}_partial{k}")
-        im.emit("Add", [acc, x], [out], {}, name if last else f"{name}_add{k}")
+        im.emit("Add", [acc, x], [out], {}, name if last else im.fresh_node_name(f"{name}_add{k}"))
         acc = out
 
 

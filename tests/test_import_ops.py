@@ -552,3 +552,15 @@ def test_transformer_block_as_exporters_write_it():
              "w1": rand(d, 4 * d, seed=6, scale=0.3), "w2": rand(4 * d, d, seed=7, scale=0.3)}
     model = make_model(nodes, {"x": [2, 5, d]}, {"y": [2, 5, d]}, inits, opset=20)
     assert_matches_onnxruntime(model, rtol=1e-4, atol=1e-5)
+
+
+def test_nodes_the_importer_adds_do_not_take_the_models_node_names():
+    nodes = [helper.make_node("Dropout", ["x", "ratio"], ["d", "mask"], name="drop"),
+             helper.make_node("Relu", ["d"], ["y"], name="drop_mask"),
+             helper.make_node("Not", ["mask"], ["nm"], name="drop_mask_shape")]
+    model = make_model(nodes, {"x": [2, 3]}, {"y": None}, {"ratio": np.array(0.5, np.float32)})
+    from weft.compiler.onnx_import import import_onnx
+
+    ops = {n.name: n.op for n in import_onnx(model).nodes}
+    assert len(ops) == 5 and (ops["drop"], ops["drop_mask"], ops["drop_mask_shape"]) == ("Identity", "Relu", "Not")
+    assert_matches_onnxruntime(model)
