@@ -39,7 +39,8 @@ def _source(model: Any) -> tuple[onnx.ModelProto, dict[str, Any]]:
         path = Path(model)
         if path.is_file():
             data = path.read_bytes()
-            return load_model(data, str(path)), {"name": path.name, "sha256": hashlib.sha256(data).hexdigest()}
+            source = {"name": path.name, "sha256": hashlib.sha256(data).hexdigest()}
+            return load_model(data, str(path), path.parent), source
         return load_model(path), {"name": path.name}
     if isinstance(model, (bytes, bytearray)):
         return load_model(bytes(model)), {"name": None, "sha256": hashlib.sha256(model).hexdigest()}

@@ -6,6 +6,10 @@ graph run on sample inputs) and the float host layers of the runtime (softmax, a
 inputs that older opsets gave as attributes (Clip's bounds, Pad's pads, Slice's ranges, the axes of
 Squeeze/Unsqueeze) are always inputs here, and pads are always explicit (top, left, bottom, right).
 
+Activations, math, comparisons and reductions live in :mod:`~weft.compiler.float_elementwise`, layout ops
+(Transpose, Split, Expand, Tile, Resize) in :mod:`~weft.compiler.float_tensor`, LRN, ConvTranspose and the
+normalizations in :mod:`~weft.compiler.float_nn`; ``FLOAT_OPS`` merges their tables.
+
 Two ops exist only in the IR: ``FusedConv`` (conv or dense + bias + optional residual add + optional
 ReLU/clip, made by the fusion pass) and ``ChannelAffine`` (a per-channel ``x * scale + shift``).
 """
@@ -13,50 +17,25 @@ ReLU/clip, made by the fusion pass) and ``ChannelAffine`` (a per-channel ``x * s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from weft.compiler.errors import ModelError, UnsupportedError
-from weft.compiler.ir import Node, Value
+from weft.compiler.errors import UnsupportedError
+from weft.compiler.float_base import Known, OpDef, Shape, by_running
+from weft.compiler.float_base import broadcast as _broadcast
+from weft.compiler.float_base import err as _err
+from weft.compiler.float_base import need as _need
+from weft.compiler.float_base import same as _same
+from weft.compiler.float_base import shape_of as _shape
+from weft.compiler.float_elementwise import ELEMENTWISE_OPS
+from weft.compiler.float_nn import NN_OPS
+from weft.compiler.float_tensor import TENSOR_OPS
+from weft.compiler.ir import Node, Value, dtype_name, numpy_dtype
 from weft.compiler.qdq import FAKE_QUANT, fake_quant, quantize_dtype, run_dequantize, run_quantize
 
 __all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry", "run_float_op"]
-
-Shape = tuple[int, ...]
-#: Resolves input k to its value when statically known (a constant or a folded shape), else None.
-Known = Callable[[int], "np.ndarray | None"]
-
-
-@dataclass(frozen=True)
-class OpDef:
-    """Shape rule and kernel of one op. ``infer(node, inputs, known)`` returns (shape, dtype) per output;
-    ``run(node, arrays)`` returns the output arrays (absent optional inputs are None)."""
-
-    infer: Callable[[Node, list[Value | None], Known], list[tuple[Shape, str]]]
-    run: Callable[[Node, list[Any]], list[np.ndarray]]
-
-
-def _err(node: Node, message: str) -> ModelError:
-    return ModelError(message, node=node.name, op=node.op)
-
-
-def _shape(node: Node, v: Value | None, what: str) -> Shape:
-    if v is None or v.shape is None:
-        raise _err(node, f"the shape of {what} is unknown")
-    return v.shape
-
-
-def _need(node: Node, known: Known, k: int, what: str) -> np.ndarray:
-    value = known(k)
-    if value is None:
-        raise UnsupportedError(
-            f"{what} (input {k}, '{node.inputs[k]}') must be a constant or fold to one; it depends on "
-            "runtime data", node=node.name, op=node.op)
-    return value
-
 
 # ---- geometry ----------------------------------------------------------------------------------------
 
@@ -164,12 +143,16 @@ def fused_conv(node: Node, x: np.ndarray, w: np.ndarray, b: np.ndarray | None, r
     return y.reshape(y.shape[0], y.shape[1]) if node.attrs.get("out_rank", 4) == 2 else y
 
 
-def softmax(x: np.ndarray, axis: int, legacy: bool) -> np.ndarray:
+def softmax(x: np.ndarray, axis: int, legacy: bool, log: bool = False) -> np.ndarray:
+    """Softmax (LogSoftmax with `log`) along `axis`."""
     axis = axis % x.ndim if x.ndim else 0
     if legacy:  # opset < 13: the input is coerced to 2-D at `axis`
-        y = softmax(x.reshape(int(np.prod(x.shape[:axis])), -1), 1, False)
+        y = softmax(x.reshape(int(np.prod(x.shape[:axis])), -1), 1, False, log)
         return y.reshape(x.shape)
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    shifted = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    if log:
+        return shifted - np.log(e.sum(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
 
 
@@ -212,20 +195,6 @@ def _axes(node: Node, axes: np.ndarray | None, rank: int) -> list[int]:
 
 
 # ---- shape rules -------------------------------------------------------------------------------------
-
-
-def _same(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
-    v = ins[0]
-    return [(_shape(node, v, "the input"), v.dtype)]  # type: ignore[union-attr]
-
-
-def _broadcast(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
-    shapes = [_shape(node, v, f"input {k}") for k, v in enumerate(ins)]
-    try:
-        out = np.broadcast_shapes(*shapes)
-    except ValueError:
-        raise _err(node, f"input shapes {[list(s) for s in shapes]} do not broadcast") from None
-    return [(tuple(out), ins[0].dtype)]  # type: ignore[union-attr]
 
 
 def _infer_conv(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
@@ -285,7 +254,8 @@ def _infer_matmul(node: Node, ins: list[Value | None], known: Known) -> list[tup
 
 def _infer_flatten(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
     x = _shape(node, ins[0], "the input")
-    axis = node.attrs.get("axis", 1) % (len(x) + 1) if x else 0
+    axis = int(node.attrs.get("axis", 1))
+    axis = axis + len(x) if axis < 0 else axis  # ONNX: a negative axis counts from the rank, not rank + 1
     return [((int(np.prod(x[:axis])), int(np.prod(x[axis:]))), ins[0].dtype)]  # type: ignore[union-attr]
 
 
@@ -332,46 +302,16 @@ def _infer_pad(node: Node, ins: list[Value | None], known: Known) -> list[tuple[
     return [(out, ins[0].dtype)]  # type: ignore[union-attr]
 
 
-#: Inputs whose values (not just shapes) decide the output shape of a shape op.
-_VALUE_INPUTS = {"Slice": (1, 2, 3, 4), "Unsqueeze": (1,), "Squeeze": (1,)}
-
-
-def _infer_by_running(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
-    """Shape ops on small, statically known data: run the kernel on placeholders of the right shape."""
-    args = []
-    for k, v in enumerate(ins):
-        if v is None:
-            args.append(None)
-            continue
-        value = _need(node, known, k, "this input") if k in _VALUE_INPUTS.get(node.op, ()) else known(k)
-        args.append(value if value is not None else np.zeros(_shape(node, v, f"input {k}"),
-                                                            _np_dtype(v.dtype)))
-    outs = FLOAT_OPS[node.op].run(node, args)
-    return [(o.shape, _ir_dtype(o)) for o in outs]
-
-
 def _infer_cos(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
     shape = _need(node, known, 0, "the shape")
     value = node.attrs.get("value")
-    dtype = _ir_dtype(value) if isinstance(value, np.ndarray) else "float32"
+    dtype = dtype_name(value) if isinstance(value, np.ndarray) else "float32"
     return [(tuple(int(d) for d in shape.reshape(-1)), dtype)]
 
 
 def _infer_shape(node: Node, ins: list[Value | None], known: Known) -> list[tuple[Shape, str]]:
     x = _shape(node, ins[0], "the input")
     return [((len(x[slice(node.attrs.get("start", 0), node.attrs.get("end"))]),), "int64")]
-
-
-def _np_dtype(name: str) -> np.dtype:
-    from weft.compiler.ir import numpy_dtype
-
-    return numpy_dtype(name)
-
-
-def _ir_dtype(array: np.ndarray) -> str:
-    from weft.compiler.ir import dtype_name
-
-    return dtype_name(np.asarray(array))
 
 
 # ---- kernels by op -----------------------------------------------------------------------------------
@@ -489,21 +429,30 @@ FLOAT_OPS: dict[str, OpDef] = {
     "Pad": OpDef(_infer_pad, _run_pad),
     "Softmax": OpDef(_same, lambda n, a: [softmax(a[0], n.attrs.get("axis", -1), n.attrs.get("legacy", False))
                                           .astype(np.float32)]),
+    "LogSoftmax": OpDef(_same, lambda n, a: [softmax(a[0], n.attrs.get("axis", -1), n.attrs.get("legacy", False),
+                                                     log=True).astype(np.float32)]),
     "ConstantOfShape": OpDef(_infer_cos, _run_cos),
     "Shape": OpDef(_infer_shape, lambda n, a: [np.array(
         a[0].shape[slice(n.attrs.get("start", 0), n.attrs.get("end"))], dtype=np.int64)]),
-    "Gather": OpDef(_infer_by_running, _run_gather),
-    "Unsqueeze": OpDef(_infer_by_running, _run_unsqueeze),
-    "Squeeze": OpDef(_infer_by_running, _run_squeeze),
-    "Slice": OpDef(_infer_by_running, _run_slice),
+    # shape ops on small, statically known data: their values (not just shapes) decide the output shape
+    "Gather": OpDef(by_running(_run_gather), _run_gather),
+    "Unsqueeze": OpDef(by_running(_run_unsqueeze, (1,)), _run_unsqueeze),
+    "Squeeze": OpDef(by_running(_run_squeeze, (1,)), _run_squeeze),
+    "Slice": OpDef(by_running(_run_slice, (1, 2, 3, 4)), _run_slice),
     "Cast": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), n.attrs["to"])],
-                  lambda n, a: [a[0].astype(_np_dtype(n.attrs["to"]))]),
+                  lambda n, a: [a[0].astype(numpy_dtype(n.attrs["to"]))]),
     # A pre-quantized model's own quantization (see weft.compiler.qdq).
     FAKE_QUANT: OpDef(_same, lambda n, a: [fake_quant(n, a[0])]),
     "QuantizeLinear": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), quantize_dtype(n))],
                             lambda n, a: [run_quantize(n, a[0])]),
     "DequantizeLinear": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), "float32")],
                               lambda n, a: [run_dequantize(n, a[0])]),
+    "CastLike": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), i[1].dtype)],  # type: ignore[union-attr]
+                      lambda n, a: [a[0].astype(a[1].dtype)]),
+    "Size": OpDef(lambda n, i, k: [((), "int64")], lambda n, a: [np.array(a[0].size, np.int64)]),
+    **ELEMENTWISE_OPS,
+    **TENSOR_OPS,
+    **NN_OPS,
 }
 
 
@@ -533,6 +482,9 @@ def macs_of(node: Node, in_shapes: Sequence[Shape | None], out_shapes: Sequence[
     if op == "MatMul":
         a, y = in_shapes[0], out_shapes[0]
         return int(np.prod(y)) * int(a[-1])  # type: ignore[arg-type,index]
+    if op == "ConvTranspose":  # every input element meets its group's (C_out / group) x kernel weights
+        x, w = in_shapes[0], in_shapes[1]
+        return int(np.prod(x)) * int(np.prod(w[1:]))  # type: ignore[arg-type,index]
     return 0
 
 

@@ -1,10 +1,12 @@
 """ONNX -> IR. The only module of weft that imports onnx.
 
-It reads a model (a path, bytes or a ``ModelProto``), checks what weft supports, and emits the IR with
-attributes normalized across opsets 9 to current: optional inputs that older opsets gave as attributes
-(Clip's bounds, Pad's pads, Slice's ranges, Squeeze/Unsqueeze axes) become constant inputs, Softmax
-records whether it has the pre-13 "coerce to 2-D" meaning, Dropout becomes Identity, Sum becomes a chain
-of Add, and Constant nodes become constants.
+It reads a model (a path, bytes or a ``ModelProto``; tensors kept in an external data file are read from
+the model's folder), checks what weft supports, and emits the IR with attributes normalized across opsets
+7 to current: optional inputs that older opsets gave as attributes (Clip's bounds, Pad's pads, Slice's
+ranges, Squeeze/Unsqueeze/Reduce* axes, Split's sizes, Upsample's scales) become constant inputs,
+Softmax and LogSoftmax record whether they have the pre-13 "coerce to 2-D" meaning, Upsample and the
+opset-10 Resize become the opset-11 Resize, Dropout becomes Identity (and its mask a constant), Sum
+becomes a chain of Add, and Constant nodes become constants.
 
 Dynamic input dimensions are fixed from, in order: ``input_shapes``, the shape of the calibration data
 (see :func:`weft.compiler.calibrate.sample_shapes`), and for the leading (batch) dimension only, 1.
@@ -14,7 +16,7 @@ Anything else is a :class:`ModelError` naming the input.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -24,11 +26,12 @@ from onnx import numpy_helper
 
 from weft.compiler import qdq
 from weft.compiler.errors import ModelError, UnsupportedError
+from weft.compiler.float_tensor import RESIZE_MODES
 from weft.compiler.ir import Graph, Node, Value
 
 __all__ = ["MIN_OPSET", "SUPPORTED_OPS", "declared_inputs", "import_onnx", "load_model"]
 
-MIN_OPSET = 9
+MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
 _ELEM_TYPES = {
@@ -38,16 +41,19 @@ _ELEM_TYPES = {
 }
 
 
-def load_model(source: str | Path | bytes | onnx.ModelProto, what: str | None = None) -> onnx.ModelProto:
+def load_model(source: str | Path | bytes | onnx.ModelProto, what: str | None = None,
+               folder: str | Path | None = None) -> onnx.ModelProto:
     """Read an ONNX model; unreadable, truncated or empty files raise ModelError naming the file (or
-    `what`, for bytes read elsewhere)."""
+    `what`, for bytes read elsewhere). Tensors kept in external data files are read from the model's
+    folder (`folder` for bytes read from a file there); see :func:`_load_external_data`."""
     if isinstance(source, onnx.ModelProto):
+        _load_external_data(source, what or "the model", None)
         return source
     if isinstance(source, (bytes, bytearray)):
         what, data = what or "the model bytes", bytes(source)
     else:
         path = Path(source)
-        what = str(path)
+        what, folder = str(path), path.parent
         if not path.is_file():
             raise ModelError(f"{path}: no such model file")
         data = path.read_bytes()
@@ -61,7 +67,44 @@ def load_model(source: str | Path | bytes | onnx.ModelProto, what: str | None = 
             from None
     if not model.HasField("graph") or not model.graph.output:
         raise ModelError(f"{what}: the ONNX model has no graph outputs (is the file truncated?)")
+    _load_external_data(model, what, None if folder is None else Path(folder))
     return model
+
+
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        for attr in node.attribute:
+            tensors.extend([attr.t] if attr.HasField("t") else attr.tensors)
+    return [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def _load_external_data(model: onnx.ModelProto, what: str, folder: Path | None) -> None:
+    """Read external tensor data into the tensors, in place: each tensor's location is a file inside
+    `folder` (the model's own folder; never a path outside it), at its offset and length."""
+    for t in _external_tensors(model):
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        if folder is None:
+            raise ModelError(f"{what}: tensor '{t.name}' keeps its data in the external file '{location}', which "
+                             "only a model loaded from its path can read; pass the .onnx path instead")
+        rel = PurePath(location)
+        target = (folder / rel).resolve()
+        if not location or rel.is_absolute() or ".." in rel.parts or not target.is_relative_to(folder.resolve()):
+            raise ModelError(f"{what}: tensor '{t.name}' names the external data file '{location}', which is not "
+                             "inside the model's folder")
+        if not target.is_file():
+            raise ModelError(f"{what}: the external data file '{folder / rel}' (tensor '{t.name}') is missing")
+        offset, length = int(info.get("offset", 0)), info.get("length")
+        with target.open("rb") as f:
+            f.seek(offset)
+            data = f.read(int(length)) if length is not None else f.read()
+        if length is not None and len(data) != int(length):
+            raise ModelError(f"{what}: the external data file '{folder / rel}' is too short for tensor '{t.name}' "
+                             f"({len(data)} of {length} bytes at offset {offset})")
+        t.raw_data = data
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -78,9 +121,6 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _tensor(t: onnx.TensorProto, what: str) -> np.ndarray:
-    if t.data_location == onnx.TensorProto.EXTERNAL:
-        raise UnsupportedError(f"{what} '{t.name}' keeps its data in an external file; save the model with "
-                               "the weights inside")
     if t.data_type not in _ELEM_TYPES:
         raise UnsupportedError(f"{what} '{t.name}' has data type "
                                f"{onnx.TensorProto.DataType.Name(t.data_type)}, which weft does not support")
@@ -142,7 +182,16 @@ def _fix_shape(name: str, dims: list[int | str | None], given: Sequence[int] | N
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    """Attribute values, with strings decoded (onnx gives bytes)."""
+    out = {}
+    for a in node.attribute:
+        value = onnx.helper.get_attribute_value(a)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode() for v in value]
+        out[a.name] = value
+    return out
 
 
 class _Importer:
@@ -166,7 +215,10 @@ class _Importer:
         self.defined.update(o for o in outputs if o)
 
     def node_name(self, node: onnx.NodeProto, k: int) -> str:
-        base = node.name or f"{node.op_type}_{k}"
+        return self.fresh_node_name(node.name or f"{node.op_type}_{k}")
+
+    def fresh_node_name(self, base: str) -> str:
+        """A node name no other node has."""
         name, n = base, 1
         while name in self._names:
             name, n = f"{base}_{n}", n + 1
@@ -185,8 +237,9 @@ class _Importer:
             g.inputs.append(name)
             g.values[name] = Value(name, shape, "float32")
             self.defined.add(name)
-        for k, node in enumerate(self.model.graph.node):
-            name = self.node_name(node, k)
+        # the model's node names first, so that the nodes the converters add take other names
+        names = [self.node_name(node, k) for k, node in enumerate(self.model.graph.node)]
+        for node, name in zip(self.model.graph.node, names, strict=True):
             if node.domain not in ("", "ai.onnx"):
                 raise UnsupportedError(f"operator domain '{node.domain}' is not supported", node=name,
                                        op=node.op_type)
@@ -233,8 +286,7 @@ def _window_attrs(node: onnx.NodeProto, name: str, a: dict[str, Any], *, conv: b
     out: dict[str, Any] = {"strides": tuple(a.get("strides", (1, 1))), "pads": pads}
     if len(out["strides"]) != 2:
         raise _unsupported(name, node.op_type, f"strides {list(out['strides'])} are not 2-D")
-    auto_pad = a.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    auto_pad = a.get("auto_pad", "NOTSET")
     if auto_pad not in ("NOTSET", ""):
         out["auto_pad"] = auto_pad
     if not conv:
@@ -273,8 +325,7 @@ def _clip(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> 
 
 
 def _pad(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
-    mode = a.get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = a.get("mode", "constant")
     if mode != "constant":
         raise _unsupported(name, node.op_type, f"mode '{mode}' is not supported; only 'constant'")
     if im.opset < 11:
@@ -288,12 +339,13 @@ def _pad(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> N
 def _softmax(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
     legacy = im.opset < 13
     axis = int(a.get("axis", 1 if legacy else -1))
-    im.emit("Softmax", node.input, node.output, {"axis": axis, "legacy": legacy}, name)
+    im.emit(node.op_type, node.input, node.output, {"axis": axis, "legacy": legacy}, name)
 
 
 def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
-    if len(node.output) > 1 and node.output[1]:
-        raise _unsupported(name, node.op_type, "the mask output is not supported at inference")
+    """Inference Dropout is the identity. Its mask (bool from opset 10, the input's type before) is all
+    true from opset 12; onnxruntime gives an all-false (zero) mask for the older forms, and so does weft.
+    It is written as ConstantOfShape(Shape(x)), which folds to a constant."""
     if a.get("is_test", 1) == 0:
         raise _unsupported(name, node.op_type, "is_test=0 (training mode) is not supported")
     if len(node.input) > 2 and node.input[2]:
@@ -301,16 +353,37 @@ def _dropout(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) 
         if mode is None or bool(mode):
             raise _unsupported(name, node.op_type, "training_mode must be a constant false at inference")
     im.emit("Identity", node.input[:1], node.output[:1], {}, name)
+    if len(node.output) > 1 and node.output[1]:
+        shape = im.graph.unique_name(f"{name}_shape")
+        im.emit("Shape", node.input[:1], [shape], {}, im.fresh_node_name(f"{name}_mask_shape"))
+        fill = np.full(1, im.opset >= 12, np.bool_ if im.opset >= 10 else np.float32)
+        im.emit("ConstantOfShape", [shape], node.output[1:2], {"value": fill}, im.fresh_node_name(f"{name}_mask"))
 
 
 def _batchnorm(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
     if a.get("training_mode", 0):
         raise _unsupported(name, node.op_type, "training_mode=1 is not supported at inference")
-    if a.get("spatial", 1) != 1:
-        raise _unsupported(name, node.op_type, "spatial=0 is not supported")
     if any(node.output[1:]):
         raise _unsupported(name, node.op_type, "the running mean/var outputs (training) are not supported")
+    if a.get("spatial", 1) != 1:
+        _per_activation_batchnorm(im, node, name, float(a.get("epsilon", 1e-5)))
+        return
     im.emit("BatchNormalization", node.input, node.output[:1], {"epsilon": float(a.get("epsilon", 1e-5))}, name)
+
+
+def _per_activation_batchnorm(im: _Importer, node: onnx.NodeProto, name: str, epsilon: float) -> None:
+    """BatchNormalization with spatial=0 (opsets 7-8): statistics per activation, shaped (C, D1, ...), so
+    it is no per-channel affine; it becomes x * inv + shift with both folded from the constant inputs."""
+    params = [im.graph.constants.get(x) for x in node.input[1:5]]
+    if any(p is None for p in params):
+        raise _unsupported(name, node.op_type, "spatial=0 needs constant scale, bias, mean and variance")
+    scale, bias, mean, var = (np.asarray(p, np.float64) for p in params)
+    inv = scale / np.sqrt(var + epsilon)
+    scaled = im.graph.unique_name(f"{name}_scaled")
+    im.emit("Mul", [node.input[0], im.const(f"{name}_inv", inv.astype(np.float32))], [scaled], {},
+            im.fresh_node_name(f"{name}_mul"))
+    im.emit("Add", [scaled, im.const(f"{name}_shift", (bias - mean * inv).astype(np.float32))], node.output[:1], {},
+            name)
 
 
 def _sum(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
@@ -322,7 +395,7 @@ def _sum(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> N
     for k, x in enumerate(inputs[1:]):
         last = k == len(inputs) - 2
         out = node.output[0] if last else im.graph.unique_name(f"{name}_partial{k}")
-        im.emit("Add", [acc, x], [out], {}, name if last else f"{name}_add{k}")
+        im.emit("Add", [acc, x], [out], {}, name if last else im.fresh_node_name(f"{name}_add{k}"))
         acc = out
 
 
@@ -370,6 +443,79 @@ def _cast(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> 
         raise _unsupported(name, node.op_type, f"casting to {onnx.TensorProto.DataType.Name(a['to'])} is not "
                                                "supported")
     im.emit("Cast", node.input, node.output, {"to": to}, name)
+
+
+def _reduce(axes_input_opset: int) -> Converter:
+    """Reduce*: `axes` is an attribute before `axes_input_opset` (18; 13 for ReduceSum), an input from it."""
+
+    def convert(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+        inputs = list(node.input)
+        if im.opset < axes_input_opset and "axes" in a:
+            inputs = [inputs[0], im.const(f"{name}_axes", np.array(a["axes"], np.int64))]
+        attrs = {k: int(a[k]) for k in ("keepdims", "noop_with_empty_axes") if k in a}
+        im.emit(node.op_type, inputs, node.output, attrs, name)
+
+    return convert
+
+
+def _split(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    inputs = list(node.input)
+    if im.opset < 13 and "split" in a:
+        inputs = [inputs[0], im.const(f"{name}_split", np.array(a["split"], np.int64))]
+    attrs: dict[str, Any] = {"axis": int(a.get("axis", 0))}
+    if "num_outputs" in a:
+        if int(a["num_outputs"]) != len(node.output):
+            raise ModelError(f"num_outputs {a['num_outputs']} differs from its {len(node.output)} outputs",
+                             node=name, op=node.op_type)
+        attrs["num_outputs"] = int(a["num_outputs"])
+    im.emit("Split", inputs, node.output, attrs, name)
+
+
+def _resize_mode(node: onnx.NodeProto, name: str, a: dict[str, Any]) -> str:
+    mode = {"bilinear": "linear"}.get(a.get("mode", "nearest"), a.get("mode", "nearest"))
+    if mode not in RESIZE_MODES:
+        raise _unsupported(name, node.op_type, f"mode '{mode}' is not supported (supported: "
+                                               f"{', '.join(RESIZE_MODES)})")
+    return mode
+
+
+def _resize(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    """Resize/Upsample in the opset-11+ form (X, roi, scales, sizes). Upsample (any opset) and Resize-10
+    map source coordinates asymmetrically, with onnxruntime's rounding for them ("legacy")."""
+    mode = _resize_mode(node, name, a)
+    if node.op_type == "Resize" and im.opset >= 11:
+        if a.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+            raise _unsupported(name, node.op_type, "coordinate_transformation_mode 'tf_crop_and_resize' is not "
+                                                   "supported")
+        keep = ("coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside", "antialias",
+                "axes", "keep_aspect_ratio_policy")
+        attrs = {"mode": mode, **{k: a[k] for k in keep if k in a}}
+        im.emit("Resize", node.input, node.output, attrs, name)
+        return
+    if "scales" in a:  # Upsample before opset 9
+        scales = im.const(f"{name}_scales", np.array(a["scales"], np.float32))
+    else:
+        scales = node.input[1]
+    attrs = {"mode": mode, "coordinate_transformation_mode": "asymmetric", "nearest_mode": "legacy"}
+    im.emit("Resize", [node.input[0], "", scales], node.output, attrs, name)
+
+
+def _conv_transpose(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    kernel = a.get("kernel_shape")
+    if kernel is not None and len(kernel) not in (1, 2):
+        raise _unsupported(name, node.op_type, f"only 1-D and 2-D kernels are supported, got kernel_shape "
+                                               f"{list(kernel)}")
+    keep = ("dilations", "group", "output_padding", "output_shape", "pads", "strides")
+    attrs: dict[str, Any] = {k: a[k] for k in keep if k in a}
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", ""):
+        attrs["auto_pad"] = a["auto_pad"]
+    im.emit("ConvTranspose", node.input, node.output, attrs, name)
+
+
+def _layer_norm(im: _Importer, node: onnx.NodeProto, name: str, a: dict[str, Any]) -> None:
+    if a.get("stash_type", 1) != 1:
+        raise _unsupported(name, node.op_type, "only stash_type=1 (float32 statistics) is supported")
+    im.emit(node.op_type, node.input, node.output, {k: a[k] for k in ("axis", "epsilon") if k in a}, name)
 
 
 def _plain(*keep: str, defaults: Mapping[str, Any] | None = None) -> Converter:
@@ -517,6 +663,9 @@ _QDQ_ATTRS: dict[str, set[str]] = {
     "ConvInteger": {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"},
 }
 
+#: Reductions whose axes became an input in opset 18 (ReduceSum's did in 13).
+_REDUCE_18 = ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1", "ReduceL2",
+              "ReduceLogSumExp")
 
 _CONVERTERS: dict[str, Converter] = {
     "Conv": _conv,
@@ -534,17 +683,44 @@ _CONVERTERS: dict[str, Converter] = {
     "Concat": _plain("axis"),
     "Pad": _pad,
     "Softmax": _softmax,
+    "LogSoftmax": _softmax,
     "Dropout": _dropout,
     "Identity": _plain(),
     "Constant": _constant,
     "ConstantOfShape": _constant_of_shape,
     "Shape": _plain("start", "end"),
     "Gather": _plain("axis"),
+    "GatherElements": _plain("axis"),
     "Unsqueeze": _axes_to_input(13, 1),
     "Squeeze": _axes_to_input(13, 1),
     "Slice": _axes_to_input(10, 3),
     "Cast": _cast,
     **_QDQ_CONVERTERS,
+    "CastLike": _plain(),
+    "Size": _plain(),
+    **{op: _plain() for op in (
+        "Sigmoid", "HardSwish", "Tanh", "Softplus", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Reciprocal",
+        "PRelu", "Max", "Min", "Pow", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or",
+        "Not", "Where", "GlobalMaxPool", "Expand", "Tile", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
+        "Softsign", "Mish", "Mean", "Range")},
+    "Selu": _plain("alpha", "gamma"),
+    "Celu": _plain("alpha"),
+    "ThresholdedRelu": _plain("alpha"),
+    "HardSigmoid": _plain("alpha", "beta"),
+    "LeakyRelu": _plain("alpha"),
+    "Elu": _plain("alpha"),
+    "Gelu": _plain("approximate"),
+    **{op: _reduce(18) for op in _REDUCE_18},
+    "ReduceSum": _reduce(13),
+    "ArgMax": _plain("axis", "keepdims", "select_last_index"),
+    "LRN": _plain("size", "alpha", "beta", "bias"),
+    "Transpose": _plain("perm"),
+    "Split": _split,
+    "Resize": _resize,
+    "Upsample": _resize,
+    "ConvTranspose": _conv_transpose,
+    "InstanceNormalization": _plain("epsilon"),
+    "LayerNormalization": _layer_norm,
 }
 
 #: Attributes each op may carry (anything else is an UnsupportedError naming the attribute).
@@ -560,17 +736,39 @@ _ATTRS: dict[str, set[str]] = {
     "Concat": {"axis"},
     "Pad": {"mode", "pads", "value"},
     "Softmax": {"axis"},
+    "LogSoftmax": {"axis"},
     "Dropout": {"ratio", "is_test", "seed"},
     "Constant": {"value", "value_float", "value_floats", "value_int", "value_ints", "sparse_value",
                  "value_string", "value_strings"},
     "ConstantOfShape": {"value"},
     "Shape": {"start", "end"},
     "Gather": {"axis"},
+    "GatherElements": {"axis"},
     "Unsqueeze": {"axes"},
     "Squeeze": {"axes"},
     "Slice": {"starts", "ends", "axes"},
     "Cast": {"to", "saturate"},
     **_QDQ_ATTRS,
+    "CastLike": {"saturate"},
+    "HardSigmoid": {"alpha", "beta"},
+    "LeakyRelu": {"alpha"},
+    "Elu": {"alpha"},
+    "Selu": {"alpha", "gamma"},
+    "Celu": {"alpha"},
+    "ThresholdedRelu": {"alpha"},
+    "Gelu": {"approximate"},
+    **{op: {"axes", "keepdims", "noop_with_empty_axes"} for op in (*_REDUCE_18, "ReduceSum")},
+    "ArgMax": {"axis", "keepdims", "select_last_index"},
+    "LRN": {"size", "alpha", "beta", "bias"},
+    "Transpose": {"perm"},
+    "Split": {"axis", "split", "num_outputs"},
+    "Resize": {"mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",
+               "extrapolation_value", "antialias", "axes", "keep_aspect_ratio_policy"},
+    "Upsample": {"mode", "scales"},
+    "ConvTranspose": {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads",
+                      "strides"},
+    "InstanceNormalization": {"epsilon"},
+    "LayerNormalization": {"axis", "epsilon", "stash_type"},
 }
 
 SUPPORTED_OPS = frozenset(_CONVERTERS)

@@ -14,6 +14,8 @@ from weft.compiler.ir import Graph, Node, Value
 __all__ = ["fold_constants", "infer_shapes", "remove_dead", "remove_identity", "resolve_auto_pad"]
 
 _WINDOW_OPS = ("Conv", "MaxPool", "AveragePool")
+#: Ops whose result depends only on their input's (static) shape, so they always fold.
+_SHAPE_OPS = ("Shape", "Size")
 
 
 def resolve_auto_pad(node: Node, x_shape: tuple[int, ...], kernel: tuple[int, int]) -> None:
@@ -38,7 +40,7 @@ def resolve_auto_pad(node: Node, x_shape: tuple[int, ...], kernel: tuple[int, in
 
 def infer_shapes(graph: Graph) -> Graph:
     """Give every value a shape and dtype, in node order. Values that are statically known (constants,
-    the Shape of a static tensor, and ops on those) are evaluated on the way, so a Reshape whose target
+    the Shape or Size of a static tensor, and ops on those) are evaluated on the way, so a Reshape whose target
     comes from a shape subgraph gets its shape; auto_pad becomes explicit pads."""
     g = graph.copy()
     known: dict[str, np.ndarray] = dict(g.constants)
@@ -67,8 +69,8 @@ def infer_shapes(graph: Graph) -> Graph:
         for out, (shape, dtype) in zip(node.outputs, results, strict=False):
             if out:
                 g.values[out] = Value(out, shape, dtype)
-        if node.op == "Shape":
-            known[node.outputs[0]] = FLOAT_OPS["Shape"].run(node, [np.empty(ins[0].shape, np.uint8)])[0]  # type: ignore[union-attr]
+        if node.op in _SHAPE_OPS:
+            known[node.outputs[0]] = opdef.run(node, [np.empty(ins[0].shape, np.uint8)])[0]  # type: ignore[union-attr]
         elif all(x in known for x in node.inputs if x) and any(node.inputs):
             try:
                 outs = opdef.run(node, [known[x] if x else None for x in node.inputs])
@@ -82,7 +84,7 @@ def infer_shapes(graph: Graph) -> Graph:
 
 
 def fold_constants(graph: Graph) -> Graph:
-    """Replace every node whose inputs are all constants (and every Shape of a static tensor) by the
+    """Replace every node whose inputs are all constants (and every Shape or Size of a static tensor) by the
     constants it computes; shape subgraphs such as ``Shape -> Gather -> Concat -> Reshape`` vanish."""
     g = graph.copy()
     kept: list[Node] = []
@@ -91,7 +93,7 @@ def fold_constants(graph: Graph) -> Graph:
         if opdef is None:
             kept.append(node)
             continue
-        if node.op == "Shape":
+        if node.op in _SHAPE_OPS:
             arrays = opdef.run(node, [np.empty(g.value(node.inputs[0]).shape, np.uint8)])  # type: ignore[arg-type]
         elif any(node.inputs) and all(g.is_constant(x) for x in node.inputs if x):
             arrays = opdef.run(node, [g.constants[x] if x else None for x in node.inputs])

@@ -84,9 +84,9 @@ def _fails(args, capsys, *needles):
 
 def test_compile_errors_exit_2_and_write_nothing(tmp_path, capsys):
     bad = tmp_path / "bad.onnx"
-    models.save(make_model([helper.make_node("Transpose", ["x"], ["y"], name="tp")], {"x": [1, 4]}, {"y": None}), bad)
+    models.save(make_model([helper.make_node("Hardmax", ["x"], ["y"], name="hm")], {"x": [1, 4]}, {"y": None}), bad)
     out = tmp_path / "out.weft"
-    _fails(["compile", str(bad), "-o", str(out)], capsys, "node 'tp' (Transpose)", "not supported")
+    _fails(["compile", str(bad), "-o", str(out)], capsys, "node 'hm' (Hardmax)", "not supported")
     truncated = tmp_path / "cut.onnx"
     truncated.write_bytes(models.mlp().SerializeToString()[:300])
     _fails(["compile", str(truncated), "-o", str(out)], capsys, str(truncated))
