@@ -84,6 +84,15 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the layer table as JSON")
 
 
+def _why(row: dict[str, Any], target: str) -> str:
+    """Where a layer runs and why, for humans: "accel", or "host: <reason>"."""
+    if row["target"] == "accel":
+        return "accel"
+    if target == "cpu":
+        return "host: cpu target"
+    return f"host: {row['host_reason'] or 'not an accelerator layer'}"
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     from weft.compiler.partition import layer_summary
     from weft.runtime.artifact import Artifact
@@ -108,11 +117,12 @@ def run_inspect(args: argparse.Namespace) -> int:
     print(f"{artifact.graph.name}: target {artifact.target}, config '{artifact.config.name}' "
           f"({artifact.config_hash}), inputs {summary['inputs']}, outputs {summary['outputs']}")
     width = max([len(r["name"]) for r in rows] + [5])
-    print(f"{'#':>3}  {'layer':<{width}}  {'op':<12} {'where':<6} {'inputs':<28} {'output':<20} {'MACs':>14}")
+    print(f"{'#':>3}  {'layer':<{width}}  {'op':<12} {'where':<6} {'inputs':<28} {'output':<20} {'MACs':>14}  why")
     for k, r in enumerate(rows):
         shapes = " ".join("x".join(map(str, s)) for s in r["inputs"])
         out = "x".join(map(str, r["output"]))
-        print(f"{k:>3}  {r['name']:<{width}}  {r['op']:<12} {r['target']:<6} {shapes:<28} {out:<20} {r['macs']:>14,}")
+        print(f"{k:>3}  {r['name']:<{width}}  {r['op']:<12} {r['target']:<6} {shapes:<28} {out:<20} {r['macs']:>14,}"
+              f"  {_why(r, artifact.target)}")
     print(f"total {macs:,} MACs, {100 * summary['accel_mac_fraction']:.1f}% on the accelerator; "
           f"sections: {', '.join(summary['sections']) or 'none'}")
     return 0

@@ -1,0 +1,36 @@
+"""Admission: can the accelerator take this layer on this config? The partition pass asks before it
+places a layer, so an accelerator limit sends the layer to the host instead of failing the compile.
+
+The checks are the lowering's own layer-level ones (:func:`layer_geometry`: the packed layout, a GEMM row
+the DMA can move; :func:`ranked`: some tiling fits the on-chip buffers), so the two cannot disagree on
+them. The DMA splits any transfer whose fields are too narrow, so strides, pads and sizes need no check.
+Emitting the instruction stream is what costs, so admission stops short of it: a layer whose micro-ops
+overflow their buffer for every schedule is still a code generation error.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from weft.compiler.backend.codegen import BackendError, layer_geometry
+from weft.compiler.backend.schedule import ranked
+
+if TYPE_CHECKING:
+    from weft.compiler.ir import Graph, Node
+    from weft.config import AcceleratorConfig
+
+__all__ = ["check_layer"]
+
+
+def check_layer(node: Node, graph: Graph, config: AcceleratorConfig) -> str | None:
+    """None when the back end can take `node` (a packed accelerator op of `graph`) on `config`, else why
+    not (the back end's message, without the node's name)."""
+    try:
+        geom = layer_geometry(node, graph, config)
+    except BackendError as err:
+        return str(err).removeprefix(f"node '{node.name}' ({node.op}): ")
+    try:
+        ranked(geom, config)
+    except ValueError as err:
+        return str(err).removeprefix(f"layer '{node.name}': ")
+    return None
