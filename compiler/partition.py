@@ -24,6 +24,8 @@ ACCEL_OPS = frozenset({"qconv2d", "qmaxpool", "qavgpool", "qalu"})
 #: Integer ops that stay on the host: the float/int edges and pure data movement.
 HOST_QOPS = frozenset({"quantize", "dequantize", "qconcat", "qreshape", "qpad"})
 _EDGES = frozenset({"quantize", "dequantize"})
+#: Float ops that would be integer on an integer input (the quantizer keeps them float after a float op).
+_FOLLOWERS = frozenset({"Relu", "Clip", "Flatten", "Reshape", "Pad", "Concat"})
 
 
 def host_reason(node: Node) -> str:
@@ -34,6 +36,8 @@ def host_reason(node: Node) -> str:
         return "float/int8 boundary"
     if node.op in HOST_QOPS:
         return "data movement, int8 on the host"
+    if node.op in _FOLLOWERS:
+        return f"{node.op} stays float (a float input, or not a rank-2 or rank-4 tensor)"
     return f"{node.op} has no integer form"
 
 
