@@ -85,6 +85,8 @@ def test_back_end_limit_runs_the_int8_layer_on_the_host(tmp_path, capsys):
     x = rand(1, 4, 4, 96, seed=5)
     out = _bit_exact(art, x)
     assert cosine(out, ort_run(model, {"input": x})[0]) >= 0.99
+    with pytest.raises(ValueError, match=r"'c1', which runs on the host: .*no tiling fits"):
+        weft.compile(model, config="tiny", calibration={"input": rand(4, 1, 4, 4, 96)}, schedules={"c1": {}})
     path = art.save(tmp_path / "wide.weft")
     assert main(["inspect", str(path), "--json"]) == 0
     layers = {r["name"]: r for r in json.loads(capsys.readouterr().out)["layers"]}

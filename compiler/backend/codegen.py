@@ -145,11 +145,15 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     graph, c = artifact.graph, artifact.config
     tensorize(c, intrinsic(c))
     schedules = dict(schedules or {})
-    unknown = sorted(set(schedules) - {n.name for n in graph.nodes if n.op in ACCEL_OPS})
+    accel = [n for n in graph.nodes if n.attrs.get("target") == "accel"]
+    unknown = sorted(set(schedules) - {n.name for n in accel})
     if unknown:
+        node = next((n for n in graph.nodes if n.name == unknown[0] and n.op in ACCEL_OPS), None)
+        if node is not None:  # the partition sent it to the host
+            raise ValueError(f"schedules given for '{node.name}', which runs on the host: "
+                             f"{node.attrs.get('host_reason', 'the partition put it there')}")
         raise ValueError(f"schedules given for '{unknown[0]}', which is not an accelerator layer of the model")
     plan = memory.DramPlan(c)
-    accel = [n for n in graph.nodes if n.attrs.get("target") == "accel"]
     values: dict[str, dict[str, Any]] = {}
     for node in accel:
         for name in [node.inputs[0], *node.inputs[2:3], node.outputs[0]] if node.op == "qconv2d" else \
