@@ -2,7 +2,7 @@
 places a layer, so an accelerator limit sends the layer to the host instead of failing the compile.
 
 The checks are the lowering's own layer-level ones (:func:`layer_geometry`: the packed layout, a GEMM row
-the DMA can move; :func:`ranked`: some tiling fits the on-chip buffers), so the two cannot disagree on
+the DMA can move; :func:`space`: some tiling fits the on-chip buffers), so the two cannot disagree on
 them. The DMA splits any transfer whose fields are too narrow, so strides, pads and sizes need no check.
 Emitting the instruction stream is what costs, so admission stops short of it: a layer whose micro-ops
 overflow their buffer for every schedule is still a code generation error.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from weft.compiler.backend.codegen import BackendError, layer_geometry
-from weft.compiler.backend.schedule import ranked
+from weft.compiler.backend.schedule import space
 
 if TYPE_CHECKING:
     from weft.compiler.ir import Graph, Node
@@ -29,8 +29,8 @@ def check_layer(node: Node, graph: Graph, config: AcceleratorConfig) -> str | No
         geom = layer_geometry(node, graph, config)
     except BackendError as err:
         return str(err).removeprefix(f"node '{node.name}' ({node.op}): ")
-    try:
-        ranked(geom, config)
-    except ValueError as err:
-        return str(err).removeprefix(f"layer '{node.name}': ")
+    if next(space(geom, config, (1,)), None) is None:  # one thread needs the least: the first fit suffices
+        c = config
+        return (f"no tiling fits the buffers of config '{c.name}' (inp {c.inp_rows}, wgt {c.wgt_rows}, "
+                f"acc {c.acc_rows}, uop {c.uop_rows} rows)")
     return None
