@@ -76,7 +76,17 @@ def run_compile(args: argparse.Namespace) -> int:
     print(f"wrote {output}: {len(rows)} layers ({n_accel} on the accelerator, {len(rows) - n_accel} on the host), "
           f"{macs:,} MACs ({100 * accel / macs if macs else 0:.1f}% on the accelerator), config "
           f"'{config.name}' ({config.hash}), target {args.target}")
+    _print_fallbacks(artifact.graph.meta.get("fallbacks", {}))
     return 0
+
+
+def _print_fallbacks(fallbacks: dict[str, str], shown: int = 3) -> None:
+    """Name the layers an accelerator limit sent to the host (the first few; `weft inspect` lists all)."""
+    if not fallbacks:
+        return
+    named = "; ".join(f"{name}: {why}" for name, why in list(fallbacks.items())[:shown])
+    more = f"; and {len(fallbacks) - shown} more" if len(fallbacks) > shown else ""
+    print(f"{len(fallbacks)} layer(s) fell back to the host ({named}{more}); `weft inspect` says why for each")
 
 
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:

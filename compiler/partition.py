@@ -4,7 +4,8 @@ Every node gets ``attrs["target"]`` ("accel" or "host"); a host node of an accel
 ``attrs["host_reason"]``. An integer layer goes to the accelerator only when the back end says it can
 lower it (:func:`weft.compiler.backend.admit.check_layer`); otherwise it runs on the host in its integer
 form, bit-exact, and the compile goes on. ``meta["partition"]`` lists the maximal runs of consecutive
-nodes with one target (the segments a runtime hands to one device at a time).
+nodes with one target (the segments a runtime hands to one device at a time); ``meta["fallbacks"]`` maps
+each layer that runs on the host only because of an accelerator limit to the reason.
 """
 
 from __future__ import annotations
@@ -48,19 +49,25 @@ def partition(target: str, config: AcceleratorConfig | None = None) -> Callable[
     def partition_graph(graph: Graph) -> Graph:
         g = graph.copy()
         segments: list[dict] = []
+        fallbacks: dict[str, str] = {}
         for node in g.nodes:
             where = "host"
             if target == "accel":
+                # A layer the accelerator would run but for a limit: the quantizer's verdict or the back end's.
+                limited = "host_reason" in node.attrs or node.op in ACCEL_OPS
                 refusal = _refusal(node, g, config)
                 if refusal is None:
                     where = "accel"
                 else:
                     node.attrs["host_reason"] = refusal
+                    if limited:
+                        fallbacks[node.name] = refusal
             node.attrs["target"] = where
             if not segments or segments[-1]["target"] != where:
                 segments.append({"target": where, "nodes": []})
             segments[-1]["nodes"].append(node.name)
         g.meta["partition"] = segments
+        g.meta["fallbacks"] = fallbacks
         return g
 
     return partition_graph

@@ -68,8 +68,10 @@ def test_accumulator_overflow_stays_a_float_host_layer(tmp_path, capsys):
     x = rand(1, 4, 12, 12, seed=3)
     out = _bit_exact(art, x)
     assert cosine(out, ort_run(model, {"input": x})[0]) >= 0.99
-    path = art.save(tmp_path / "over.weft")
-    assert main(["inspect", str(path)]) == 0
+    onnx.save(model, tmp_path / "over.onnx")
+    assert main(["compile", str(tmp_path / "over.onnx"), "--config", "tiny"]) == 0
+    assert "1 layer(s) fell back to the host (c1: calibrated accumulator values reach" in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "over.weft")]) == 0
     line = next(s for s in capsys.readouterr().out.splitlines() if " c1 " in s)
     assert "host: calibrated accumulator values reach" in line
 
@@ -82,6 +84,7 @@ def test_back_end_limit_runs_the_int8_layer_on_the_host(tmp_path, capsys):
     wide = _node(art, "c1")
     assert wide.op == "qconv2d" and wide.attrs["target"] == "host"
     assert "no tiling fits the buffers" in wide.attrs["host_reason"]
+    assert art.graph.meta["fallbacks"] == {"c1": wide.attrs["host_reason"]}
     assert _node(art, "c2").attrs["target"] == "accel"
     x = rand(1, 4, 4, 96, seed=5)
     out = _bit_exact(art, x)
@@ -161,6 +164,7 @@ def test_densenet121_compiles_with_its_overflowing_layers_on_the_host(tmp_path, 
     seconds = time.perf_counter() - started
     over = [n for n in art.graph.nodes if n.op == "FusedConv"]
     assert over and all("accumulator" in n.attrs["host_reason"] and n.attrs["target"] == "host" for n in over)
+    assert set(art.graph.meta["fallbacks"]) == {n.name for n in over}
     assert sum(n.attrs["target"] == "accel" for n in art.graph.nodes if n.op == "qconv2d") > 100
     path = art.save(tmp_path / "densenet.weft")
     assert main(["inspect", str(path)]) == 0
