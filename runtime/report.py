@@ -22,18 +22,21 @@ from weft.runtime.artifact import write_atomic
 __all__ = ["add_report_arguments", "layer_table", "plot_roofline", "run_report"]
 
 COLUMNS = ("layer", "op", "target", "cycles", "macs", "macs_per_cycle", "utilization", "bytes",
-           "intensity", "bound")
+           "intensity", "bound", "why")
 
 
-def layer_table(stats: Mapping[str, Any], config: Any) -> list[dict[str, Any]]:
-    """One row per layer from a session's stats. Host layers carry no cycles, bytes or utilization."""
+def layer_table(stats: Mapping[str, Any], config: Any,
+                host_reasons: Mapping[str, str | None] | None = None) -> list[dict[str, Any]]:
+    """One row per layer from a session's stats. Host layers carry no cycles, bytes or utilization;
+    their "why" is the compiler's reason from `host_reasons` (layer name -> reason)."""
     peak = config.macs_per_cycle
     bus = config.bus_width // 8
     ridge = peak / bus  # MACs per byte where the memory roof meets the compute roof
     rows = []
     for layer in stats["layers"]:
         row: dict[str, Any] = {"layer": layer["name"], "op": layer["op"], "target": layer["target"],
-                               "cycles": layer.get("cycles"), "macs": int(layer["macs"])}
+                               "cycles": layer.get("cycles"), "macs": int(layer["macs"]),
+                               "why": (host_reasons or {}).get(layer["name"]) if layer["target"] != "accel" else None}
         moved = sum(int(v) for v in (layer.get("bytes") or {}).values())
         row["bytes"] = moved if layer["target"] == "accel" else None
         cycles = row["cycles"]
@@ -113,7 +116,7 @@ def run_report(args: argparse.Namespace) -> int:
     sess.run(None, feeds)
     assert sess.stats is not None
     config = sess.device.config
-    rows = layer_table(sess.stats, config)
+    rows = layer_table(sess.stats, config, {n.name: n.attrs.get("host_reason") for n in sess.artifact.graph.nodes})
     widths = [max(len(c), *(len(_format(r[c])) for r in rows)) for c in COLUMNS]
     print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)))
     for r in rows:

@@ -96,6 +96,9 @@ def test_back_end_limit_runs_the_int8_layer_on_the_host(tmp_path, capsys):
     layers = {r["name"]: r for r in json.loads(capsys.readouterr().out)["layers"]}
     assert layers["c1"]["target"] == "host" and "no tiling fits" in layers["c1"]["host_reason"]
     assert layers["c2"]["host_reason"] is None
+    assert main(["report", str(path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[-1] == "why" and "no tiling fits" in next(s for s in table if s.startswith("c1 "))
 
 
 def test_a_layout_the_dma_cannot_move_goes_to_the_host():
