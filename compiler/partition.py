@@ -18,7 +18,7 @@ from weft.compiler.ir import Graph, Node
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ACCEL_OPS", "HOST_QOPS", "host_reason", "layer_summary", "partition"]
+__all__ = ["ACCEL_OPS", "HOST_QOPS", "layer_summary", "partition"]
 
 #: Integer layers the accelerator runs (GEMM and ALU work); the back end lowers exactly these.
 ACCEL_OPS = frozenset({"qconv2d", "qmaxpool", "qavgpool", "qalu"})
@@ -29,7 +29,7 @@ _EDGES = frozenset({"quantize", "dequantize"})
 _FOLLOWERS = frozenset({"Relu", "Clip", "Flatten", "Reshape", "Pad", "Concat"})
 
 
-def host_reason(node: Node) -> str:
+def _host_reason(node: Node) -> str:
     """Why a node of an accel compile that the back end was not asked about runs on the host."""
     if "host_reason" in node.attrs:  # the quantizer's own verdict (e.g. an accumulator overflow)
         return str(node.attrs["host_reason"])
@@ -76,7 +76,7 @@ def partition(target: str, config: AcceleratorConfig | None = None) -> Callable[
 def _refusal(node: Node, graph: Graph, config: AcceleratorConfig | None) -> str | None:
     """None for a layer the accelerator takes, else why it runs on the host."""
     if node.op not in ACCEL_OPS:
-        return host_reason(node)
+        return _host_reason(node)
     if config is None:
         return None
     from weft.compiler.backend.admit import check_layer  # the back end imports this module
