@@ -18,7 +18,7 @@ from weft.compiler.ir import Graph, Node
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ACCEL_OPS", "HOST_QOPS", "layer_summary", "partition"]
+__all__ = ["ACCEL_OPS", "HOST_QOPS", "layer_summary", "partition", "segments", "send_to_host"]
 
 #: Integer layers the accelerator runs (GEMM and ALU work); the back end lowers exactly these.
 ACCEL_OPS = frozenset({"qconv2d", "qmaxpool", "qavgpool", "qalu"})
@@ -48,7 +48,6 @@ def partition(target: str, config: AcceleratorConfig | None = None) -> Callable[
 
     def partition_graph(graph: Graph) -> Graph:
         g = graph.copy()
-        segments: list[dict] = []
         fallbacks: dict[str, str] = {}
         for node in g.nodes:
             where = "host"
@@ -63,14 +62,29 @@ def partition(target: str, config: AcceleratorConfig | None = None) -> Callable[
                     if limited:
                         fallbacks[node.name] = refusal
             node.attrs["target"] = where
-            if not segments or segments[-1]["target"] != where:
-                segments.append({"target": where, "nodes": []})
-            segments[-1]["nodes"].append(node.name)
-        g.meta["partition"] = segments
+        g.meta["partition"] = segments(g)
         g.meta["fallbacks"] = fallbacks
         return g
 
     return partition_graph
+
+
+def segments(graph: Graph) -> list[dict]:
+    """The maximal runs of consecutive nodes with one target."""
+    runs: list[dict] = []
+    for node in graph.nodes:
+        where = node.attrs.get("target", "host")
+        if not runs or runs[-1]["target"] != where:
+            runs.append({"target": where, "nodes": []})
+        runs[-1]["nodes"].append(node.name)
+    return runs
+
+
+def send_to_host(graph: Graph, node: Node, reason: str) -> None:
+    """Move an accelerator layer of a partitioned `graph` (in place) to the host, recording why."""
+    node.attrs.update(target="host", host_reason=reason)
+    graph.meta.setdefault("fallbacks", {})[node.name] = reason
+    graph.meta["partition"] = segments(graph)
 
 
 def _refusal(node: Node, graph: Graph, config: AcceleratorConfig | None) -> str | None:

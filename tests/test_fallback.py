@@ -101,6 +101,21 @@ def test_back_end_limit_runs_the_int8_layer_on_the_host(tmp_path, capsys):
     assert table[0].split()[-1] == "why" and "no tiling fits" in next(s for s in table if s.startswith("c1 "))
 
 
+def test_code_generation_sends_a_layer_it_cannot_lower_to_the_host(monkeypatch):
+    # With an admission check that takes everything, the 1x80 conv reaches code generation, which fails to
+    # lower it and hands it to the host instead of failing the compile.
+    monkeypatch.setattr("weft.compiler.backend.admit.check_layer", lambda node, graph, config: None)
+    rng = np.random.default_rng(2)
+    model = _chain((_he(rng, 4, 4, 1, 80), rng.standard_normal(4) * 0.1), (1, 4, 4, 96))
+    art = weft.compile(model, config="tiny", calibration={"input": rand(4, 1, 4, 4, 96)})
+    wide = _node(art, "c1")
+    assert wide.attrs["target"] == "host" and "no tiling fits the buffers" in wide.attrs["host_reason"]
+    assert set(art.graph.meta["fallbacks"]) == {"c1"}
+    assert [s["target"] for s in art.graph.meta["partition"]] == ["host", "accel", "host"]
+    assert [layer["name"] for layer in art.sections["accel"].meta["layers"]] == ["c2"]
+    _bit_exact(art, rand(1, 4, 4, 96, seed=5))
+
+
 def test_a_layout_the_dma_cannot_move_goes_to_the_host():
     # rect: batch 2 with block_in != block_out, so a GEMM row is not contiguous in the packed layout.
     rng = np.random.default_rng(3)
