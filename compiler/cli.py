@@ -133,6 +133,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         out = "x".join(map(str, r["output"]))
         print(f"{k:>3}  {r['name']:<{width}}  {r['op']:<12} {r['target']:<6} {shapes:<28} {out:<20} {r['macs']:>14,}"
               f"  {_why(r, artifact.target)}")
-    print(f"total {macs:,} MACs, {100 * summary['accel_mac_fraction']:.1f}% on the accelerator; "
+    fallbacks = len(artifact.graph.meta.get("fallbacks", {}))
+    print(f"total {macs:,} MACs, {100 * summary['accel_mac_fraction']:.1f}% on the accelerator"
+          f"{f', {fallbacks} layer(s) on the host for an accelerator limit' if fallbacks else ''}; "
           f"sections: {', '.join(summary['sections']) or 'none'}")
     return 0

@@ -72,8 +72,9 @@ def test_accumulator_overflow_stays_a_float_host_layer(tmp_path, capsys):
     assert main(["compile", str(tmp_path / "over.onnx"), "--config", "tiny"]) == 0
     assert "1 layer(s) fell back to the host (c1: calibrated accumulator values reach" in capsys.readouterr().out
     assert main(["inspect", str(tmp_path / "over.weft")]) == 0
-    line = next(s for s in capsys.readouterr().out.splitlines() if " c1 " in s)
-    assert "host: calibrated accumulator values reach" in line
+    lines = capsys.readouterr().out.splitlines()
+    assert "host: calibrated accumulator values reach" in next(s for s in lines if " c1 " in s)
+    assert "1 layer(s) on the host for an accelerator limit" in lines[-1]
 
 
 def test_back_end_limit_runs_the_int8_layer_on_the_host(tmp_path, capsys):
