@@ -191,3 +191,14 @@ def test_densenet121_compiles_with_its_overflowing_layers_on_the_host(tmp_path, 
     for n in over:
         assert next(s for s in out.splitlines() if f" {n.name} " in s).rstrip().endswith("accumulator")
     print(f"densenet121 on tiny: compiled in {seconds:.0f} s, {len(over)} float host layers")
+
+
+def test_only_an_op_weft_does_not_know_fails_the_compile(tmp_path, capsys):
+    model = make_model([helper.make_node("Foo", ["input"], ["output"], name="N")], {"input": (1, 4)},
+                       {"output": (1, 4)})
+    onnx.save(model, tmp_path / "foo.onnx")
+    assert main(["compile", str(tmp_path / "foo.onnx")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("weft compile: error: node 'N' (Foo): op 'Foo' is not supported (weft imports: ")
+    assert len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err
+    assert not (tmp_path / "foo.weft").exists()
