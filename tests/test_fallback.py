@@ -14,6 +14,7 @@ from onnx import helper, numpy_helper
 
 import weft
 from weft.cli import main
+from weft.compiler.epilogue import EpilogueOverflow
 from weft.compiler.errors import CalibrationWarning
 from weft.runtime import InferenceSession
 from weft.runtime.artifact import Artifact
@@ -75,6 +76,25 @@ def test_accumulator_overflow_stays_a_float_host_layer(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "host: calibrated accumulator values reach" in next(s for s in lines if " c1 " in s)
     assert "1 layer(s) on the host for an accelerator limit" in lines[-1]
+
+
+def test_no_requantization_that_fits_keeps_the_layer_float(monkeypatch):
+    def overflow(**_: object) -> None:
+        raise EpilogueOverflow("no shift fits")
+
+    monkeypatch.setattr("weft.compiler.quantize.build_epilogue", overflow)
+    rng = np.random.default_rng(0)
+    model = _chain((_he(rng, 8, 4, 3, 3), np.zeros(8)), (1, 4, 12, 12))
+    art = weft.compile(model, config="tiny", calibration={"input": rand(2, 1, 4, 12, 12)})
+    for name in ("c1", "c2"):
+        node = _node(art, name)
+        assert node.op == "FusedConv" and node.attrs["target"] == "host"
+        assert node.attrs["host_reason"] == "no requantization fits the 32-bit accumulator (no shift fits)"
+    # All float: fsim runs the host layers with the reference's kernels; LLVM's float differs in the last bits.
+    x = rand(1, 4, 12, 12, seed=3)
+    ref, fsim, cpu = (InferenceSession(art, device=d).run(None, {"input": x})[0] for d in ("ref", "fsim", "cpu"))
+    assert np.array_equal(fsim, ref) and np.allclose(cpu, ref, rtol=1e-5, atol=1e-5)
+    assert cosine(ref, ort_run(model, {"input": x})[0]) >= 0.999
 
 
 def test_back_end_limit_runs_the_int8_layer_on_the_host(tmp_path, capsys):
