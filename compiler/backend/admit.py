@@ -4,8 +4,9 @@ places a layer, so an accelerator limit sends the layer to the host instead of f
 The checks are the lowering's own layer-level ones (:func:`layer_geometry`: the packed layout, a GEMM row
 the DMA can move; :func:`space`: some tiling fits the on-chip buffers), so the two cannot disagree on
 them. The DMA splits any transfer whose fields are too narrow, so strides, pads and sizes need no check.
-Emitting the instruction stream is what costs, so admission stops short of it: a layer whose micro-ops
-overflow their buffer for every schedule is still a code generation error.
+Emitting the instruction stream is what costs, so admission stops short of it: a layer whose exact
+micro-op count or encoding fails for every schedule is found by code generation, which then hands it to
+the host itself (:func:`weft.compiler.partition.send_to_host`).
 """
 
 from __future__ import annotations
