@@ -76,12 +76,31 @@ def run_compile(args: argparse.Namespace) -> int:
     print(f"wrote {output}: {len(rows)} layers ({n_accel} on the accelerator, {len(rows) - n_accel} on the host), "
           f"{macs:,} MACs ({100 * accel / macs if macs else 0:.1f}% on the accelerator), config "
           f"'{config.name}' ({config.hash}), target {args.target}")
+    _print_fallbacks(artifact.graph.meta.get("fallbacks", {}))
     return 0
+
+
+def _print_fallbacks(fallbacks: dict[str, str], shown: int = 3) -> None:
+    """Name the layers an accelerator limit sent to the host (the first few; `weft inspect` lists all)."""
+    if not fallbacks:
+        return
+    named = "; ".join(f"{name}: {why}" for name, why in list(fallbacks.items())[:shown])
+    more = f"; and {len(fallbacks) - shown} more" if len(fallbacks) > shown else ""
+    print(f"{len(fallbacks)} layer(s) fell back to the host ({named}{more}); `weft inspect` says why for each")
 
 
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("artifact", help="a .weft file")
     parser.add_argument("--json", action="store_true", help="print the layer table as JSON")
+
+
+def _why(row: dict[str, Any], target: str) -> str:
+    """Where a layer runs and why, for humans: "accel", or "host: <reason>"."""
+    if row["target"] == "accel":
+        return "accel"
+    if target == "cpu":
+        return "host: cpu target"
+    return f"host: {row['host_reason'] or 'not an accelerator layer'}"
 
 
 def run_inspect(args: argparse.Namespace) -> int:
@@ -110,11 +129,14 @@ def run_inspect(args: argparse.Namespace) -> int:
     if summary["scales"]:
         print(f"int8 scales from: {summary['scales']}")
     width = max([len(r["name"]) for r in rows] + [5])
-    print(f"{'#':>3}  {'layer':<{width}}  {'op':<12} {'where':<6} {'inputs':<28} {'output':<20} {'MACs':>14}")
+    print(f"{'#':>3}  {'layer':<{width}}  {'op':<12} {'where':<6} {'inputs':<28} {'output':<20} {'MACs':>14}  why")
     for k, r in enumerate(rows):
         shapes = " ".join("x".join(map(str, s)) for s in r["inputs"])
         out = "x".join(map(str, r["output"]))
-        print(f"{k:>3}  {r['name']:<{width}}  {r['op']:<12} {r['target']:<6} {shapes:<28} {out:<20} {r['macs']:>14,}")
-    print(f"total {macs:,} MACs, {100 * summary['accel_mac_fraction']:.1f}% on the accelerator; "
+        print(f"{k:>3}  {r['name']:<{width}}  {r['op']:<12} {r['target']:<6} {shapes:<28} {out:<20} {r['macs']:>14,}"
+              f"  {_why(r, artifact.target)}")
+    fallbacks = len(artifact.graph.meta.get("fallbacks", {}))
+    print(f"total {macs:,} MACs, {100 * summary['accel_mac_fraction']:.1f}% on the accelerator"
+          f"{f', {fallbacks} layer(s) on the host for an accelerator limit' if fallbacks else ''}; "
           f"sections: {', '.join(summary['sections']) or 'none'}")
     return 0

@@ -92,7 +92,7 @@ def build_pipeline(target: str, config: AcceleratorConfig,
             _p("fuse_clamps", fuse_clamps),
             _p("pack_layout", pack_layout(config), "packed, block-padded layouts for the config's GEMM blocks"),
         ]
-    pipeline.append(_p("partition", partition(target), "assign each layer to the accelerator or the host"))
+    pipeline.append(_p("partition", partition(target, config), "assign each layer to the accelerator or the host"))
     return pipeline
 
 

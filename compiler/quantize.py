@@ -24,7 +24,9 @@ Quantized ops (integer tensors named ``<float name>_q``; all in logical layout u
 * ``quantize``, ``dequantize``, ``qconcat``, ``qreshape``, ``qpad`` (host): the edges and data movement.
 
 Anything else (Softmax, and any op without an integer form) stays a float host op between a
-``dequantize`` and, when an integer layer reads its result, a ``quantize``.
+``dequantize`` and, when an integer layer reads its result, a ``quantize``. So does a layer whose integer
+form would overflow the accumulator (its calibrated range, or no requantization that fits): it keeps its
+float op, with ``attrs["host_reason"]`` saying why.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["fuse_clamps", "quantize"]
+
+
+class _Overflow(Exception):
+    """A layer whose integer form cannot fit the accumulator: it stays a float host layer instead."""
 
 
 class _Ties:
@@ -217,8 +223,7 @@ class _Quantizer:
             return build_epilogue(acc_width=self.acc_bits, out_width=self.act_bits, imm_range=self.imm_range,
                                   **kwargs)  # type: ignore[arg-type]
         except EpilogueOverflow as err:
-            raise QuantizationError(f"no requantization fits the {self.acc_bits}-bit accumulator ({err})",
-                                    node=node.name, op=node.op) from None
+            raise _Overflow(f"no requantization fits the {self.acc_bits}-bit accumulator ({err})") from None
 
     def _clamp(self, node: Node, scale: float) -> tuple[int, int]:
         lo, hi = -(self.qmax + 1), self.qmax
@@ -240,7 +245,11 @@ class _Quantizer:
         self.plan()
         for node in self.src.nodes:
             kind = self.kind[node.name]
-            getattr(self, f"_emit_{kind}")(node)
+            try:  # the emitters check the accumulator before they emit anything, so falling back is clean
+                getattr(self, f"_emit_{kind}")(node)
+            except _Overflow as why:
+                self._emit_float(Node(node.op, node.inputs, node.outputs, {**node.attrs, "host_reason": str(why)},
+                                      node.name))
         self.out.outputs = [self.need_float(x) for x in self.src.outputs]
         self.out.meta["quantization"] = {
             "act_bits": self.act_bits, "wgt_bits": self.wgt_bits, "acc_bits": self.acc_bits,
@@ -277,14 +286,13 @@ class _Quantizer:
         bias_q = np.round(b / acc_scale).astype(np.int64)
         bound = self._acc_bound(node, w_q, bias_q, acc_scale)
         lo, hi = self._clamp(node, s_y)
+        extra = {"residual_real": np.full(o, self._scale(residual) / s_y)} if residual else {}
+        epilogue = self._epilogue(node, real=acc_scale / s_y, bound=bound, lo=lo, hi=hi, bias=bias_q, **extra)
         inputs = [self.need_int(x)]
         w_const = self.out.set_constant(self.out.unique_name(f"{node.name}_wq"), w_q, int_dtype_name(self.wgt_bits))
         inputs.append(w_const)
-        extra = {}
         if residual:
             inputs.append(self.need_int(residual))
-            extra["residual_real"] = np.full(o, self._scale(residual) / s_y)
-        epilogue = self._epilogue(node, real=acc_scale / s_y, bound=bound, lo=lo, hi=hi, bias=bias_q, **extra)
         kh, kw = w.shape[2:]
         attrs = {
             "kernel": (kh, kw), "strides": node.attrs["strides"], "pads": node.attrs["pads"],
@@ -304,13 +312,12 @@ class _Quantizer:
             return worst
         seen = self.acc_absmax.get(node.name)
         if seen is None:
-            raise QuantizationError(f"the worst-case accumulator {int(worst.max())} exceeds {self.acc_bits} bits and "
-                                    "no calibrated range is known", node=node.name, op=node.op)
+            raise _Overflow(f"the worst-case accumulator {int(worst.max())} exceeds {self.acc_bits} bits and no "
+                            "calibrated range is known")
         calibrated = np.ceil(np.asarray(seen) / acc_scale).astype(np.int64)
         if int((calibrated + np.abs(bias_q)).max()) > top:
-            raise QuantizationError(
-                f"calibrated accumulator values reach {int(calibrated.max())}, beyond the {self.acc_bits}-bit "
-                f"accumulator of config '{self.config.name}'", node=node.name, op=node.op)
+            raise _Overflow(f"calibrated accumulator values reach {int(calibrated.max())}, beyond the "
+                            f"{self.acc_bits}-bit accumulator")
         # Headroom for inputs beyond the calibration data: up to twice the range, as far as it fits.
         room = np.maximum(calibrated, (top - np.abs(bias_q)) * 3 // 4)
         return np.minimum(worst, np.minimum(2 * calibrated, room))
@@ -343,10 +350,8 @@ class _Quantizer:
         channels = g.value(y).shape[1]  # type: ignore[index]
         s_x, s_y = self._scale(x), self._scale(y)
         bound = np.full(channels, 1 << (self.act_bits - 1))
-        inputs = [self.need_int(x)]
         if node.op == "Add":
             residual = node.inputs[1]
-            inputs.append(self.need_int(residual))
             epilogue = self._epilogue(node, real=np.full(channels, s_x / s_y), bound=bound, lo=-(self.qmax + 1),
                                       hi=self.qmax, residual_real=np.full(channels, self._scale(residual) / s_y))
         elif node.op == "ChannelAffine":
@@ -357,6 +362,7 @@ class _Quantizer:
         else:  # Relu / Clip, at the input's (tied) scale
             lo, hi = self._clamp(node, s_y)
             epilogue = tuple(clamp_steps(lo, hi, channels, self.act_bits))
+        inputs = [self.need_int(x) for x in node.inputs[:2 if node.op == "Add" else 1]]
         self.emit(Node("qalu", inputs, [self.new_int(y)], {"epilogue": epilogue, "source_op": node.op}, node.name))
 
     def _emit_qconcat(self, node: Node) -> None:

@@ -22,11 +22,13 @@ from weft.runtime.artifact import write_atomic
 __all__ = ["add_report_arguments", "layer_table", "plot_roofline", "run_report"]
 
 COLUMNS = ("layer", "op", "target", "cycles", "macs", "macs_per_cycle", "utilization", "array_utilization", "bytes",
-           "intensity", "bound")
+           "intensity", "bound", "why")
 
 
-def layer_table(stats: Mapping[str, Any], config: Any) -> list[dict[str, Any]]:
-    """One row per layer from a session's stats. Host layers carry no cycles, bytes or utilization.
+def layer_table(stats: Mapping[str, Any], config: Any,
+                host_reasons: Mapping[str, str | None] | None = None) -> list[dict[str, Any]]:
+    """One row per layer from a session's stats. Host layers carry no cycles, bytes or utilization; their
+    "why" is the compiler's reason from `host_reasons` (layer name -> reason).
 
     ``utilization`` is the layer's useful MACs (its logical count: a grouped convolution's real MACs) over
     what the GEMM core could do in its cycles; ``array_utilization`` counts the MACs the array executes,
@@ -38,7 +40,8 @@ def layer_table(stats: Mapping[str, Any], config: Any) -> list[dict[str, Any]]:
     rows = []
     for layer in stats["layers"]:
         row: dict[str, Any] = {"layer": layer["name"], "op": layer["op"], "target": layer["target"],
-                               "cycles": layer.get("cycles"), "macs": int(layer["macs"])}
+                               "cycles": layer.get("cycles"), "macs": int(layer["macs"]),
+                               "why": (host_reasons or {}).get(layer["name"]) if layer["target"] != "accel" else None}
         moved = sum(int(v) for v in (layer.get("bytes") or {}).values())
         row["bytes"] = moved if layer["target"] == "accel" else None
         cycles = row["cycles"]
@@ -118,7 +121,7 @@ def run_report(args: argparse.Namespace) -> int:
     sess.run(None, feeds)
     assert sess.stats is not None
     config = sess.device.config
-    rows = layer_table(sess.stats, config)
+    rows = layer_table(sess.stats, config, {n.name: n.attrs.get("host_reason") for n in sess.artifact.graph.nodes})
     widths = [max(len(c), *(len(_format(r[c])) for r in rows)) for c in COLUMNS]
     print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)))
     for r in rows:

@@ -72,13 +72,9 @@ def _check(config: AcceleratorConfig, layer: tuple) -> None:
     cal = [{"x": rand(batch, cin, h, w, seed=s)} for s in range(2)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            art = weft.compile(model, config=config, calibration=cal)
-        except weft.compiler.backend.BackendError as err:  # a layer that fits no tiling of tiny buffers
-            assert "no tiling fits" in str(err) or "no schedule lowers" in str(err)
-            event("refused: no tiling fits")
-            return
-    event("ran")
+        art = weft.compile(model, config=config, calibration=cal)
+    # A layer that fits no tiling of the config's buffers runs on the host instead, still bit-exact.
+    event("a layer fell back to the host" if art.graph.meta["fallbacks"] else "ran")
     assert_bit_exact(art, {"x": rand(batch, cin, h, w, seed=9) - 0.3})
 
 

@@ -165,11 +165,12 @@ def test_schedules_can_be_given_per_layer_and_bad_ones_name_the_layer(onnx_model
         _compile(model, "default", schedules={"nope": chosen})
 
 
-def test_unsupported_config_fails_at_compile_time_naming_the_layer(onnx_models):
-    with pytest.raises(BackendError, match=r"node 'layers.0.matmul' \(qconv2d\): config 'rect' has batch 2"):
-        _compile(onnx_models["mlp"], "rect")
-    art = _compile(onnx_models["mlp"], "rect", codegen=False)  # still fine for the reference device
-    assert "accel" not in art.sections
+def test_a_config_that_cannot_run_a_layer_sends_it_to_the_host_saying_why(onnx_models):
+    art = _compile(onnx_models["mlp"], "rect")
+    matmul = art.graph.node("layers.0.matmul")
+    assert matmul.op == "qconv2d" and matmul.attrs["target"] == "host"
+    assert matmul.attrs["host_reason"].startswith("config 'rect' has batch 2")
+    assert art.sections["accel"].meta["layers"] == []
 
 
 @pytest.mark.parametrize("config", [

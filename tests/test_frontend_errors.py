@@ -3,6 +3,8 @@ and its message names the culprit (node, op type, attribute, input, file)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -178,15 +180,16 @@ def test_default_calibration_warns():
 
 
 def test_accumulator_overflow_names_the_layer():
-    """With a 16-bit accumulator, a 3x3x64 convolution cannot be requantized: the compile fails and
-    names the layer, instead of producing a model that wraps."""
+    """With a 16-bit accumulator, a 3x3x64 convolution cannot be requantized: instead of a model that
+    wraps, the layer stays a float host layer that says why."""
     config = PRESETS["default"].replace(name="acc16", acc_width=16)
     w = rand(8, 64, 3, 3, seed=3)
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], name="wide_conv", pads=[1, 1, 1, 1])],
                        {"x": [1, 64, 6, 6]}, {"y": None}, {"w": w})
-    with pytest.raises(QuantizationError, match=r"node 'wide_conv' \(FusedConv\): calibrated accumulator values reach "
-                                                r"\d+, beyond the 16-bit accumulator of config 'acc16'"):
-        weft.compile(model, config=config, calibration={"x": rand(2, 1, 64, 6, 6)})
+    conv = weft.compile(model, config=config, calibration={"x": rand(2, 1, 64, 6, 6)}).graph.node("wide_conv")
+    assert conv.op == "FusedConv" and conv.attrs["target"] == "host"
+    assert re.fullmatch(r"calibrated accumulator values reach \d+, beyond the 16-bit accumulator",
+                        conv.attrs["host_reason"])
 
 
 def test_unequal_activation_widths_are_refused():

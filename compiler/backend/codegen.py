@@ -5,7 +5,8 @@ one given per layer), its lowering (:mod:`conv` / :mod:`pool`) into a program, t
 FINISH, the dependency tokens (:mod:`vthread`), then the static checks (:mod:`check`): every stream's
 token protocol and micro-op hazards are verified before anything is written. The result goes into the
 artifact's ``accel`` section: the constant part of the DRAM image and, as JSON, where every value,
-program and micro-op block lives, with each layer's schedule and static figures.
+program and micro-op block lives, with each layer's schedule and static figures. A layer that no default
+schedule lowers goes to the host (the partition's admission check catches most such layers earlier).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from weft.compiler.backend.vthread import inject_sync
 from weft.compiler.errors import CompileError
 from weft.compiler.ir import Graph, Node
 from weft.compiler.layout import act_block
-from weft.compiler.partition import ACCEL_OPS
+from weft.compiler.partition import ACCEL_OPS, send_to_host
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
 from weft.isa.spec import intrinsic
 
@@ -150,11 +151,15 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     graph, c = artifact.graph, artifact.config
     tensorize(c, intrinsic(c))
     schedules = dict(schedules or {})
-    unknown = sorted(set(schedules) - {n.name for n in graph.nodes if n.op in ACCEL_OPS})
+    accel = [n for n in graph.nodes if n.attrs.get("target") == "accel"]
+    unknown = sorted(set(schedules) - {n.name for n in accel})
     if unknown:
+        node = next((n for n in graph.nodes if n.name == unknown[0] and n.op in ACCEL_OPS), None)
+        if node is not None:  # the partition sent it to the host
+            raise ValueError(f"schedules given for '{node.name}', which runs on the host: "
+                             f"{node.attrs.get('host_reason', 'the partition put it there')}")
         raise ValueError(f"schedules given for '{unknown[0]}', which is not an accelerator layer of the model")
     plan = memory.DramPlan(c)
-    accel = [n for n in graph.nodes if n.attrs.get("target") == "accel"]
     values: dict[str, dict[str, Any]] = {}
     for node in accel:
         for name in [node.inputs[0], *node.inputs[2:3], node.outputs[0]] if node.op == "qconv2d" else \
@@ -167,8 +172,15 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     nonneg = nonnegative_values(graph)
     layers = []
     for node in accel:
-        layers.append(lower_layer(node, graph, c, plan, values, schedules.get(node.name), latency_hiding,
-                                   node.inputs[0] in nonneg))
+        given = schedules.get(node.name)
+        try:
+            layers.append(lower_layer(node, graph, c, plan, values, given, latency_hiding, node.inputs[0] in nonneg))
+        except BackendError as err:
+            if given is not None:  # the schedule the caller chose is at fault, not the accelerator
+                raise
+            # A limit the partition's admission check does not foresee (the exact micro-op count, an
+            # encoding): the host runs the layer. Its DRAM buffers stay allocated, unused.
+            send_to_host(graph, node, str(err).removeprefix(f"node '{node.name}' ({node.op}): "))
     meta = {
         "version": SECTION_VERSION, "dram_bytes": plan.size, "const_base": const_base,
         "latency_hiding": latency_hiding, "values": values, "layers": layers,
