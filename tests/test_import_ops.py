@@ -465,12 +465,13 @@ def test_hardswish_mobilenet_block():
 
 
 def test_every_imported_op_has_a_float_definition():
-    """What the importer accepts, the float graph can infer, fold and run (Constant, Sum, Dropout and
-    Upsample become other ops at import)."""
+    """What the importer accepts, the float graph can infer, fold and run (Constant, Sum, Dropout,
+    Upsample and the QLinear / Integer ops become other ops at import)."""
     from weft.compiler.float_ops import FLOAT_OPS
     from weft.compiler.onnx_import import SUPPORTED_OPS
 
-    rewritten = {"Constant", "Sum", "Dropout", "Upsample"}
+    rewritten = {"Constant", "Sum", "Dropout", "Upsample", "QLinearConv", "QLinearMatMul", "ConvInteger",
+                 "MatMulInteger"}
     assert SUPPORTED_OPS - rewritten <= set(FLOAT_OPS)
     assert {"Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "LeakyRelu", "PRelu", "Elu", "Softplus", "Erf", "Gelu",
             "Max", "Min", "Pow", "Sqrt", "Exp", "Neg", "Abs", "Reciprocal", "ReduceMean", "ReduceMax", "ReduceSum",
