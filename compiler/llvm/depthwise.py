@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from weft.compiler.llvm.elementwise import Operand, read
-from weft.compiler.llvm.expr import Buffer, Expr, Var
+from weft.compiler.llvm.elementwise import Operand
+from weft.compiler.llvm.expr import Buffer, Var
 from weft.compiler.llvm.layout import Layout
-from weft.compiler.llvm.nn import ConvSpec, activation
+from weft.compiler.llvm.nn import ConvSpec, conv_epilogue
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
 
@@ -73,12 +73,7 @@ def depthwise_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "n
     def body(n: Var, cb: Var, oh: Var, ow: Var, c: Var):
         return reduce_sum(x[n, cb, oh * sh + (rkh + dy), ow * sw + (rkw + dx), c] * w[cb, rkh, rkw, c], [rkh, rkw])
 
-    def epilogue(acc: Expr, n: Var, cb: Var, oh: Var, ow: Var, c: Var) -> Expr:
-        y = acc + bias[cb, c]
-        if residual is not None:
-            phys = [n, cb, oh, ow, c]
-            y = y + read(residual, (s.n, s.cout, oh_, ow_), out_layout, phys, out_layout.logical_index(phys))
-        return activation(y, act, clip)
+    epilogue = conv_epilogue(bias, residual, (s.n, s.cout, oh_, ow_), out_layout, act, clip)
 
     domain = (s.n, s.cout // b, oh_, ow_, b)
     if s.out_halo:

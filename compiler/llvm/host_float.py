@@ -194,13 +194,15 @@ def _pool(p: Planner, node: Node) -> None:
     p.step(node.name, kernel, [src, y])
 
 
-def _global_pool(p: Planner, node: Node) -> None:
+def global_pool(p: Planner, node: Node) -> None:
+    """GlobalAveragePool or GlobalMaxPool on an NCHW tensor, in its layout less any halo."""
     src = p.get(node.inputs[0], None, node)
     if len(src.shape) != 4:
         raise UnsupportedError(f"global pooling needs an NCHW input, got shape {list(src.shape)}",
                                node=node.name, op=node.op)
     y = p.new(node.outputs[0], p.out_shape(node), src.layout.without_halo())
-    p.step(node.name, nn.global_pool_kernel("gap", src.operand("x"), p.target), [src, y])
+    kind, name = ("max", "gmp") if node.op == "GlobalMaxPool" else ("avg", "gap")
+    p.step(node.name, nn.global_pool_kernel(name, src.operand("x"), p.target, kind=kind), [src, y])
 
 
 def elementwise_handler(fn: Callable[[Node, list[Expr]], Expr]) -> Callable[[Planner, Node], None]:
@@ -430,7 +432,7 @@ FLOAT_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "FusedConv": _fused_conv,
     "MaxPool": _pool,
     "AveragePool": _pool,
-    "GlobalAveragePool": _global_pool,
+    "GlobalAveragePool": global_pool,
     "Relu": elementwise_handler(lambda n, xs: maximum(xs[0], 0.0)),
     "Clip": elementwise_handler(_clip),
     "Add": elementwise_handler(_binary("Add")),

@@ -17,10 +17,10 @@ from weft.compiler.errors import UnsupportedError
 from weft.compiler.float_ops import FLOAT_OPS
 from weft.compiler.ir import Node
 from weft.compiler.llvm import elementwise as ew
-from weft.compiler.llvm import mathfn, nn
+from weft.compiler.llvm import mathfn
 from weft.compiler.llvm.elementwise import schedule_elementwise
 from weft.compiler.llvm.expr import Call, Expr, cast, const, exp, maximum, minimum, select
-from weft.compiler.llvm.host_float import constant_tensor, elementwise_handler
+from weft.compiler.llvm.host_float import constant_tensor, elementwise_handler, global_pool
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.norm import normalize_kernel
@@ -47,15 +47,6 @@ def _gelu(node: Node, x: Expr) -> Expr:
 def _pow(node: Node, xs: list[Expr]) -> Expr:
     base, exponent = xs
     return Call("pow", [base, cast(base.dtype, exponent)])
-
-
-def _global_max_pool(p: Planner, node: Node) -> None:
-    src = p.get(node.inputs[0], None, node)
-    if len(src.shape) != 4:
-        raise UnsupportedError(f"global pooling needs an NCHW input, got shape {list(src.shape)}",
-                               node=node.name, op=node.op)
-    y = p.new(node.outputs[0], p.out_shape(node), src.layout.without_halo())
-    p.step(node.name, nn.global_pool_kernel("gmp", src.operand("x"), p.target, kind="max"), [src, y])
 
 
 def _transpose(p: Planner, node: Node) -> None:
@@ -229,7 +220,7 @@ OP_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "Max": elementwise_handler(lambda n, xs: reduce(maximum, xs)),
     "Min": elementwise_handler(lambda n, xs: reduce(minimum, xs)),
     "Pow": elementwise_handler(_pow),
-    "GlobalMaxPool": _global_max_pool,
+    "GlobalMaxPool": global_pool,
     "Transpose": _transpose,
     "Expand": _expand,
     "Tile": _tile,

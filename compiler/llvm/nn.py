@@ -252,6 +252,21 @@ class ConvWorkload:
                            tiles=schedule)
 
 
+def conv_epilogue(bias: Buffer, residual: Operand | None, out_shape: tuple[int, ...], out_layout: Layout,
+                  act: str, clip: tuple | None) -> Callable[..., Expr]:
+    """A blocked convolution's epilogue on its accumulator at (n, channel block, oh, ow, lane): + bias,
+    + the residual read in the output's layout, then the activation."""
+
+    def epilogue(acc: Expr, n: Var, cb: Var, oh: Var, ow: Var, c: Var) -> Expr:
+        y = acc + bias[cb, c]
+        if residual is not None:
+            phys = [n, cb, oh, ow, c]
+            y = y + read(residual, out_shape, out_layout, phys, out_layout.logical_index(phys))
+        return activation(y, act, clip)
+
+    return epilogue
+
+
 def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,
                 residual: Operand | None = None, tiles: tuple[int, int] | ConvSchedule | None = None,
                 groups: int = 1) -> Kernel:
@@ -284,12 +299,7 @@ def conv_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none",
         return reduce_sum(x[n, block, oh * sh + (rkh + dy), ow * sw + (rkw + dx), rci] * w[co, rco, rkh, rkw, rci, c],
                           [rco, rkh, rkw, rci])
 
-    def epilogue(acc: Expr, n: Var, co: Var, oh: Var, ow: Var, c: Var) -> Expr:
-        y = acc + b[co, c]
-        if residual is not None:
-            phys = [n, co, oh, ow, c]
-            y = y + read(residual, (s.n, s.cout, oh_, ow_), out_layout, phys, out_layout.logical_index(phys))
-        return activation(y, act, clip)
+    epilogue = conv_epilogue(b, residual, (s.n, s.cout, oh_, ow_), out_layout, act, clip)
 
     domain = (s.n, s.cout // s.bo, oh_, ow_, s.bo)
     if s.out_halo:
