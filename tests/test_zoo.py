@@ -47,8 +47,11 @@ def test_logits_are_compared_when_the_model_ends_in_softmax():
     assert producers[out.graph.output[1].name].op_type != "Softmax"
 
 
-def test_squeezenet_row_meets_the_bar():
-    row = zoo_row(LIGHT["squeezenet"], load_config("default"))
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+def test_small_light_models_meet_the_bar_on_default(name):
+    """The two smallest: Dropout with its mask (SqueezeNet); grouped 1x1 convolutions and the channel
+    shuffle as Reshape/Transpose (ShuffleNet)."""
+    row = zoo_row(LIGHT[name], load_config("default"))
     assert row["ok"], row.get("error")
     assert row["compared"] == "logits"
     assert row["cosine_vs_float"] >= 0.99
