@@ -32,11 +32,14 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from weft.errors import WeftError
+from weft.isa import semantics
 from weft.isa.asm import format_insn
-from weft.isa.constants import AluOp, MemId, Opcode, Unit
+from weft.isa.constants import MemId, Opcode, Unit
 from weft.isa.encoding import decode_insns, decode_uops, encode_insns, layout_of, make_uops
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
+from weft.isa.semantics import FLAG_QUEUE as _FLAG_QUEUE  # the sim's timing model reads it here too
+from weft.isa.semantics import QUEUES
 from weft.sim.bits import int_dtype, pack, unpack, wrap
 from weft.sim.dram import Dram
 from weft.sim.kernels import alu_apply, float_dtype_for, gemm_row_sums, loop_indices
@@ -50,25 +53,16 @@ __all__ = [
     "insn_region", "run_program",
 ]
 
-#: Token queues, by index: load->compute, compute->load, compute->store, store->compute.
-QUEUES = ("l2g", "g2l", "g2s", "s2g")
 _QUEUE_DOC = {
     "l2g": "load->compute", "g2l": "compute->load", "g2s": "compute->store", "s2g": "store->compute",
 }
-L2G, G2L, G2S, S2G = range(4)
+L2G, G2L, G2S, S2G = range(len(QUEUES))
 LOAD, COMPUTE, STORE = int(Unit.LOAD), int(Unit.COMPUTE), int(Unit.STORE)
 _UNIT_NAMES = ("load", "compute", "store")
-#: unit -> dependency flag -> queue it pops or pushes; a flag missing here is illegal for the unit.
-_FLAG_QUEUE = {
-    LOAD: {"pop_next": G2L, "push_next": L2G},
-    COMPUTE: {"pop_prev": L2G, "pop_next": S2G, "push_prev": G2L, "push_next": G2S},
-    STORE: {"pop_prev": G2S, "push_prev": S2G},
-}
 #: Counted instruction kinds (`stats["insns"]`); a LOAD or STORE with x_size == 0 counts as "nop".
 INSN_KINDS = ("load_inp", "load_wgt", "load_uop", "load_acc", "load_acc_narrow", "store", "gemm", "alu",
               "finish", "nop")
 _F = {name: k for k, name in enumerate(INSN_FIELD_NAMES)}
-_LOAD_MEMS = (MemId.UOP, MemId.WGT, MemId.INP, MemId.ACC, MemId.ACC_NARROW)
 _INSN_ALIGN = 64
 
 
@@ -104,13 +98,6 @@ class _Mem:
     @property
     def elems(self) -> int:
         return self.row_bytes * 8 // self.width
-
-
-def _table(*members: int) -> np.ndarray:
-    """An 8-entry boolean lookup table (for 3-bit fields) that is True at `members`."""
-    table = np.zeros(8, dtype=bool)
-    table[[int(m) for m in members]] = True
-    return table
 
 
 def insn_region(dram_size: int, insn_count: int, insn_bytes: int = 16) -> int:
@@ -225,30 +212,11 @@ class FunctionalSimulator:
         encoded (before anything runs, like a decoder that rejects the stream)."""
         n = len(insns)
         col = {name: insns[name] for name in INSN_FIELD_NAMES}
-        op, mem = col["opcode"], col["mem_id"]  # 3-bit fields: they index 8-entry tables
+        op, mem = col["opcode"], col["mem_id"]
         is_load, is_store = op == Opcode.LOAD, op == Opcode.STORE
-        units = np.full(n, COMPUTE, dtype=np.int64)
-        units[is_load & _table(MemId.INP, MemId.WGT)[mem]] = LOAD
-        units[is_store] = STORE
+        units = semantics.units(insns)
         active = (is_load | is_store) & (col["x_size"] > 0)
-        checks: list[tuple[np.ndarray, Any]] = []
-
-        checks.append((~_table(*Opcode)[op], lambda i: f"illegal opcode {op[i]}"))
-        bad_mem = (is_load & ~_table(*_LOAD_MEMS)[mem]) | (is_store & (mem != MemId.OUT))
-        checks.append((bad_mem, lambda i: f"illegal memory id {mem[i]} for {Opcode(op[i]).name} (LOAD takes "
-                                          "uop, wgt, inp, acc, acc_narrow; STORE takes out)"))
-        for flag in DEP_FLAGS:
-            bad = (col[flag] != 0) & ~_table(*(u for u, m in _FLAG_QUEUE.items() if flag in m))[units]
-            checks.append((bad, lambda i, f=flag: (
-                f"dependency flag {f} is illegal for the {_UNIT_NAMES[units[i]]} unit (it may use "
-                f"{', '.join(_FLAG_QUEUE[int(units[i])])})")))
-        checks.append(((op == Opcode.ALU) & (col["alu_op"] > max(AluOp)),
-                       lambda i: f"illegal ALU op {col['alu_op'][i]}"))
-        pads = col["y_pad_0"] + col["y_pad_1"] + col["x_pad_0"] + col["x_pad_1"]
-        no_pad = is_store | (is_load & _table(MemId.UOP, MemId.WGT)[mem])
-        checks.append((active & no_pad & (pads > 0), lambda i: (
-            "padding is only allowed on loads into inp, acc and acc_narrow, not on "
-            f"{format_insn(insns[i])}")))
+        checks = semantics.legality_checks(insns, self.config.uop_rows)
 
         table = [self._mems.get(m) for m in range(8)]  # by memory id; None for ids with no memory
         rows = np.array([t.rows if t else 0 for t in table])[mem]
@@ -265,13 +233,6 @@ class FunctionalSimulator:
         checks.append((active & (col["y_size"] > 0) & (last > dram_size), lambda i: (
             f"DRAM bytes 0x{first[i]:x}..0x{last[i] - 1:x} are outside the {dram_size}-byte image")))
 
-        looped = _table(Opcode.GEMM, Opcode.ALU)[op]
-        checks.append((looped & (col["uop_bgn"] >= col["uop_end"]), lambda i: (
-            f"empty micro-op range {col['uop_bgn'][i]}:{col['uop_end'][i]}")))
-        checks.append((looped & (col["uop_end"] > self.config.uop_rows), lambda i: (
-            f"micro-op range {col['uop_bgn'][i]}:{col['uop_end'][i]} is beyond the "
-            f"{self.config.uop_rows} rows of the uop buffer")))
-
         finishes = np.flatnonzero(op == Opcode.FINISH)
         order_bad = np.zeros(n, dtype=bool)
         if finishes.size and finishes[0] < n - 1:
@@ -279,10 +240,10 @@ class FunctionalSimulator:
         checks.append((order_bad, lambda i: (
             f"follows the FINISH at instruction {i - 1}: FINISH must be last")))
 
-        firsts = [(int(np.argmax(mask)), k) for k, (mask, _) in enumerate(checks) if mask.any()]
-        if firsts:
-            i, k = min(firsts)
-            raise SimError(f"instruction {i} ({format_insn(insns[i])}): {checks[k][1](i)}", i)
+        illegal = semantics.first_illegal(checks)
+        if illegal is not None:
+            i, rule = illegal
+            raise SimError(f"instruction {i} ({format_insn(insns[i])}): {rule}", i)
         if not finishes.size:
             last_index = max(n - 1, 0)
             raise SimError(f"instruction {last_index}: the program ends without FINISH "
