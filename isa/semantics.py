@@ -19,7 +19,8 @@ from weft.isa.asm import format_insn
 from weft.isa.constants import AluOp, MemId, Opcode, Unit
 from weft.isa.program import DEP_FLAGS
 
-__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "Check", "first_illegal", "legality_checks", "units"]
+__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "Check", "first_illegal", "legality_checks", "unit_of",
+           "units"]
 
 #: Token queues, by index: load->compute, compute->load, compute->store, store->compute.
 QUEUES = ("l2g", "g2l", "g2s", "s2g")
@@ -51,6 +52,13 @@ def _table(*members: int) -> np.ndarray:
     table = np.zeros(8, dtype=bool)
     table[[int(m) for m in members]] = True
     return table
+
+
+def unit_of(opcode: int, mem_id: int) -> Unit:
+    """The unit that runs one instruction."""
+    if opcode == Opcode.STORE:
+        return Unit.STORE
+    return Unit.LOAD if opcode == Opcode.LOAD and mem_id in _LOAD_UNIT_MEMS else Unit.COMPUTE
 
 
 def units(insns: np.ndarray) -> np.ndarray:

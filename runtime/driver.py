@@ -170,7 +170,8 @@ class Driver:
         buf = self.ensure_buffer(image.size)
         base = int(buf.physical_address)
         moved = self.relocate(insns, base)
-        check_launch(self.config, moved, base + insn_addr, [(base, base + image.size)], self.insn_bytes)
+        # INSN_COUNT is what the hardware fetches: the check sees those instructions, none fewer
+        check_launch(self.config, moved, base + insn_addr, [(base, base + image.size)], self.insn_bytes, insn_count)
         buf.array[:image.size] = image
         buf.array[insn_addr:insn_addr + words.size] = np.frombuffer(encode_insns(self.config, moved), np.uint8)
         buf.flush()

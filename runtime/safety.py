@@ -15,21 +15,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weft.errors import WeftError
+from weft.isa import semantics
 from weft.isa.asm import format_insn
 from weft.isa.constants import MemId, Opcode, Unit
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["LaunchError", "check_config_hash", "check_launch", "dma_ranges", "mem_row_bytes"]
+__all__ = ["ADDRESS_LIMIT", "LaunchError", "check_config_hash", "check_launch", "dma_ranges", "mem_row_bytes"]
 
-#: Token queues: name -> (pushing unit and flag, popping unit and flag); the order of weft.sim.fsim.QUEUES.
-_QUEUES = {
-    "l2g": ((Unit.LOAD, "push_next"), (Unit.COMPUTE, "pop_prev")),
-    "g2l": ((Unit.COMPUTE, "push_prev"), (Unit.LOAD, "pop_next")),
-    "g2s": ((Unit.COMPUTE, "push_next"), (Unit.STORE, "pop_prev")),
-    "s2g": ((Unit.STORE, "push_prev"), (Unit.COMPUTE, "pop_next")),
-}
+#: The accelerator's AXI addresses are 32 bits: a byte at or above this wraps onto other memory.
+ADDRESS_LIMIT = 1 << 32
 
 
 class LaunchError(WeftError):
@@ -48,12 +44,7 @@ def mem_row_bytes(config: AcceleratorConfig) -> dict[int, int]:
 
 
 def unit_of(insn: np.void) -> Unit:
-    op, mem = int(insn["opcode"]), int(insn["mem_id"])
-    if op == Opcode.LOAD and mem in (MemId.INP, MemId.WGT):
-        return Unit.LOAD
-    if op == Opcode.STORE:
-        return Unit.STORE
-    return Unit.COMPUTE
+    return semantics.unit_of(int(insn["opcode"]), int(insn["mem_id"]))
 
 
 def dma_ranges(config: AcceleratorConfig, insns: np.ndarray) -> list[tuple[int, int, int]]:
@@ -80,9 +71,17 @@ def _check_dma(config: AcceleratorConfig, insns: np.ndarray, buffers: Sequence[t
 
 
 def _check_tokens(insns: np.ndarray) -> None:
-    for queue, ((push_unit, push_flag), (pop_unit, pop_flag)) in _QUEUES.items():
-        pushes = [i for i, r in enumerate(insns) if unit_of(r) == push_unit and int(r[push_flag])]
-        pops = [i for i, r in enumerate(insns) if unit_of(r) == pop_unit and int(r[pop_flag])]
+    units = semantics.units(insns)
+    for q, queue in enumerate(semantics.QUEUES):
+        pushes: list[int] = []
+        pops: list[int] = []
+        for unit, flags in semantics.FLAG_QUEUE.items():
+            for flag, flag_q in flags.items():
+                if flag_q == q:
+                    hits = np.flatnonzero((units == unit) & (insns[flag] != 0)).tolist()
+                    (pops if flag.startswith("pop") else pushes).extend(hits)
+        pushes.sort()
+        pops.sort()
         if len(pops) > len(pushes):
             i = pops[len(pushes)]
             raise LaunchError(f"instruction {i} ({format_insn(insns[i])}): pops queue {queue} but no instruction "
@@ -93,14 +92,19 @@ def _check_tokens(insns: np.ndarray) -> None:
                               f"instruction pops ({len(pushes)} pushes, {len(pops)} pops): tokens are unbalanced", i)
 
 
-def _check_uops(config: AcceleratorConfig, insns: np.ndarray) -> None:
-    for i, r in enumerate(insns):
-        if int(r["opcode"]) not in (Opcode.GEMM, Opcode.ALU):
-            continue
-        bgn, end = int(r["uop_bgn"]), int(r["uop_end"])
-        if bgn >= end or end > config.uop_rows:
-            raise LaunchError(f"instruction {i} ({format_insn(r)}): micro-op span {bgn}:{end} is not a non-empty "
-                              f"range inside the {config.uop_rows} rows of the uop buffer", i)
+def _check_legal(config: AcceleratorConfig, insns: np.ndarray) -> None:
+    """The encoding rules of :mod:`weft.isa.semantics`, the simulator's: the hardware decoder is not trusted."""
+    illegal = semantics.first_illegal(semantics.legality_checks(insns, config.uop_rows))
+    if illegal is not None:
+        i, rule = illegal
+        raise LaunchError(f"instruction {i} ({format_insn(insns[i])}): {rule}", i)
+
+
+def _check_buffers(buffers: Sequence[tuple[int, int]]) -> None:
+    for k, (lo, hi) in enumerate(buffers):
+        if lo < 0 or hi > ADDRESS_LIMIT:
+            raise LaunchError(f"buffer {k} at 0x{lo:x}..0x{hi - 1:x} is not below 4 GiB: the accelerator's 32-bit "
+                              "AXI addresses would wrap onto other memory; allocate it in the low 4 GiB")
 
 
 def check_config_hash(artifact_hash: str, hardware_hash: str, where: str = "bitstream") -> None:
@@ -110,16 +114,22 @@ def check_config_hash(artifact_hash: str, hardware_hash: str, where: str = "bits
 
 
 def check_launch(config: AcceleratorConfig, insns: np.ndarray, insn_addr: int, buffers: Sequence[tuple[int, int]],
-                 insn_bytes: int) -> None:
-    """Every check of a launch: the instruction fetch and every DMA range inside `buffers` ([lo, hi) byte
-    ranges allocated for this run), tokens balanced per queue, micro-op spans in range."""
+                 insn_bytes: int, insn_count: int) -> None:
+    """Every check of a launch that programs INSN_ADDR = `insn_addr` and INSN_COUNT = `insn_count` for the
+    stream `insns` (exactly what the hardware will fetch): the buffers ([lo, hi) physical byte ranges
+    allocated for this run) below 4 GiB, the fetch and every DMA range inside them, every instruction
+    legal, tokens balanced per queue."""
+    if len(insns) != insn_count:
+        raise LaunchError(f"INSN_COUNT {insn_count} differs from the {len(insns)} instructions checked: the "
+                          "hardware would fetch instructions nobody checked")
     if len(insns) == 0 or int(insns[-1]["opcode"]) != Opcode.FINISH:
         raise LaunchError(f"instruction {max(len(insns) - 1, 0)}: the stream must end with FINISH",
                           max(len(insns) - 1, 0))
+    _check_buffers(buffers)
     fetch = (insn_addr, insn_addr + len(insns) * insn_bytes)
     if not any(lo <= fetch[0] and fetch[1] <= hi for lo, hi in buffers):
         raise LaunchError(f"the instruction stream at 0x{fetch[0]:x}..0x{fetch[1] - 1:x} is outside the buffers "
                           "allocated for this run")
+    _check_legal(config, insns)
     _check_dma(config, insns, buffers)
     _check_tokens(insns)
-    _check_uops(config, insns)

@@ -89,7 +89,7 @@ def test_bad_uop_span_is_refused():
         i = _first(insns, lambda r: r["opcode"] == Opcode.GEMM)
         insns[i]["uop_end"] = insns[i]["uop_bgn"]
         return i
-    _refused(mutate, "micro-op span")
+    _refused(mutate, "micro-op range")
 
 
 def test_uop_span_past_the_buffer_is_refused():
@@ -97,7 +97,7 @@ def test_uop_span_past_the_buffer_is_refused():
         i = _first(insns, lambda r: r["opcode"] in (Opcode.GEMM, Opcode.ALU))
         insns[i]["uop_end"] = PRESETS["tiny"].uop_rows + 1
         return i
-    _refused(mutate, f"inside the {PRESETS['tiny'].uop_rows} rows of the uop buffer")
+    _refused(mutate, f"beyond the {PRESETS['tiny'].uop_rows} rows of the uop buffer")
 
 
 def test_config_mismatch_is_refused():
