@@ -76,18 +76,24 @@ def add_asm_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_asm(args: argparse.Namespace) -> int:
     from weft.isa import assemble, decode_insns, disassemble, encode_insns
+    from weft.isa.asm import AsmError, AsmFileError, check_words, read_source
+    from weft.isa.encoding import layout_of
 
     config = load_config(args.config)
+    name = "standard input" if args.input == "-" else args.input
+    data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
     if args.disassemble:
-        data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
-        text = disassemble(decode_insns(config, data))
+        text = disassemble(decode_insns(config, check_words(data, name, layout_of(config).insn_bits // 8)))
         if args.output:
             Path(args.output).write_text(text)
         else:
             sys.stdout.write(text)
         return 0
-    source = sys.stdin.read() if args.input == "-" else Path(args.input).read_text()
-    words = encode_insns(config, assemble(source))
+    try:
+        insns = assemble(read_source(data, name))
+    except AsmError as err:
+        raise AsmFileError(f"{name}: {err}") from None
+    words = encode_insns(config, insns)
     if args.output:
         Path(args.output).write_bytes(words)
     else:

@@ -16,11 +16,33 @@ from __future__ import annotations
 
 import numpy as np
 
+from weft.errors import WeftError
 from weft.isa.constants import AluOp, MemId, Opcode
 from weft.isa.encoding import make_insns
 from weft.isa.program import DEP_FLAGS
 
-__all__ = ["AsmError", "assemble", "disassemble", "format_insn"]
+__all__ = ["AsmError", "AsmFileError", "assemble", "check_words", "disassemble", "format_insn", "read_source"]
+
+
+class AsmFileError(WeftError):
+    """An input file that is not assembly text or not whole instruction words; names the file."""
+
+
+def read_source(data: bytes, name: str) -> str:
+    """Assembly text from the bytes of file `name`."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise AsmFileError(f"{name}: byte 0x{data[err.start]:02x} at offset {err.start} is not UTF-8 text; "
+                           "is it a binary (disassemble it with -d)?") from None
+
+
+def check_words(data: bytes, name: str, insn_bytes: int) -> bytes:
+    """The bytes of file `name` if they are whole `insn_bytes`-byte instructions."""
+    if len(data) % insn_bytes:
+        raise AsmFileError(f"{name}: {len(data)} bytes is not a whole number of {insn_bytes}-byte instructions "
+                           f"({len(data) % insn_bytes} bytes left over)")
+    return data
 
 
 class AsmError(ValueError):

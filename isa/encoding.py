@@ -143,9 +143,11 @@ def decode_insns(config: AcceleratorConfig, data: bytes | np.ndarray) -> np.ndar
     """
     layout = layout_of(config)
     nbytes = layout.insn_bits // 8
-    raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray) else data.tobytes(), dtype="<u8")
-    if raw.size * 8 % nbytes:
-        raise ValueError(f"instruction stream of {raw.size * 8} bytes is not a multiple of {nbytes}")
+    data = bytes(data) if not isinstance(data, np.ndarray) else data.tobytes()
+    if len(data) % nbytes:  # before numpy reads 8-byte words, whose message would name no instruction size
+        raise ValueError(f"instruction stream of {len(data)} bytes is not a multiple of the {nbytes}-byte "
+                         "instruction")
+    raw = np.frombuffer(data, dtype="<u8")
     words = raw.reshape(-1, _words(layout.insn_bits)).astype(np.uint64)
     result = make_insns(len(words))
     header = _unpack_fields(layout.formats["finish"], words)

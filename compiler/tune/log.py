@@ -11,8 +11,11 @@ again.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +25,7 @@ from weft.compiler.backend.schedule import LayerGeom, Schedule
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["TuningLog", "best_schedules", "record", "task_record", "workload_key"]
+__all__ = ["TornLogWarning", "TuningLog", "best_schedules", "record", "task_record", "workload_key"]
 
 
 def workload_key(geom: LayerGeom) -> str:
@@ -55,19 +58,36 @@ def task_record(workload: str, target: str, layer: str, schedule: dict[str, Any]
     return rec
 
 
-def _read(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open() as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{i}: not a JSON record ({err.msg})") from None
-            missing = [k for k in ("workload", "config", "schedule", "cycles") if k not in rec]
-            if missing:
-                raise ValueError(f"{path}:{i}: tuning record lacks '{missing[0]}'")
-            yield rec
+class TornLogWarning(UserWarning):
+    """The last line of a tuning log is cut short (a run killed mid-write); it is skipped."""
+
+
+def _read(path: Path) -> tuple[list[dict[str, Any]], int | None]:
+    """The records of a log, and where a torn last line starts (None: the file ends cleanly). Torn: the
+    last line, unparseable and without its newline. An unparseable line elsewhere is an error: records
+    after it were written later, so the file was damaged, not cut short."""
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
+    last = max((k for k, line in enumerate(lines) if line.strip()), default=-1)
+    out: list[dict[str, Any]] = []
+    offset = 0
+    for k, raw in enumerate(lines):
+        start, offset = offset, offset + len(raw)
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            why = err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8"
+            if k == last and not raw.endswith(b"\n"):  # records are written newline last: cut mid-write
+                warnings.warn(f"{path}:{k + 1}: skipping a torn last line ({why})", TornLogWarning, stacklevel=3)
+                return out, start
+            raise ValueError(f"{path}:{k + 1}: not a JSON record ({why})") from None
+        missing = [key for key in ("workload", "config", "schedule", "cycles") if key not in rec]
+        if missing:
+            raise ValueError(f"{path}:{k + 1}: tuning record lacks '{missing[0]}'")
+        out.append(rec)
+    return out, None
 
 
 class TuningLog:
@@ -76,19 +96,25 @@ class TuningLog:
     def __init__(self, path: str | Path | None = None, records: Iterable[dict[str, Any]] = ()) -> None:
         self.path = Path(path) if path is not None else None
         self.records: list[dict[str, Any]] = list(records)
+        self._torn_at: int | None = None  # where the next append cuts off a torn last line
         if self.path is not None and self.path.exists():
-            self.records.extend(_read(self.path))
+            found, self._torn_at = _read(self.path)
+            self.records.extend(found)
 
     @classmethod
     def merge(cls, paths: Iterable[str | Path]) -> TuningLog:
         out = cls()
         for p in paths:
-            out.records.extend(_read(Path(p)))
+            out.records.extend(_read(Path(p))[0])
         return out
 
     def add(self, rec: dict[str, Any]) -> None:
         self.records.append(rec)
         if self.path is not None:
+            if self._torn_at is not None:  # an append after the torn bytes would tear the new record too
+                with self.path.open("r+b") as f:
+                    f.truncate(self._torn_at)
+                self._torn_at = None
             with self.path.open("a") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
 
@@ -145,7 +171,19 @@ class TuningLog:
         return rows
 
     def write(self, path: str | Path) -> None:
-        Path(path).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
+        """The records to `path`, atomically: a temporary file in the same folder renamed over it, so a
+        failure leaves the old file as it was."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
 
 
 def best_schedules(log: TuningLog | str | Path, geoms: Iterable[LayerGeom], config: AcceleratorConfig

@@ -10,7 +10,13 @@ seconds of measurement.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -23,6 +29,26 @@ __all__ = ["PoolMeasurer"]
 _FACTORY: Callable[[], Any] | None = None
 _SUBJECTS: list[Any] = []
 _WORKER_MEASURER: Any = None
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pool initializer: a worker ends when the process that forked it dies (killed, say), instead of
+    measuring on as an orphan. Linux delivers SIGKILL on the parent's death; elsewhere a thread polls."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        threading.Thread(target=_poll_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def _poll_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
 
 
 def _measure_in_worker(job: tuple[int, Any]) -> tuple[int | None, str | None]:
@@ -75,7 +101,8 @@ class PoolMeasurer:
                     index[id(subject)] = len(self._subjects)
                     self._subjects.append(subject)
             _FACTORY, _SUBJECTS = self.factory, self._subjects
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"))
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork"),
+                                             initializer=_die_with_parent, initargs=(os.getpid(),))
         jobs = [(index[id(subject)], s) for subject, s in pairs]
         return [ValueError(err) if err is not None else int(c)  # type: ignore[arg-type]
                 for c, err in self._pool.map(_measure_in_worker, jobs)]
