@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import hmac
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ _lock = threading.RLock()
 _initialized = False
 _MEMORY: dict[str, CompiledModule] = {}
 _OBJECTS: dict[str, bytes] = {}
-_STATS = {"hits": 0, "disk_hits": 0, "misses": 0}
+_STATS = {"hits": 0, "disk_hits": 0, "rejected": 0, "misses": 0}
 #: the C signature every kernel shares: void kernel(void **buffers, int32_t nthreads)
 KERNEL_PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32)
 
@@ -100,18 +101,12 @@ def compile_object(ir_text: str, target: str | Target, opt: int = OPT_LEVEL, cac
         if key in _OBJECTS:
             _STATS["hits"] += 1
             return _OBJECTS[key]
-    path = Path(cache_dir) / f"{key}.o" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        data = path.read_bytes()
-        _STATS["disk_hits"] += 1
-    else:
-        _STATS["misses"] += 1
+    def emit() -> bytes:
         # a board has no JIT to lend it the runtime: the object carries its own parallel-for
         link = [runtime_ir(target)] if RUNTIME_SYMBOL in ir_text and target.kind == "cpu" else []
-        module = optimize(ir_text, target, opt, link)
-        data = _target_machine(target, opt).emit_object(module)
-        if path is not None:
-            _write(path, data)
+        return _target_machine(target, opt).emit_object(optimize(ir_text, target, opt, link))
+
+    data = _cached(cache_dir, key, emit)
     with _lock:
         _OBJECTS[key] = data
     return data
@@ -138,11 +133,41 @@ def _ensure_runtime(target: Target) -> None:
         os.register_at_fork(after_in_child=forked)  # the child's pool has no threads: start it afresh
 
 
+#: A cache file: this magic, sha256(key, object), then the object. The key hashes the IR text, target, opt
+#: level and LLVM version, so the digest ties the bytes to what they were compiled from.
+_MAGIC = b"weft-llvm-object-1\n"
+
+
+def _digest(key: str, data: bytes) -> bytes:
+    return hashlib.sha256(key.encode() + b"\0" + data).digest()
+
+
+def _cached(cache_dir: str | Path | None, key: str, emit: Callable[[], bytes]) -> bytes:
+    """The object of `key`: from `cache_dir` if its file verifies, else `emit()`ed and stored there.
+
+    A file that does not verify (truncated, edited, written by another weft) is never loaded: the object
+    is compiled again and the file replaced. The digest guards against damage, not against someone who
+    can write the cache folder and recompute it: keep that folder as private as the code it holds."""
+    path = Path(cache_dir) / f"{key}.o" if cache_dir is not None else None
+    if path is not None and path.is_file():
+        blob = path.read_bytes()
+        head, digest, data = blob[:len(_MAGIC)], blob[len(_MAGIC):len(_MAGIC) + 32], blob[len(_MAGIC) + 32:]
+        if head == _MAGIC and hmac.compare_digest(digest, _digest(key, data)):
+            _STATS["disk_hits"] += 1
+            return data
+        _STATS["rejected"] += 1
+    _STATS["misses"] += 1
+    data = emit()
+    if path is not None:
+        _write(path, _MAGIC + _digest(key, data) + data)
+    return data
+
+
 def _write(path: Path, data: bytes) -> None:
     from weft.runtime.artifact import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, data)
+    write_atomic(path, data)  # a temporary file renamed over the old: a reader never sees half a file
 
 
 @dataclass(eq=False)
@@ -173,16 +198,8 @@ def compile_ir(ir_text: str, target: Target | None = None, opt: int = OPT_LEVEL,
         if hit is not None:
             _STATS["hits"] += 1
             return hit
-    path = Path(cache_dir) / f"{key}.o" if cache_dir is not None else None
-    if path is not None and path.is_file():
-        data = path.read_bytes()
-        _STATS["disk_hits"] += 1
-    else:
-        _STATS["misses"] += 1
-        module = optimize(ir_text, target, opt)
-        data = _target_machine(target, opt, jit=True).emit_object(module)
-        if path is not None:
-            _write(path, data)
+    data = _cached(cache_dir, key,
+                   lambda: _target_machine(target, opt, jit=True).emit_object(optimize(ir_text, target, opt)))
     with _lock:
         if key in _MEMORY:  # another thread compiled it meanwhile
             return _MEMORY[key]
@@ -195,7 +212,8 @@ def compile_ir(ir_text: str, target: Target | None = None, opt: int = OPT_LEVEL,
 
 
 def cache_info() -> dict[str, int]:
-    """Compile-cache counters of this process: hits, disk_hits, misses, and modules held."""
+    """Compile-cache counters of this process: hits, disk_hits, rejected (cache files that did not verify),
+    misses, and modules held."""
     return {**_STATS, "modules": len(_MEMORY), "objects": len(_OBJECTS)}
 
 
