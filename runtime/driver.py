@@ -30,7 +30,7 @@ from weft.isa.constants import Opcode
 from weft.isa.encoding import decode_insns, encode_insns, layout_of
 from weft.runtime.devices import Device
 from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer
-from weft.runtime.safety import LaunchError, check_config_hash, check_launch, mem_row_bytes, unit_of
+from weft.runtime.safety import LaunchError, check_buffers, check_config_hash, check_launch, mem_row_bytes, unit_of
 from weft.runtime.walker import run_loaded
 
 if TYPE_CHECKING:
@@ -169,9 +169,11 @@ class Driver:
         insns = decode_insns(self.config, words)
         buf = self.ensure_buffer(image.size)
         base = int(buf.physical_address)
+        buffers = [(base, base + image.size)]
+        check_buffers(buffers)  # before relocation, whose field overflow would hide the real cause
         moved = self.relocate(insns, base)
         # INSN_COUNT is what the hardware fetches: the check sees those instructions, none fewer
-        check_launch(self.config, moved, base + insn_addr, [(base, base + image.size)], self.insn_bytes, insn_count)
+        check_launch(self.config, moved, base + insn_addr, buffers, self.insn_bytes, insn_count)
         buf.array[:image.size] = image
         buf.array[insn_addr:insn_addr + words.size] = np.frombuffer(encode_insns(self.config, moved), np.uint8)
         buf.flush()

@@ -22,7 +22,8 @@ from weft.isa.constants import MemId, Opcode, Unit
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ADDRESS_LIMIT", "LaunchError", "check_config_hash", "check_launch", "dma_ranges", "mem_row_bytes"]
+__all__ = ["ADDRESS_LIMIT", "LaunchError", "check_buffers", "check_config_hash", "check_launch", "dma_ranges",
+           "mem_row_bytes"]
 
 #: The accelerator's AXI addresses are 32 bits: a byte at or above this wraps onto other memory.
 ADDRESS_LIMIT = 1 << 32
@@ -100,7 +101,7 @@ def _check_legal(config: AcceleratorConfig, insns: np.ndarray) -> None:
         raise LaunchError(f"instruction {i} ({format_insn(insns[i])}): {rule}", i)
 
 
-def _check_buffers(buffers: Sequence[tuple[int, int]]) -> None:
+def check_buffers(buffers: Sequence[tuple[int, int]]) -> None:
     for k, (lo, hi) in enumerate(buffers):
         if lo < 0 or hi > ADDRESS_LIMIT:
             raise LaunchError(f"buffer {k} at 0x{lo:x}..0x{hi - 1:x} is not below 4 GiB: the accelerator's 32-bit "
@@ -125,7 +126,7 @@ def check_launch(config: AcceleratorConfig, insns: np.ndarray, insn_addr: int, b
     if len(insns) == 0 or int(insns[-1]["opcode"]) != Opcode.FINISH:
         raise LaunchError(f"instruction {max(len(insns) - 1, 0)}: the stream must end with FINISH",
                           max(len(insns) - 1, 0))
-    _check_buffers(buffers)
+    check_buffers(buffers)
     fetch = (insn_addr, insn_addr + len(insns) * insn_bytes)
     if not any(lo <= fetch[0] and fetch[1] <= hi for lo, hi in buffers):
         raise LaunchError(f"the instruction stream at 0x{fetch[0]:x}..0x{fetch[1] - 1:x} is outside the buffers "
