@@ -1,7 +1,9 @@
 """Launch checks: the whole instruction stream is checked before the accelerator starts.
 
 On a board the accelerator masters the DRAM bus, so a stray DMA write corrupts the operating system's
-memory; a stream that leaves tokens in a queue or pops one nobody pushes hangs the hardware. Each check
+memory (and its addresses are 32 bits: a buffer above 4 GiB would wrap onto someone else's); a stream that
+leaves tokens in a queue or pops one nobody pushes hangs the hardware; an encoding the ISA does not define
+is refused here by the simulator's own rules (:mod:`weft.isa.semantics`), not left to the hardware decoder. Each check
 raises :class:`LaunchError` naming the first bad instruction (index and assembly text), and nothing runs.
 
 This module imports numpy and weft's ISA only (no amaranth, no cocotb): it is part of the board runtime.
@@ -45,6 +47,7 @@ def mem_row_bytes(config: AcceleratorConfig) -> dict[int, int]:
 
 
 def unit_of(insn: np.void) -> Unit:
+    """The unit that runs one decoded instruction."""
     return semantics.unit_of(int(insn["opcode"]), int(insn["mem_id"]))
 
 

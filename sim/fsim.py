@@ -9,7 +9,8 @@ when done. Instructions execute atomically, compute first: load and store run on
 blocked, so a FINISH that tokens do not order after the last load and store is caught.
 
 Beyond the data, the simulator checks what hardware would silently get wrong, each as a :class:`SimError`
-naming the instruction: illegal encodings, rows and DRAM bytes out of range, uop hazards, FINISH misuse,
+naming the instruction: illegal encodings (the rules of :mod:`weft.isa.semantics`, which the board's launch
+checks apply too), rows and DRAM bytes out of range, uop hazards, FINISH misuse,
 deadlocks (:class:`DeadlockError`) and, with ``check_races``, data races on the SRAMs two units share
 (:class:`RaceError`): a load overwriting inp/wgt rows that compute may still read, compute reading rows a
 load may not have written yet, and the same between compute writing out rows and store reading them.
