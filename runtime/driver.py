@@ -25,8 +25,9 @@ import numpy as np
 
 from weft.errors import WeftError
 from weft.hw.regs import ErrorCode, registers_spec
+from weft.isa import semantics
 from weft.isa.asm import format_insn
-from weft.isa.constants import Opcode
+from weft.isa.constants import Opcode, Unit
 from weft.isa.encoding import decode_insns, encode_insns, layout_of
 from weft.runtime.devices import Device
 from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer
@@ -241,8 +242,8 @@ class Driver:
 
 def _waiting_queue(insns: np.ndarray, unit: str, dispatched: int) -> str | None:
     """The queue the unit's first undispatched-or-pending popping instruction waits on (best effort)."""
-    pops = {"load": [("pop_next", "g2l")], "compute": [("pop_prev", "l2g"), ("pop_next", "s2g")],
-            "store": [("pop_prev", "g2s")]}[unit]
+    pops = [(flag, semantics.QUEUES[q]) for flag, q in semantics.FLAG_QUEUE[Unit[unit.upper()]].items()
+            if flag.startswith("pop")]
     for r in insns[:max(dispatched, 1)][::-1]:
         if unit_of(r).name.lower() != unit:
             continue
