@@ -19,8 +19,8 @@ from weft.isa.asm import format_insn
 from weft.isa.constants import AluOp, MemId, Opcode, Unit
 from weft.isa.program import DEP_FLAGS
 
-__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "Check", "first_illegal", "legality_checks", "unit_of",
-           "units"]
+__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "UNIT_NAMES", "Check", "first_illegal", "legality_checks",
+           "unit_of", "units"]
 
 #: Token queues, by index: load->compute, compute->load, compute->store, store->compute.
 QUEUES = ("l2g", "g2l", "g2s", "s2g")
@@ -41,7 +41,8 @@ MEMS: dict[int, tuple[tuple[MemId, ...], str]] = {
 PADDED_MEMS = (MemId.INP, MemId.ACC, MemId.ACC_NARROW)
 #: Loads the load unit runs; every other LOAD (uop, acc, acc_narrow) goes to the compute unit.
 _LOAD_UNIT_MEMS = (MemId.INP, MemId.WGT)
-_UNIT_NAMES = ("load", "compute", "store")
+#: Unit names, by Unit value.
+UNIT_NAMES = ("load", "compute", "store")
 
 #: (one flag per instruction: it breaks this rule, what the rule says of instruction i).
 Check = tuple[np.ndarray, Callable[[int], str]]
@@ -84,7 +85,7 @@ def legality_checks(insns: np.ndarray, uop_rows: int) -> list[Check]:
     for flag in DEP_FLAGS:
         bad = (insns[flag] != 0) & ~_table(*(u for u, m in FLAG_QUEUE.items() if flag in m))[unit]
         checks.append((bad, lambda i, f=flag: (
-            f"dependency flag {f} is illegal for the {_UNIT_NAMES[unit[i]]} unit (it may use "
+            f"dependency flag {f} is illegal for the {UNIT_NAMES[unit[i]]} unit (it may use "
             f"{', '.join(FLAG_QUEUE[int(unit[i])])})")))
     checks.append(((op == Opcode.ALU) & (insns["alu_op"] > max(AluOp)),
                    lambda i: f"illegal ALU op {insns['alu_op'][i]}"))

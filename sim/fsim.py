@@ -40,7 +40,7 @@ from weft.isa.encoding import decode_insns, decode_uops, encode_insns, layout_of
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
 from weft.isa.semantics import FLAG_QUEUE as _FLAG_QUEUE  # the sim's timing model reads it here too
-from weft.isa.semantics import QUEUES
+from weft.isa.semantics import QUEUES, UNIT_NAMES
 from weft.sim.bits import int_dtype, pack, unpack, wrap
 from weft.sim.dram import Dram
 from weft.sim.kernels import alu_apply, float_dtype_for, gemm_row_sums, loop_indices
@@ -59,7 +59,6 @@ _QUEUE_DOC = {
 }
 L2G, G2L, G2S, S2G = range(len(QUEUES))
 LOAD, COMPUTE, STORE = int(Unit.LOAD), int(Unit.COMPUTE), int(Unit.STORE)
-_UNIT_NAMES = ("load", "compute", "store")
 #: Counted instruction kinds (`stats["insns"]`); a LOAD or STORE with x_size == 0 counts as "nop".
 INSN_KINDS = ("load_inp", "load_wgt", "load_uop", "load_acc", "load_acc_narrow", "store", "gemm", "alu",
               "finish", "nop")
@@ -344,7 +343,7 @@ class FunctionalSimulator:
         for u in (LOAD, STORE):
             if clock[u] == lengths[u]:
                 continue
-            name = _UNIT_NAMES[u]
+            name = UNIT_NAMES[u]
             if pos[u] < lengths[u]:
                 j = self._streams[u][pos[u]]
                 why = f"the {name} unit has not run instruction {j} ({format_insn(self._insns[j])}) yet"
@@ -360,14 +359,14 @@ class FunctionalSimulator:
         depth = self.config.token_queue_depth
         parts, blocked = [], {}
         for u in (LOAD, COMPUTE, STORE):
-            name, stream = _UNIT_NAMES[u], self._streams[u]
+            name, stream = UNIT_NAMES[u], self._streams[u]
             if pos[u] == len(stream):
                 parts.append(f"{name} unit done")
                 continue
             i = stream[pos[u]]
             waits = []
             if pos[u] >= dispatched[u]:
-                full = _UNIT_NAMES[unit_of[fetched]]
+                full = UNIT_NAMES[unit_of[fetched]]
                 waits.append(f"fetch (stalled at instruction {fetched}: the {full} command queue is full, "
                              f"{self.config.cmd_queue_depth} entries)")
             else:
