@@ -11,8 +11,6 @@ again.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -171,19 +169,10 @@ class TuningLog:
         return rows
 
     def write(self, path: str | Path) -> None:
-        """The records to `path`, atomically: a temporary file in the same folder renamed over it, so a
-        failure leaves the old file as it was."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write("".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        """The records to `path`, atomically: a failure leaves the old file as it was."""
+        from weft.runtime.artifact import write_atomic
+
+        write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records).encode())
 
 
 def best_schedules(log: TuningLog | str | Path, geoms: Iterable[LayerGeom], config: AcceleratorConfig
