@@ -105,7 +105,9 @@ def _npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, what: str) -> tuple[
             read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
             shape, fortran, dtype = read(member, max_header_size=4096)
             header_len = member.tell()
-    except (ValueError, zipfile.BadZipFile, EOFError, OSError, NotImplementedError) as err:
+    except (zipfile.BadZipFile, EOFError, OSError, NotImplementedError, RuntimeError) as err:
+        raise LimitError(f"{what}: member '{info.filename}' is corrupt ({err})") from None
+    except ValueError as err:
         raise LimitError(f"{what}: member '{info.filename}' is not an .npy array ({err})") from None
     if fortran or dtype.kind not in "biuf" or dtype.hasobject:
         raise LimitError(f"{what}: member '{info.filename}' must be a C-ordered numeric array, got {dtype}")

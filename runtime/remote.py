@@ -44,6 +44,9 @@ MAX_BODY = 256 << 20
 MAX_ARTIFACT_BYTES = 512 << 20
 #: Largest the inputs of one run may decompress to.
 MAX_FEED_BYTES = 64 << 20
+#: An unread body up to this size is read and dropped before an error reply: closing with unread bytes
+#: resets the connection, and the client would see the reset instead of the message.
+DRAIN_LIMIT = 1 << 20
 
 
 def is_loopback(host: str) -> bool:
@@ -191,6 +194,7 @@ def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
             return npz_bytes(outputs), {"X-Weft-Stats": json.dumps(stats, default=str)}
 
         def _answer(self, work: Callable[[], tuple[bytes, Mapping[str, str]]], paths: set[str]) -> None:
+            self.body_read = False
             try:
                 if self.busy:
                     raise _HttpError(503, "the server is busy: too many clients, try again")
@@ -221,12 +225,16 @@ def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
             if length > MAX_BODY:
                 raise _HttpError(413, f"request body of {length} bytes is over the {MAX_BODY}-byte limit")
             body = self.rfile.read(length)
+            self.body_read = True
             if len(body) != length:
                 raise _HttpError(400, f"request body ended after {len(body)} of {length} bytes")
             return body
 
         def _error(self, code: int, message: str) -> None:
             self.close_connection = True
+            declared = self.headers.get("Content-Length", "")
+            if not self.body_read and declared.isdigit() and int(declared) <= DRAIN_LIMIT:
+                self.rfile.read(int(declared))
             line = " ".join(message.split())[:500]
             self._reply(code, json.dumps({"error": line}).encode())
 
