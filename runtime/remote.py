@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from weft.runtime.bounded import LimitError, check_zip, read_npz
+from weft.errors import WeftError
+from weft.runtime.bounded import check_zip, read_npz
 from weft.runtime.devices import DeviceError
 from weft.runtime.remote_device import TOKEN_ENV, RemoteDevice, npz_bytes
 
@@ -42,6 +43,9 @@ __all__ = ["MAX_BODY", "RemoteDevice", "RemoteServer", "is_loopback", "main", "m
 MAX_BODY = 256 << 20
 #: Largest an artifact may decompress to, all members together.
 MAX_ARTIFACT_BYTES = 512 << 20
+#: An artifact's arrays are stored, only its manifest is deflated: a body may decompress to this many times
+#: its size (plus ARTIFACT_SLACK) and no more, so memory follows what the client actually sent.
+ARTIFACT_RATIO, ARTIFACT_SLACK = 8, 16 << 20
 #: Largest the inputs of one run may decompress to.
 MAX_FEED_BYTES = 64 << 20
 #: An unread body up to this size is read and dropped before an error reply: closing with unread bytes
@@ -79,7 +83,7 @@ class RemoteServer:
         self.session: Any = None
         self.device_lock = threading.Lock()  # one board: one load or run at a time
         self.slots = threading.BoundedSemaphore(max_clients)
-        self.httpd = _Server((host, port), _handler(self), conn_timeout_s,
+        self.httpd = _Server((host, port), _handler(self), conn_timeout_s, 2 * max_clients,
                              socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.httpd.timeout = idle_timeout_s
         self.address = self.httpd.server_address[:2]
@@ -93,7 +97,8 @@ class RemoteServer:
     def load(self, data: bytes) -> dict[str, Any]:
         from weft.runtime.artifact import Artifact
 
-        check_zip(data, "the artifact", max_bytes=MAX_ARTIFACT_BYTES)
+        budget = min(MAX_ARTIFACT_BYTES, ARTIFACT_RATIO * len(data) + ARTIFACT_SLACK)
+        check_zip(data, "the artifact", max_bytes=budget)
         art = Artifact.from_bytes(data, "the artifact sent to the server")
         with self.device_lock:
             if self.session is not None:
@@ -142,9 +147,9 @@ class _Server(ThreadingHTTPServer):
     got = False
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], conn_timeout_s: float,
-                 family: socket.AddressFamily):
+                 max_open: int, family: socket.AddressFamily):
         self.address_family = family
-        self.conn_timeout_s = conn_timeout_s
+        self.conn_timeout_s, self.max_open = conn_timeout_s, max_open
         self.active, self.active_lock = 0, threading.Lock()
         super().__init__(address, handler)
 
@@ -152,7 +157,11 @@ class _Server(ThreadingHTTPServer):
         self.got = True
         request.settimeout(self.conn_timeout_s)
         with self.active_lock:
-            self.active += 1
+            flood = self.active >= self.max_open
+            self.active += not flood
+        if flood:  # past twice the client bound not even a 503 thread: the connection is closed
+            self.shutdown_request(request)
+            return
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
@@ -173,6 +182,8 @@ def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
 
         def handle(self) -> None:
             self.busy = not server.slots.acquire(blocking=False)
+            if self.busy:  # only a 503 to send: no long wait for the request
+                self.connection.settimeout(min(2.0, self.connection.gettimeout() or 2.0))
             try:
                 super().handle()
             finally:
@@ -206,7 +217,7 @@ def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
                 self._reply(200, body, headers)
             except _HttpError as err:
                 self._error(err.code, str(err))
-            except (LimitError, DeviceError, ValueError) as err:
+            except (WeftError, ValueError) as err:  # the client's input: LimitError, ArtifactError, FeedError
                 self._error(400, f"{type(err).__name__}: {err}")
             except OSError:
                 raise  # the connection is gone: nobody to answer

@@ -144,16 +144,16 @@ def test_content_length_is_checked_before_reading(start_server):
 
 
 @functools.cache
-def _bomb(member: str, header: bytes = b"") -> bytes:
-    """A zip whose one member inflates to `header` and 1 GiB of zeros, ~1 MiB compressed, with an honest
+def _bomb(member: str, header: bytes = b"", mib: int = 1024) -> bytes:
+    """A zip whose one member inflates to `header` and `mib` MiB of zeros (1 GiB: ~1 MiB), with an honest
     declared size (and no CRC: the server must refuse it before it gets that far). Built from one
     fully-flushed deflate block of 1 MiB of zeros repeated, which decodes on its own: compressing 1 GiB
     would take seconds."""
     c = zlib.compressobj(9, zlib.DEFLATED, -15)
     head = c.compress(header) + c.flush(zlib.Z_FULL_FLUSH)
     block = c.compress(bytes(1 << 20)) + c.flush(zlib.Z_FULL_FLUSH)
-    data = head + block * (GiB >> 20) + c.flush()
-    name, size = member.encode(), len(header) + GiB
+    data = head + block * mib + c.flush()
+    name, size = member.encode(), len(header) + (mib << 20)
     local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 8, 0, 0, 0, len(data), size, len(name), 0) + name
     central = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, 0, len(data), size, len(name),
                           0, 0, 0, 0, 0, 0) + name
@@ -185,18 +185,27 @@ def test_decompression_bombs_are_refused_in_bounded_memory(start_server):
     # a member shaped like the input whose data runs on past the declared size (a lying header: zipfile stops
     # at the declared size and the CRC fails, or the guard's own count does)
     run_long = _lying(_bomb(f"{name}.npy", _npy_header(shape)), len(_npy_header(shape)) + 4 * int(np.prod(shape)))
-    before = _peak_kib(proc.pid)
-    for path, body, expect in (("/load", load_bomb, "declares"), ("/load", _lying(load_bomb, 1000), "corrupt|past"),
-                               ("/run", run_bomb, "declares|shape"), ("/run", _lying(run_bomb, 1000), "corrupt|shape"),
-                               ("/run", run_long, "corrupt|past")):
-        status, message = _error(port, "POST", path, body, {"Content-Length": str(len(body))})
-        assert status == 400 and any(word in message for word in expect.split("|")), message
-    grown = (_peak_kib(proc.pid) - before) / 1024
-    print(f"bombs of {len(load_bomb) >> 10} KiB / {len(run_bomb) >> 10} KiB (1 GiB inflated): "
-          f"server peak memory grew {grown:.1f} MiB")
-    assert grown < 64
+    grown = {}
+    for path, cases in (("/load", ((load_bomb, "declares"), (_lying(load_bomb, 1000), "corrupt|past"))),
+                        ("/run", ((run_bomb, "declares|shape"), (_lying(run_bomb, 1000), "corrupt|shape"),
+                                  (run_long, "corrupt|past")))):
+        before = _peak_kib(proc.pid)
+        for body, expect in cases:
+            status, message = _error(port, "POST", path, body, {"Content-Length": str(len(body))})
+            assert status == 400 and any(word in message for word in expect.split("|")), message
+        grown[path] = (_peak_kib(proc.pid) - before) / 1024
+    print(f"bombs of ~{len(load_bomb) >> 10} KiB inflating to 1 GiB: server peak memory (VmHWM) grew "
+          f"{grown['/load']:.1f} MiB on /load, {grown['/run']:.1f} MiB on /run")
+    assert max(grown.values()) < 64
     out = remote.run(None, feeds)  # still serving, with the session it had
     np.testing.assert_array_equal(out[0], weft.InferenceSession(art, device="fsim").run(None, feeds)[0])
+
+
+def test_a_small_bomb_is_refused_by_its_ratio(start_server):
+    _, port = start_server()
+    body = _bomb("manifest.json", mib=200)  # under the artifact limit, but 1000 times its ~200 KiB
+    status, message = _error(port, "POST", "/load", body, {"Content-Length": str(len(body))})
+    assert status == 400 and "declares" in message, message
 
 
 def test_64_concurrent_clients(start_server):
