@@ -83,7 +83,7 @@ class RemoteServer:
         self.session: Any = None
         self.device_lock = threading.Lock()  # one board: one load or run at a time
         self.slots = threading.BoundedSemaphore(max_clients)
-        self.httpd = _Server((host, port), _handler(self), conn_timeout_s, 2 * max_clients,
+        self.httpd = _Server((host.strip("[]"), port), _handler(self), conn_timeout_s, 2 * max_clients,
                              socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.httpd.timeout = idle_timeout_s
         self.address = self.httpd.server_address[:2]

@@ -119,10 +119,12 @@ def test_token_beyond_loopback(start_server, monkeypatch):
     with pytest.raises(DeviceError, match="unauthorized"):
         weft.InferenceSession(art, device=f"remote:127.0.0.1:{port}")
     local = weft.InferenceSession(art, device="fsim").run(None, feeds)
+    by_option = weft.InferenceSession(art, device=f"remote:127.0.0.1:{port}", token="s3cret").run(None, feeds)
     monkeypatch.setenv(TOKEN_ENV, "s3cret")  # the client reads the same variable
-    out = weft.InferenceSession(art, device=f"remote:127.0.0.1:{port}").run(None, feeds)
-    for a, b in zip(local, out, strict=True):
-        np.testing.assert_array_equal(a, b)
+    by_env = weft.InferenceSession(art, device=f"remote:127.0.0.1:{port}").run(None, feeds)
+    for out in (by_option, by_env):
+        for a, b in zip(local, out, strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_an_idle_connection_blocks_nobody(start_server):
