@@ -23,7 +23,7 @@ class LimitError(ValueError):
     """A body that is over a limit or malformed; the message is one line, safe to send to the client."""
 
 
-def _open(data: bytes, what: str) -> zipfile.ZipFile:
+def _open(data: bytes | bytearray, what: str) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as err:
@@ -59,7 +59,7 @@ def _stream(zf: zipfile.ZipFile, info: zipfile.ZipInfo, budget: int, what: str, 
     return seen
 
 
-def check_zip(data: bytes, what: str, *, max_bytes: int, max_members: int = 10000) -> None:
+def check_zip(data: bytes | bytearray, what: str, *, max_bytes: int, max_members: int = 10000) -> None:
     """Refuse `data` unless it is a zip whose members decompress to at most `max_bytes` in all (checked on
     the headers, then on the bytes themselves, one chunk at a time, keeping none of them)."""
     with _open(data, what) as zf:
@@ -69,7 +69,7 @@ def check_zip(data: bytes, what: str, *, max_bytes: int, max_members: int = 1000
             left -= _stream(zf, info, left, what, None)
 
 
-def read_npz(data: bytes, inputs: Mapping[str, Sequence[int]], what: str, *, max_bytes: int
+def read_npz(data: bytes | bytearray, inputs: Mapping[str, Sequence[int]], what: str, *, max_bytes: int
              ) -> dict[str, np.ndarray]:
     """The arrays of an .npz of feeds, each one's header checked against `inputs` (name -> shape) and
     its numeric dtype before any of its data is decompressed; at most `max_bytes` of data in all."""

@@ -48,6 +48,11 @@ MAX_ARTIFACT_BYTES = 512 << 20
 ARTIFACT_RATIO, ARTIFACT_SLACK = 8, 16 << 20
 #: Largest the inputs of one run may decompress to.
 MAX_FEED_BYTES = 64 << 20
+#: Bytes of request bodies held at once, all clients together (over it: 503).
+MAX_INFLIGHT = 1 << 30
+#: A body arriving slower than this (bytes/s, after the connection timeout) is dropped: a client that
+#: drip-feeds one byte per timeout would otherwise hold its slot for ever.
+MIN_UPLOAD_RATE = 64 << 10
 #: An unread body up to this size is read and dropped before an error reply: closing with unread bytes
 #: resets the connection, and the client would see the reset instead of the message.
 DRAIN_LIMIT = 1 << 20
@@ -83,6 +88,7 @@ class RemoteServer:
         self.session: Any = None
         self.device_lock = threading.Lock()  # one board: one load or run at a time
         self.slots = threading.BoundedSemaphore(max_clients)
+        self.inflight, self.inflight_lock = 0, threading.Lock()
         self.httpd = _Server((host.strip("[]"), port), _handler(self), conn_timeout_s, 2 * max_clients,
                              socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.httpd.timeout = idle_timeout_s
@@ -94,7 +100,19 @@ class RemoteServer:
         scheme, _, given = (header or "").partition(" ")
         return scheme == "Bearer" and hmac.compare_digest(given.encode(), self.token.encode())
 
-    def load(self, data: bytes) -> dict[str, Any]:
+    def reserve(self, nbytes: int) -> bool:
+        """Count `nbytes` of body against MAX_INFLIGHT (False: over it); ``release`` them when done."""
+        with self.inflight_lock:
+            if self.inflight + nbytes > MAX_INFLIGHT:
+                return False
+            self.inflight += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        with self.inflight_lock:
+            self.inflight -= nbytes
+
+    def load(self, data: bytes | bytearray) -> dict[str, Any]:
         from weft.runtime.artifact import Artifact
 
         budget = min(MAX_ARTIFACT_BYTES, ARTIFACT_RATIO * len(data) + ARTIFACT_SLACK)
@@ -109,7 +127,7 @@ class RemoteServer:
             self.session = self.make_session(art)
             return {"device": self.session.device.name, "config_hash": self.session.device.config.hash}
 
-    def run(self, body: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    def run(self, body: bytes | bytearray) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         with self.device_lock:
             if self.session is None:
                 raise DeviceError("no artifact is loaded: POST /load first")
@@ -205,7 +223,7 @@ def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
             return npz_bytes(outputs), {"X-Weft-Stats": json.dumps(stats, default=str)}
 
         def _answer(self, work: Callable[[], tuple[bytes, Mapping[str, str]]], paths: set[str]) -> None:
-            self.body_read = False
+            self.body_read, self.reserved = False, 0
             try:
                 if self.busy:
                     raise _HttpError(503, "the server is busy: too many clients, try again")
@@ -223,10 +241,12 @@ def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
                 raise  # the connection is gone: nobody to answer
             except Exception as err:  # a fault on the server side: the client gets the message, no traceback
                 self._error(500, f"{type(err).__name__}: {err}")
+            finally:
+                server.release(self.reserved)
 
-        def _body(self) -> bytes:
+        def _body(self) -> bytearray:
             """The request body, after checking its declared length (a missing, negative or oversized
-            Content-Length is refused before anything is read)."""
+            Content-Length is refused before anything is read), arriving at MIN_UPLOAD_RATE or faster."""
             declared = self.headers.get("Content-Length")
             if declared is None:
                 raise _HttpError(411, "Content-Length is required")
@@ -235,10 +255,19 @@ def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
             length = int(declared)
             if length > MAX_BODY:
                 raise _HttpError(413, f"request body of {length} bytes is over the {MAX_BODY}-byte limit")
-            body = self.rfile.read(length)
-            self.body_read = True
-            if len(body) != length:
-                raise _HttpError(400, f"request body ended after {len(body)} of {length} bytes")
+            if not server.reserve(length):
+                raise _HttpError(503, "the server is busy: too many bytes in flight, try again")
+            self.reserved = length
+            self.body_read = True  # from here on an error closes the connection without draining
+            body, got = bytearray(length), 0
+            deadline = time.monotonic() + (self.connection.gettimeout() or 0) + length / MIN_UPLOAD_RATE
+            while got < length:
+                if time.monotonic() > deadline:
+                    raise _HttpError(408, f"request body too slow: {got} of {length} bytes in time")
+                n = self.rfile.readinto1(memoryview(body)[got:got + (1 << 20)])
+                if not n:
+                    raise _HttpError(400, f"request body ended after {got} of {length} bytes")
+                got += n
             return body
 
         def _error(self, code: int, message: str) -> None:
