@@ -9,6 +9,7 @@ import http.client
 import io
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -246,6 +247,27 @@ def test_over_the_client_bound_answers_503():
             time.sleep(0.2)
             status, message = _error(port, "GET", "/health")
             assert status == 503 and "busy" in message
+        assert _healthy(port)
+    finally:
+        thread.join(timeout=30)
+
+
+def test_a_drip_fed_body_is_dropped():
+    server = make_server("fsim", max_requests=2, idle_timeout_s=5.0, conn_timeout_s=0.5)
+    thread = threading.Thread(target=server.serve)
+    thread.start()
+    host, port = server.address
+    try:
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(b"POST /load HTTP/1.0\r\nContent-Length: 100\r\n\r\n")
+            reply = b""
+            for _ in range(20):  # a byte every 0.2 s: each within the timeout, the whole far too slow
+                if select.select([s], [], [], 0.2)[0]:
+                    break  # the answer is there: stop sending, or the close would reset it
+                s.sendall(b"x")
+            while chunk := s.recv(4096):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.0 408") and b"too slow" in reply, reply
         assert _healthy(port)
     finally:
         thread.join(timeout=30)
