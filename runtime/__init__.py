@@ -7,7 +7,7 @@ from weft.runtime.devices import Device, DeviceError, available_devices, create_
 from weft.runtime.fsim_device import FsimDevice  # registers the "fsim" device
 from weft.runtime.pynq_device import PynqDevice  # registers the "pynq" device
 from weft.runtime.reference import FeedError, RunResult, run_reference
-from weft.runtime.remote import RemoteDevice  # registers the "remote" device ("remote:HOST:PORT")
+from weft.runtime.remote_device import RemoteDevice  # registers the "remote" device ("remote:HOST:PORT")
 from weft.runtime.rtl_device import RtlDevice  # registers the "rtl" device
 from weft.runtime.session import InferenceSession, NodeArg
 

@@ -61,3 +61,8 @@ def test_remote_needs_an_address():
 def test_idle_server_stops():
     server = make_server("fsim", max_requests=5, idle_timeout_s=0.2)
     assert server.serve() == 0
+
+
+def test_beyond_loopback_needs_a_token():
+    with pytest.raises(DeviceError, match="without a token"):
+        make_server("fsim", host="0.0.0.0")
