@@ -88,6 +88,7 @@ class RemoteServer:
         self.session: Any = None
         self.device_lock = threading.Lock()  # one board: one load or run at a time
         self.slots = threading.BoundedSemaphore(max_clients)
+        self.clients = 0  # connections holding a slot (what the bound counts), for tests and monitoring
         self.inflight, self.inflight_lock = 0, threading.Lock()
         self.httpd = _Server((host.strip("[]"), port), _handler(self), conn_timeout_s, 2 * max_clients,
                              socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -202,10 +203,15 @@ def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
             self.busy = not server.slots.acquire(blocking=False)
             if self.busy:  # only a 503 to send: no long wait for the request
                 self.connection.settimeout(min(2.0, self.connection.gettimeout() or 2.0))
+            else:
+                with server.inflight_lock:
+                    server.clients += 1
             try:
                 super().handle()
             finally:
                 if not self.busy:
+                    with server.inflight_lock:
+                        server.clients -= 1
                     server.slots.release()
 
         def do_GET(self) -> None:

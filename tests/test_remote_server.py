@@ -243,10 +243,14 @@ def test_over_the_client_bound_answers_503():
     thread.start()
     host, port = server.address
     try:
-        with socket.create_connection((host, port)):  # holds the only slot
-            time.sleep(0.2)
+        with socket.create_connection((host, port)):  # holds the only slot, once the server has accepted it
+            deadline = time.monotonic() + 10
+            while server.clients < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
             status, message = _error(port, "GET", "/health")
             assert status == 503 and "busy" in message
+        while server.clients > 0 and time.monotonic() < deadline:  # the closed connection frees its slot
+            time.sleep(0.01)
         assert _healthy(port)
     finally:
         thread.join(timeout=30)
