@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from weft.compiler.ir import DTYPES
+from weft.compiler.limits import MAX_ELEMENTS
 from weft.errors import WeftError
 
 __all__ = ["MAX_DRAM_BYTES", "MAX_ELEMENTS", "MAX_TOTAL_ELEMENTS", "ArtifactError", "check_manifest",
@@ -22,8 +23,6 @@ __all__ = ["MAX_DRAM_BYTES", "MAX_ELEMENTS", "MAX_TOTAL_ELEMENTS", "ArtifactErro
 
 #: The accelerator addresses DRAM over 32-bit AXI.
 MAX_DRAM_BYTES = 2**32
-#: The most elements one array (a value, a constant, a .npy member) may have.
-MAX_ELEMENTS = 2**31
 #: The most elements all of a graph's values together may have.
 MAX_TOTAL_ELEMENTS = 2**33
 
