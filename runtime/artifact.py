@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,7 +179,7 @@ class Artifact:
     def from_bytes(cls, data: bytes, what: str = "the artifact") -> Artifact:
         try:
             zf = zipfile.ZipFile(io.BytesIO(data))
-        except zipfile.BadZipFile:
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError):
             raise ArtifactError(f"{what} is not a weft artifact (not a zip file, or truncated)") from None
         with zf:
             names = set(zf.namelist())
@@ -188,12 +189,15 @@ class Artifact:
             def read(member: str) -> bytes:
                 try:
                     return zf.read(member)
-                except (zipfile.BadZipFile, KeyError, EOFError, OSError) as err:
+                # a damaged directory surfaces as any of these (a negative seek is a ValueError, an unknown
+                # compression method NotImplementedError, an encrypted member RuntimeError)
+                except (zipfile.BadZipFile, KeyError, EOFError, OSError, ValueError, NotImplementedError, RuntimeError,
+                        zlib.error) as err:
                     raise ArtifactError(f"{what}: member '{member}' is corrupt or missing ({err})") from None
 
             try:
                 manifest = json.loads(read("manifest.json"))
-            except json.JSONDecodeError as err:
+            except ValueError as err:  # JSONDecodeError, or UnicodeDecodeError of damaged bytes
                 raise ArtifactError(f"{what}: manifest.json is not valid JSON ({err})") from None
             if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
                 raise ArtifactError(f"{what} is not a weft artifact (format is {manifest.get('format')!r})"

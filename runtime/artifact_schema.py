@@ -84,8 +84,14 @@ def check_shape(shape: Any, what: str, key: str, label: str = "manifest key") ->
     return count
 
 
+def _is_object(value: Any) -> bool:
+    """A JSON object that the graph reader keeps as a dict (``{"$array": ...}`` and ``{"$float": ...}``
+    become an array and a float)."""
+    return isinstance(value, dict) and set(value) not in ({"$array"}, {"$float"})
+
+
 def _check_attrs(attrs: Any, what: str, key: str) -> None:
-    if not isinstance(attrs, dict):
+    if not _is_object(attrs):
         raise _fail(what, key, "must be an object")
     for name, low in _INT_ATTRS.items():
         if name not in attrs:
@@ -138,7 +144,7 @@ def _check_graph(graph: Any, what: str) -> None:
                 if name and name not in names:
                     raise _fail(what, f"{where}{key}", f"names '{name:.60}', which is not a value of the graph")
         _check_attrs(_get(n, "attrs", dict, what, where), what, f"{where}attrs")
-    if "meta" in graph and not isinstance(graph["meta"], dict):
+    if "meta" in graph and not _is_object(graph["meta"]):
         raise _fail(what, "graph.meta", "must be an object")
 
 
