@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,9 @@ class InferenceSession:
         for n in names:
             if n not in graph.outputs:
                 raise DeviceError(f"'{n}' is not an output of the model (outputs: {', '.join(graph.outputs)})")
-        with allowing_nonfinite(self.allow_nonfinite):
+        # when NaN/Inf are let through, numpy's warnings about casting them (quantization) are expected
+        quiet = np.errstate(invalid="ignore", over="ignore") if self.allow_nonfinite else contextlib.nullcontext()
+        with allowing_nonfinite(self.allow_nonfinite), quiet:
             outputs, figures, values = self.device.run(feeds, keep_intermediates=keep_intermediates)
         self._intermediates = values
         self._stats = self._summarize(figures)
