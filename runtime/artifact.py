@@ -10,7 +10,8 @@ Members:
   code) without changing the format: a reader keeps sections it does not know.
 
 A file of another format version, a broken zip, a missing member or one whose hash differs is refused
-with an :class:`ArtifactError` saying which.
+with an :class:`ArtifactError` saying which; so is a manifest whose keys are missing, mistyped, out of
+range or unsafely named (:mod:`weft.runtime.artifact_schema`, checked before anything is allocated).
 """
 
 from __future__ import annotations
