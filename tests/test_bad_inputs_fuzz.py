@@ -15,7 +15,7 @@ from weft.runtime.artifact import Artifact, ArtifactError
 from .driver_util import compiled
 from .test_bad_inputs_artifact import members_of, rezip
 
-FUZZ = settings(max_examples=250, deadline=2000, derandomize=True,
+FUZZ = settings(max_examples=600, deadline=2000, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 _GOOD = compiled("mlp")[0].to_bytes()

@@ -79,6 +79,12 @@ def test_bad_input_dimensions_are_refused_naming_the_input(dims, shapes, fragmen
     assert fragment in str(err.value)
 
 
+def test_calibration_data_cannot_fix_a_dimension_to_zero():
+    stack = np.zeros((2, 1, 3, 0, 8), np.float32)  # two batches whose height is 0
+    with pytest.raises(ModelError, match=r"graph input 'x' has the shape \[1, 3, 0, 8\]: dimension 2 is 0"):
+        weft.compile(_relu_model(["N", 3, "H", "W"]), target="cpu", calibration={"x": stack})
+
+
 def test_a_huge_constant_of_shape_is_refused_naming_the_node():
     nodes = [helper.make_node("ConstantOfShape", ["s"], ["big"], name="the_fill"),
              helper.make_node("Add", ["x", "big"], ["y"], name="add")]
