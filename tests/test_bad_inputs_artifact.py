@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from weft.cli import main
+from weft.runtime import InferenceSession
 from weft.runtime.artifact import Artifact, ArtifactError
 
 from .driver_util import compiled
@@ -133,6 +134,13 @@ def test_an_npy_header_claiming_a_huge_shape_is_refused_before_allocating(good):
     art = Artifact.from_bytes(rezip(members))  # arrays are read when used
     with pytest.raises(ArtifactError, match=r"const.npy: the .npy header's 'shape' \[1000000, 1000000\] has"):
         art.sections["accel"].array("const")
+
+
+def test_constants_that_do_not_fit_dram_are_refused_by_the_device(good):
+    art = Artifact.from_bytes(with_manifest(good, _set(_accel, "const_base", 23000)))
+    with pytest.raises(ArtifactError, match=r"section 'accel': \d+ bytes of constants at const_base 23000 do not fit "
+                                            r"dram_bytes \d+"):
+        InferenceSession(art, "fsim")
 
 
 def test_a_failed_load_leaves_the_file_as_it_was(good, tmp_path):
