@@ -29,8 +29,12 @@ MAX_TOTAL_ELEMENTS = 2**33
 _COMPONENT = re.compile(r"^[A-Za-z0-9_.-]+$")
 _SECTION = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
-#: Node attributes the kernels divide by or loop over (an int or a list of ints), and their minimum.
-_INT_ATTRS = {"kernel": 1, "strides": 1, "dilations": 1, "channels": 1, "pads": 0, "group": 1, "bits": 1}
+#: Node attributes the kernels divide by, loop over or allocate with: (minimum, maximum, list length on
+#: weft's own q* ops, where None means a single int). ONNX host ops keep their own ranks (1-D pools).
+_INT_ATTRS: dict[str, tuple[int, int, int | None]] = {
+    "kernel": (1, 2**16, 2), "strides": (1, 2**16, 2), "dilations": (1, 2**16, 2), "pads": (0, 2**16, 4),
+    "channels": (1, 2**31, 2), "group": (1, 2**31, None), "bits": (1, 32, None),
+}
 
 
 class ArtifactError(WeftError):
@@ -90,16 +94,28 @@ def _is_object(value: Any) -> bool:
     return isinstance(value, dict) and set(value) not in ({"$array"}, {"$float"})
 
 
-def _check_attrs(attrs: Any, what: str, key: str) -> None:
+def _check_attrs(attrs: Any, op: str, what: str, key: str) -> None:
     if not _is_object(attrs):
         raise _fail(what, key, "must be an object")
-    for name, low in _INT_ATTRS.items():
+    ours = op.startswith("q")
+    for name, (low, high, length) in _INT_ATTRS.items():
         if name not in attrs:
             continue
         value = attrs[name]
-        items = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= low for v in items):
-            raise _fail(what, f"{key}.{name}", f"must hold integers >= {low}, got {value!r:.60}")
+        items = [value] if length is None else value if isinstance(value, list) and (value or not ours) else None
+        if items is None or (ours and length is not None and len(items) != length) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and low <= v <= high for v in items):
+            shape = "an integer" if length is None else f"a list of {length if ours else 'some'} integers"
+            raise _fail(what, f"{key}.{name}", f"must be {shape} within {low}..{high}, got {value!r:.60}")
+    if op in ("quantize", "dequantize"):
+        scale = attrs.get("scale")
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+            raise _fail(what, f"{key}.scale", f"must be a positive finite number, got {scale!r:.60}")
+    if "epilogue" in attrs:
+        steps = attrs["epilogue"]
+        if not isinstance(steps, list) or not all(isinstance(step, list) and step and isinstance(step[0], str)
+                                                  for step in steps):
+            raise _fail(what, f"{key}.epilogue", f"must be a list of [op, operand] steps, got {steps!r:.60}")
 
 
 def _check_graph(graph: Any, what: str) -> None:
@@ -117,18 +133,24 @@ def _check_graph(graph: Any, what: str) -> None:
         dtype = _get(v, "dtype", str, what, where)
         if dtype not in DTYPES:
             raise _fail(what, f"{where}dtype", f"is '{dtype:.40}', not one of {', '.join(DTYPES)}")
-        if v.get("shape") is not None:
-            total += check_shape(v["shape"], what, f"{where}shape")
+        shape = _get(v, "shape", list, what, where)
+        total += check_shape(shape, what, f"{where}shape")
         if v.get("logical") is not None:
             check_shape(v["logical"], what, f"{where}logical")
+            # packing divides by the block dimensions: (batch, channel blocks, H, W, batch block, channel block)
+            if len(shape) != 6 or 0 in shape or 0 in v["logical"]:
+                raise _fail(what, f"{where}shape", f"of a packed value must be 6 dimensions >= 1, got {shape}")
         if "scale" in v and v["scale"] is not None:
             _get(v, "scale", (int, float), what, where)
     if total > MAX_TOTAL_ELEMENTS:
         raise _fail(what, "graph.values", f"hold {total} elements, more than the limit {MAX_TOTAL_ELEMENTS}")
+    shapes = {v["name"]: v["shape"] for v in values}
     for key in ("inputs", "outputs"):
         for name in _strings(_get(graph, key, list, what, "graph."), what, f"graph.{key}"):
             if name not in names:
                 raise _fail(what, f"graph.{key}", f"names '{name:.60}', which is not a value of the graph")
+            if 0 in shapes[name]:
+                raise _fail(what, f"graph.{key}", f"'{name:.60}' has a zero dimension {shapes[name]}")
     constants = _get(graph, "constants", dict, what, "graph.")
     for name, ref in constants.items():
         if not isinstance(ref, str):
@@ -140,10 +162,14 @@ def _check_graph(graph: Any, what: str) -> None:
         _get(n, "name", str, what, where)
         _get(n, "op", str, what, where)
         for key in ("inputs", "outputs"):
-            for name in _strings(_get(n, key, list, what, where), what, f"{where}{key}"):
+            io = _strings(_get(n, key, list, what, where), what, f"{where}{key}")
+            # ONNX host ops may skip optional inputs (""); weft's own q* ops never do
+            if not io or not io[0] or (n["op"].startswith("q") and not all(io)):
+                raise _fail(what, f"{where}{key}", f"must name its values, got {io!r:.60}")
+            for name in io:
                 if name and name not in names:
                     raise _fail(what, f"{where}{key}", f"names '{name:.60}', which is not a value of the graph")
-        _check_attrs(_get(n, "attrs", dict, what, where), what, f"{where}attrs")
+        _check_attrs(_get(n, "attrs", dict, what, where), n["op"], what, f"{where}attrs")
     if "meta" in graph and not _is_object(graph["meta"]):
         raise _fail(what, "graph.meta", "must be an object")
 

@@ -63,6 +63,18 @@ def _qconv(m: dict[str, Any]) -> dict[str, Any]:
     return next(n for n in m["graph"]["nodes"] if n["op"] == "qconv2d")
 
 
+def _quantize(m: dict[str, Any]) -> dict[str, Any]:
+    return next(n for n in m["graph"]["nodes"] if n["op"] == "quantize")
+
+
+def _qconv_attrs(m: dict[str, Any]) -> dict[str, Any]:
+    return _qconv(m)["attrs"]
+
+
+def _quantize_attrs(m: dict[str, Any]) -> dict[str, Any]:
+    return _quantize(m)["attrs"]
+
+
 def _rename_member(m: dict[str, Any], new: str) -> None:
     name = next(iter(m["members"]))
     m["members"][new] = m["members"].pop(name)
@@ -92,10 +104,24 @@ CASES = {
     "target is a number": (_set(_root, "target", 3), "'target' must be of type str"),
     "graph without nodes": (_drop(lambda m: m["graph"], "nodes"), "'graph.nodes' is missing"),
     "graph input unknown": (lambda m: m["graph"]["inputs"].append("nowhere"), "names 'nowhere', which is not a value"),
-    "stride 0": (lambda m: _qconv(m)["attrs"].__setitem__("strides", [0, 1]), "attrs.strides' must hold integers >= 1"),
-    "kernel a string": (lambda m: _qconv(m)["attrs"].__setitem__("kernel", "3x3"), "attrs.kernel' must hold integers"),
-    "negative pads": (lambda m: _qconv(m)["attrs"].__setitem__("pads", [0, -1, 0, 0]),
-                      "attrs.pads' must hold integers >= 0"),
+    "stride 0": (_set(_qconv_attrs, "strides", [0, 1]), "attrs.strides' must be a list of 2 integers within 1..65536"),
+    "kernel a string": (_set(_qconv_attrs, "kernel", "3x3"), "attrs.kernel' must be a list of 2 integers"),
+    "negative pads": (_set(_qconv_attrs, "pads", [0, -1, 0, 0]),
+                      "attrs.pads' must be a list of 4 integers within 0..65536"),
+    "kernel an int": (_set(_qconv_attrs, "kernel", 3), "attrs.kernel' must be a list of 2"),
+    "bits 2**45": (_set(_quantize_attrs, "bits", 2**45), "attrs.bits' must be an integer within 1..32"),
+    "scale null": (_set(_quantize_attrs, "scale", None), "attrs.scale' must be a positive finite"),
+    "epilogue null": (_set(_qconv_attrs, "epilogue", None), "attrs.epilogue' must be a list of"),
+    "attrs a float reference": (lambda m: _qconv(m).__setitem__("attrs", {"$float": "nan"}),
+                                "attrs' must be an object"),
+    "node without inputs": (lambda m: _qconv(m).__setitem__("inputs", []), "inputs' must name its values, got []"),
+    "q op missing its weights": (lambda m: _qconv(m)["inputs"].__setitem__(1, ""), "inputs' must name its values"),
+    "value without a shape": (lambda m: m["graph"]["values"][0].__setitem__("shape", None),
+                              "values[0].shape' must be of type list, got NoneType"),
+    "packed value with a 0": (lambda m: m["graph"]["values"][1]["shape"].__setitem__(5, 0),
+                              "of a packed value must be 6 dimensions >= 1"),
+    "graph input with a 0": (lambda m: m["graph"]["values"][0]["shape"].__setitem__(0, 0),
+                             "'graph.inputs' 'input' has a zero dimension [0, 64]"),
     "value shape of 1e12": (lambda m: m["graph"]["values"][0].__setitem__("shape", [10**6, 10**6]),
                             "has 1000000000000 elements, more than the limit"),
     "negative value shape": (lambda m: m["graph"]["values"][0].__setitem__("shape", [4, -64]), "negative dimension"),
