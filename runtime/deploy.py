@@ -11,7 +11,8 @@ artifact's (the manifest, then the CONFIG_HASH registers).
 
 ``weft/`` is built in a staging folder beside it and swapped in; an existing ``weft/`` is replaced only
 when it holds the marker file a previous deploy left (``.weft-deploy``), so ``-o ~`` cannot delete a
-``~/weft`` that deploy did not write.
+``~/weft`` that deploy did not write. Likewise DIR's other files (``run.py``, ``README.txt``...) are
+overwritten only in a DIR whose marker says deploy wrote them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ __all__ = ["BLOCKED", "MARKER", "DeployError", "add_deploy_arguments", "board_mo
 
 #: The file inside a ``weft/`` folder that deploy wrote; only such a folder is ever replaced.
 MARKER = ".weft-deploy"
+#: What deploy writes in DIR: in a DIR without the marker, none of them may exist already.
+OWN_NAMES = ("model.weft", "weft", "weft_spec.json", "run.py", "weft_run.ipynb", "README.txt", "bitstream")
 
 
 class DeployError(WeftError):
@@ -155,9 +158,11 @@ def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_
     art = load_artifact(artifact_path)
     out = Path(out)
     target = out / "weft"
-    _check_replaceable(target)
+    _check_replaceable(out, target)
     files = board_modules()
     out.mkdir(parents=True, exist_ok=True)
+    # first: a deploy that fails halfway can be run again over what it left
+    (out / MARKER).write_text("written by weft deploy; the next deploy overwrites its files in this folder\n")
     _install_runtime(files, target)
     shutil.copyfile(artifact_path, out / "model.weft")
     from weft.hw.regs import registers_spec
@@ -184,11 +189,17 @@ def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_
     return {"files": len(files), "board": board, "bitstream": (out / "bitstream" / "weft.bit").exists()}
 
 
-def _check_replaceable(target: Path) -> None:
-    """Refuse before writing anything when `target` exists and is not a runtime folder deploy wrote."""
+def _check_replaceable(out: Path, target: Path) -> None:
+    """Refuse before writing anything when `target` (DIR/weft) or, in a DIR that deploy did not write,
+    any of the names deploy writes already exists."""
     if target.is_symlink() or (target.exists() and not (target / MARKER).is_file()):
         raise DeployError(f"{target} exists and was not written by weft deploy (no {MARKER} in it): "
                           "move it away or deploy to another folder")
+    if not (out / MARKER).is_file():
+        for name in OWN_NAMES:
+            if (out / name).exists() or (out / name).is_symlink():
+                raise DeployError(f"{out / name} exists and {out} was not written by weft deploy (no {MARKER} in "
+                                  "it): move it away or deploy to another folder")
 
 
 def _install_runtime(files: list[Path], target: Path) -> None:

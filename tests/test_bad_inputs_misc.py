@@ -195,7 +195,29 @@ def test_deploy_replaces_its_own_folder_through_a_staging_folder(mlp_file, tmp_p
     (out / "weft" / "stale.py").write_text("# from an older deploy")
     deploy(mlp_file, "pynq-z2", out)
     assert not (out / "weft" / "stale.py").exists() and (out / "weft" / "runtime" / "session.py").is_file()
-    assert not [p.name for p in out.iterdir() if p.name.startswith(".weft-")]  # no staging left behind
+    assert not [p.name for p in out.iterdir() if p.name.startswith((".weft-staging", ".weft-old"))]
+    (out / "run.py").write_text("# edited on the board")  # deploy's own files in its own folder: overwritten
+    deploy(mlp_file, "pynq-z2", out)
+    assert "edited" not in (out / "run.py").read_text()
+
+
+def test_deploy_does_not_overwrite_a_users_files(mlp_file, tmp_path):
+    out = tmp_path / "home"
+    out.mkdir()
+    (out / "run.py").write_text("my script")
+    (out / "data.csv").write_text("1,2")
+    with pytest.raises(DeployError, match=rf"{out / 'run.py'} exists and {out} was not written by weft deploy"):
+        deploy(mlp_file, "pynq-z2", out)
+    assert (out / "run.py").read_text() == "my script"
+    assert sorted(p.name for p in out.iterdir()) == ["data.csv", "run.py"]
+
+
+def test_deploy_into_a_folder_with_other_files_keeps_them(mlp_file, tmp_path):
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "data.csv").write_text("1,2")
+    deploy(mlp_file, "pynq-z2", out)
+    assert (out / "data.csv").read_text() == "1,2" and (out / "run.py").is_file()
 
 
 def test_deploy_of_a_bad_artifact_writes_nothing(tmp_path):
