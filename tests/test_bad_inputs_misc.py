@@ -141,6 +141,17 @@ def test_the_cpu_device_refuses_non_finite_feeds_too():
     assert InferenceSession(art, "cpu", allow_nonfinite=True).run(None, {"x": x})[0].shape == (1, 3, 4, 4)
 
 
+def test_cli_run_refuses_a_nan_input_file_in_one_line(mlp, tmp_path, capsys):
+    art, feeds = mlp
+    path = tmp_path / "mlp.weft"
+    art.save(path)
+    x = feeds["input"].copy()
+    x[1, 2] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(path), "--input", f"input={tmp_path / 'x.npy'}", "--no-progress"]) == 2
+    _one_line_error(capsys, "input 'input' has 1 non-finite value")
+
+
 def test_wrong_shape_and_unknown_input_still_named(mlp):
     art, feeds = mlp
     sess = InferenceSession(art, "ref")
