@@ -92,6 +92,15 @@ class AcceleratorConfig:
     extras: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        # bool is an int subclass: `"batch": true` would pass as 1 yet hash differently from 1
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("name", "extras") or (f.name == "out_buff_bytes" and value is None):
+                continue
+            allowed = (int, float) if f.name == "clock_mhz" else int
+            if isinstance(value, bool) or not isinstance(value, allowed):
+                raise ConfigError(f.name, f"must be a number, not {type(value).__name__} ({value!r})"
+                                  if f.name == "clock_mhz" else f"must be an integer, got {value!r}")
         for name in ("batch", "block_in", "block_out"):
             value = getattr(self, name)
             if not _is_pow2(value):
@@ -322,7 +331,7 @@ class AcceleratorConfig:
         for key in required:
             if key not in data:
                 raise ConfigError(key, "missing from the VTA config")
-            if not isinstance(data[key], int) or data[key] < 0:
+            if isinstance(data[key], bool) or not isinstance(data[key], int) or data[key] < 0:
                 raise ConfigError(key, f"must be a non-negative integer, got {data[key]!r}")
         target = str(data.get("TARGET", "sim"))
         # VTA keeps the bus width and clock per target in pkg_config.py; mirror that table.

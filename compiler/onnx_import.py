@@ -28,6 +28,7 @@ from weft.compiler import qdq
 from weft.compiler.errors import ModelError, UnsupportedError
 from weft.compiler.float_tensor import RESIZE_MODES
 from weft.compiler.ir import Graph, Node, Value
+from weft.compiler.limits import shape_problem
 
 __all__ = ["MIN_OPSET", "SUPPORTED_OPS", "declared_inputs", "import_onnx", "load_model"]
 
@@ -147,8 +148,11 @@ def declared_inputs(model: onnx.ModelProto) -> dict[str, tuple[list[int | str | 
         if not tt.HasField("shape"):
             raise ModelError(f"graph input '{vi.name}' has no shape, not even a rank; give it with input_shapes")
         dims: list[int | str | None] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value") and d.dim_value > 0:
+        for axis, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value") and d.dim_value <= 0:
+                raise ModelError(f"graph input '{vi.name}' declares dimension {axis} as {d.dim_value}; every "
+                                 "dimension must be at least 1")
+            if d.HasField("dim_value"):
                 dims.append(int(d.dim_value))
             else:
                 dims.append(d.dim_param or None)
@@ -158,6 +162,15 @@ def declared_inputs(model: onnx.ModelProto) -> dict[str, tuple[list[int | str | 
 
 def _fix_shape(name: str, dims: list[int | str | None], given: Sequence[int] | None,
                sample: Sequence[int] | None) -> tuple[int, ...]:
+    shape = _fill_shape(name, dims, given, sample)
+    problem = shape_problem(shape)
+    if problem is not None:
+        raise ModelError(f"graph input '{name}' has the shape {list(shape)}: {problem}")
+    return shape
+
+
+def _fill_shape(name: str, dims: list[int | str | None], given: Sequence[int] | None,
+                sample: Sequence[int] | None) -> tuple[int, ...]:
     if given is not None:
         given = tuple(int(d) for d in given)
         if len(given) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(dims, given, strict=True)):

@@ -10,6 +10,7 @@ import numpy as np
 from weft.compiler.errors import CompileError, ModelError, UnsupportedError
 from weft.compiler.float_ops import FLOAT_OPS
 from weft.compiler.ir import Graph, Node, Value
+from weft.compiler.limits import shape_problem
 
 __all__ = ["fold_constants", "infer_shapes", "remove_dead", "remove_identity", "resolve_auto_pad"]
 
@@ -67,6 +68,10 @@ def infer_shapes(graph: Graph) -> Graph:
             raise ModelError(f"has {len(node.outputs)} outputs, expected {len(results)}", node=node.name,
                              op=node.op)
         for out, (shape, dtype) in zip(node.outputs, results, strict=False):
+            problem = shape_problem(shape, allow_zero=True) if out else None
+            if problem is not None:  # before a constant input (ConstantOfShape) is evaluated at this size
+                raise ModelError(f"output '{out}' would have the shape {list(shape)}: {problem}", node=node.name,
+                                 op=node.op)
             if out:
                 g.values[out] = Value(out, shape, dtype)
         if node.op in _SHAPE_OPS:

@@ -10,7 +10,8 @@ Members:
   code) without changing the format: a reader keeps sections it does not know.
 
 A file of another format version, a broken zip, a missing member or one whose hash differs is refused
-with an :class:`ArtifactError` saying which.
+with an :class:`ArtifactError` saying which; so is a manifest whose keys are missing, mistyped, out of
+range or unsafely named (:mod:`weft.runtime.artifact_schema`, checked before anything is allocated).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import secrets
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,17 +35,13 @@ import numpy as np
 from weft.compiler.errors import GraphError
 from weft.compiler.ir import Graph, graph_from_dict, graph_to_dict
 from weft.config import AcceleratorConfig, ConfigError
-from weft.errors import WeftError
+from weft.runtime.artifact_schema import ArtifactError, check_manifest, check_shape
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Artifact", "ArtifactError", "Section", "load_artifact", "write_atomic"]
 
 FORMAT = "weft-artifact"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-class ArtifactError(WeftError):
-    """An artifact that cannot be read: not a weft artifact, another format version, or corrupt."""
 
 
 def write_atomic(path: str | Path, data: bytes) -> Path:
@@ -67,7 +66,15 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def _npy_load(data: bytes, what: str) -> np.ndarray:
+    buf = io.BytesIO(data)
     try:
+        # numpy allocates the header's shape before reading the data: bound it first
+        major, _ = np.lib.format.read_magic(buf)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(buf)
+        check_shape(list(shape), what, "shape", label="the .npy header's")
+        if len(data) - buf.tell() < math.prod(shape) * dtype.itemsize:
+            raise ArtifactError(f"{what} is shorter than its header's shape {list(shape)}")
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:
         raise ArtifactError(f"{what} is not a valid .npy array ({err})") from None
@@ -173,7 +180,7 @@ class Artifact:
     def from_bytes(cls, data: bytes, what: str = "the artifact") -> Artifact:
         try:
             zf = zipfile.ZipFile(io.BytesIO(data))
-        except zipfile.BadZipFile:
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError):
             raise ArtifactError(f"{what} is not a weft artifact (not a zip file, or truncated)") from None
         with zf:
             names = set(zf.namelist())
@@ -183,12 +190,15 @@ class Artifact:
             def read(member: str) -> bytes:
                 try:
                     return zf.read(member)
-                except (zipfile.BadZipFile, KeyError, EOFError, OSError) as err:
+                # a damaged directory surfaces as any of these (a negative seek is a ValueError, an unknown
+                # compression method NotImplementedError, an encrypted member RuntimeError)
+                except (zipfile.BadZipFile, KeyError, EOFError, OSError, ValueError, NotImplementedError, RuntimeError,
+                        zlib.error) as err:
                     raise ArtifactError(f"{what}: member '{member}' is corrupt or missing ({err})") from None
 
             try:
                 manifest = json.loads(read("manifest.json"))
-            except json.JSONDecodeError as err:
+            except ValueError as err:  # JSONDecodeError, or UnicodeDecodeError of damaged bytes
                 raise ArtifactError(f"{what}: manifest.json is not valid JSON ({err})") from None
             if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
                 raise ArtifactError(f"{what} is not a weft artifact (format is {manifest.get('format')!r})"
@@ -197,7 +207,8 @@ class Artifact:
             if version != FORMAT_VERSION:
                 raise ArtifactError(f"{what} has format version {version!r}; this weft "
                                     f"reads version {FORMAT_VERSION} only (recompile the model)")
-            members: dict[str, str] = manifest.get("members", {})
+            check_manifest(manifest, what)
+            members: dict[str, str] = manifest["members"]
             blobs: dict[str, bytes] = {}
             for member, digest in members.items():
                 blob = read(member)
@@ -222,12 +233,12 @@ class Artifact:
 
         try:
             graph = graph_from_dict(manifest["graph"], get)
-        except (KeyError, TypeError, GraphError) as err:
+        except (KeyError, TypeError, ValueError, GraphError) as err:
             raise ArtifactError(f"{what}: the graph is malformed ({err})") from None
         sections = {}
         for name, info in manifest.get("sections", {}).items():
-            files = {f: blobs[f"sections/{name}/{f}"] for f in info.get("files", []) if f"sections/{name}/{f}" in blobs}
-            sections[name] = Section(name, info.get("meta", {}), files)
+            files = {f: blobs[f"sections/{name}/{f}"] for f in info["files"]}
+            sections[name] = Section(name, info["meta"], files)
         return cls(graph, config, manifest["target"], meta=manifest.get("meta", {}), sections=sections)
 
     @classmethod

@@ -8,18 +8,36 @@ random inputs, prints latency and throughput), ``weft_run.ipynb`` (the same in a
 bitstream with its manifest when ``weft bitstream`` has a built one for the board and config
 (``bitstream/``), and a README. The runtime refuses a bitstream whose config hash differs from the
 artifact's (the manifest, then the CONFIG_HASH registers).
+
+``weft/`` is built in a staging folder beside it and swapped in; an existing ``weft/`` is replaced only
+when it holds the marker file a previous deploy left (``.weft-deploy``), so ``-o ~`` cannot delete a
+``~/weft`` that deploy did not write. Likewise DIR's other files (``run.py``, ``README.txt``...) are
+overwritten only in a DIR whose marker says deploy wrote them.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BLOCKED", "add_deploy_arguments", "board_modules", "deploy", "run_deploy"]
+from weft.errors import WeftError
+
+__all__ = ["BLOCKED", "MARKER", "DeployError", "add_deploy_arguments", "board_modules", "deploy", "run_deploy"]
+
+#: The file inside a ``weft/`` folder that deploy wrote; only such a folder is ever replaced.
+MARKER = ".weft-deploy"
+#: What deploy writes in DIR: in a DIR without the marker, none of them may exist already.
+OWN_NAMES = ("model.weft", "weft", "weft_spec.json", "run.py", "weft_run.ipynb", "README.txt", "bitstream")
+
+
+class DeployError(WeftError):
+    """The deploy folder cannot be written without destroying something deploy did not make."""
 
 #: Packages the board runtime must not need.
 BLOCKED = ("onnx", "onnxruntime", "llvmlite", "xgboost", "amaranth", "cocotb", "cocotbext", "scipy", "torch")
@@ -139,20 +157,14 @@ def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_
     board_of(board)
     art = load_artifact(artifact_path)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(artifact_path, out / "model.weft")
-    package_root = Path(__file__).resolve().parent.parent
-    files = board_modules()
     target = out / "weft"
-    if target.exists():
-        shutil.rmtree(target)
-    for path in files:
-        rel = path.relative_to(package_root)
-        dest = target / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, dest)
-    for folder in sorted({p.parent for p in target.rglob("*.py")}):
-        (folder / "__init__.py").touch()
+    _check_replaceable(out, target)
+    files = board_modules()
+    out.mkdir(parents=True, exist_ok=True)
+    # first: a deploy that fails halfway can be run again over what it left
+    (out / MARKER).write_text("written by weft deploy; the next deploy overwrites its files in this folder\n")
+    _install_runtime(files, target)
+    shutil.copyfile(artifact_path, out / "model.weft")
     from weft.hw.regs import registers_spec
     from weft.isa import isa_spec
 
@@ -175,6 +187,44 @@ def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_
         f"{art.config.hash}).\n{bit_note}\nOn the board: python3 run.py (needs numpy and pynq 3.x only); "
         "or open weft_run.ipynb in Jupyter.\n")
     return {"files": len(files), "board": board, "bitstream": (out / "bitstream" / "weft.bit").exists()}
+
+
+def _check_replaceable(out: Path, target: Path) -> None:
+    """Refuse before writing anything when `target` (DIR/weft) or, in a DIR that deploy did not write,
+    any of the names deploy writes already exists."""
+    if target.is_symlink() or (target.exists() and not (target / MARKER).is_file()):
+        raise DeployError(f"{target} exists and was not written by weft deploy (no {MARKER} in it): "
+                          "move it away or deploy to another folder")
+    if not (out / MARKER).is_file():
+        for name in OWN_NAMES:
+            if (out / name).exists() or (out / name).is_symlink():
+                raise DeployError(f"{out / name} exists and {out} was not written by weft deploy (no {MARKER} in "
+                                  "it): move it away or deploy to another folder")
+
+
+def _install_runtime(files: list[Path], target: Path) -> None:
+    """Copy the board runtime into a staging folder beside `target`, then swap it in."""
+    package_root = Path(__file__).resolve().parent.parent
+    token = f"{os.getpid()}.{secrets.token_hex(4)}"
+    staging = target.parent / f".weft-staging.{token}"
+    try:
+        for path in files:
+            dest = staging / path.relative_to(package_root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest)
+        for folder in sorted({p.parent for p in staging.rglob("*.py")}):
+            (folder / "__init__.py").touch()
+        (staging / MARKER).write_text("written by weft deploy; the next deploy replaces this folder\n")
+        if target.exists():
+            old = target.parent / f".weft-old.{token}"
+            target.rename(old)
+            staging.rename(target)
+            shutil.rmtree(old)
+        else:
+            staging.rename(target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
 
 
 def add_deploy_arguments(parser: Any) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from weft.compiler.ir import Node, numpy_dtype
+from weft.runtime.artifact_schema import ArtifactError
 from weft.runtime.devices import DeviceError
 from weft.sim.bits import pack, unpack
 from weft.sim.dram import Dram
@@ -61,6 +62,10 @@ class AcceleratorImage:
         if self.meta.get("version") != 1:
             raise DeviceError(f"section 'accel' has version {self.meta.get('version')!r}; this device reads 1")
         self.const = section.array("const")
+        # the manifest check bounds every key; only here is the constants' size known to compare
+        if self.meta["const_base"] + self.const.nbytes > self.meta["dram_bytes"]:
+            raise ArtifactError(f"section 'accel': {self.const.nbytes} bytes of constants at const_base "
+                                f"{self.meta['const_base']} do not fit dram_bytes {self.meta['dram_bytes']}")
         self.layers: dict[str, dict[str, Any]] = {layer["name"]: layer for layer in self.meta["layers"]}
 
     def fresh_dram(self) -> Dram:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from weft.compiler.ir import onnx_type_string
 from weft.config import AcceleratorConfig, load_config
 from weft.runtime.artifact import Artifact
 from weft.runtime.devices import Device, DeviceError, create_device
+from weft.runtime.walker import allowing_nonfinite
 
 __all__ = ["InferenceSession", "NodeArg"]
 
@@ -37,10 +39,13 @@ class InferenceSession:
     `artifact` is a path to a .weft file or an :class:`Artifact`; `device` a registered device name or a
     :class:`Device`. The device is made for `config` when given (a preset name, a file, a config), else
     for the artifact's own config; a device whose config differs from the artifact's refuses it.
+    Inputs holding NaN or Inf are refused unless `allow_nonfinite`.
     """
 
     def __init__(self, artifact: str | Path | Artifact, device: str | Device = "ref", *,
-                 config: str | Path | AcceleratorConfig | None = None, **device_options: Any):
+                 config: str | Path | AcceleratorConfig | None = None, allow_nonfinite: bool = False,
+                 **device_options: Any):
+        self.allow_nonfinite = allow_nonfinite
         self.artifact = artifact if isinstance(artifact, Artifact) else Artifact.load(artifact)
         if isinstance(device, Device):
             self.device = device
@@ -70,7 +75,10 @@ class InferenceSession:
         for n in names:
             if n not in graph.outputs:
                 raise DeviceError(f"'{n}' is not an output of the model (outputs: {', '.join(graph.outputs)})")
-        outputs, figures, values = self.device.run(feeds, keep_intermediates=keep_intermediates)
+        # when NaN/Inf are let through, numpy's warnings about casting them (quantization) are expected
+        quiet = np.errstate(invalid="ignore", over="ignore") if self.allow_nonfinite else contextlib.nullcontext()
+        with allowing_nonfinite(self.allow_nonfinite), quiet:
+            outputs, figures, values = self.device.run(feeds, keep_intermediates=keep_intermediates)
         self._intermediates = values
         self._stats = self._summarize(figures)
         return [outputs[n] for n in names]

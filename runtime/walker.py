@@ -15,8 +15,9 @@ is unknown, or without a runner).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,8 +35,22 @@ from weft.runtime.qkernels import Widths
 if TYPE_CHECKING:
     from weft.runtime.artifact import Artifact
 
-__all__ = ["AcceleratorRunner", "FeedError", "RunResult", "check_feeds", "run_loaded", "target_of", "walk_graph",
-           "widths_of"]
+__all__ = ["AcceleratorRunner", "FeedError", "RunResult", "allowing_nonfinite", "check_feeds", "run_loaded",
+           "target_of", "walk_graph", "widths_of"]
+
+# Set by InferenceSession(allow_nonfinite=True) around a run, so every device's own check_feeds call
+# (walker, cpu, cuda) lets NaN/Inf through without each device growing an option.
+_ALLOW_NONFINITE: contextvars.ContextVar[bool] = contextvars.ContextVar("weft_allow_nonfinite", default=False)
+
+
+@contextlib.contextmanager
+def allowing_nonfinite(allow: bool = True) -> Iterator[None]:
+    """Within this block, check_feeds lets NaN and Inf inputs through when `allow` is true."""
+    token = _ALLOW_NONFINITE.set(allow)
+    try:
+        yield
+    finally:
+        _ALLOW_NONFINITE.reset(token)
 
 
 class FeedError(WeftError):
@@ -92,8 +107,14 @@ def widths_of(graph: Graph) -> Widths:
                   int(config["out_width"]))
 
 
-def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The feeds as arrays of the graph inputs' dtypes; FeedError names the input that is wrong."""
+def check_feeds(graph: Graph, feeds: Mapping[str, Any], *, allow_nonfinite: bool | None = None
+                ) -> dict[str, np.ndarray]:
+    """The feeds as arrays of the graph inputs' dtypes; FeedError names the input that is wrong.
+
+    NaN and Inf are refused (quantization would silently turn them into zeros or saturated values) unless
+    `allow_nonfinite`, or, when that is None, the enclosing :func:`allowing_nonfinite` block, allows them."""
+    if allow_nonfinite is None:
+        allow_nonfinite = _ALLOW_NONFINITE.get()
     unknown = sorted(set(feeds) - set(graph.inputs))
     if unknown:
         raise FeedError(f"'{unknown[0]}' is not an input of the model (inputs: {', '.join(graph.inputs)})")
@@ -110,6 +131,11 @@ def check_feeds(graph: Graph, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]
             array = array.astype(want)
         if tuple(array.shape) != value.shape:
             raise FeedError(f"input '{name}' must have shape {list(value.shape)}, got {list(array.shape)}")  # type: ignore[arg-type]
+        if not allow_nonfinite and np.issubdtype(array.dtype, np.floating):
+            bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+            if bad:
+                raise FeedError(f"input '{name}' has {bad} non-finite value{'s' if bad > 1 else ''} (NaN or Inf); "
+                                "pass allow_nonfinite=True to InferenceSession to run it anyway")
         out[name] = array
     return out
 
