@@ -63,6 +63,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", metavar="TRACE.json",
                         help="write a Chrome/Perfetto trace of load, compute and store (recorded from the RTL on "
                              "--device rtl, else from the timing model)")
+    parser.add_argument("--allow-nonfinite", action="store_true",
+                        help="let inputs holding NaN or Inf through (refused by default)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bar (it shows only when stderr is a terminal)")
 
@@ -96,7 +98,8 @@ def run_run(args: argparse.Namespace) -> int:
     options = dict(args.device_option)
     if args.trace and args.device == "rtl":
         options["trace"] = True
-    sess = InferenceSession(args.artifact, device=args.device, config=args.config, **options)
+    sess = InferenceSession(args.artifact, device=args.device, config=args.config,
+                            allow_nonfinite=args.allow_nonfinite, **options)
     try:
         inputs = {arg.name: arg for arg in sess.get_inputs()}
         feeds: dict[str, np.ndarray] = {}

@@ -150,6 +150,10 @@ def test_cli_run_refuses_a_nan_input_file_in_one_line(mlp, tmp_path, capsys):
     np.save(tmp_path / "x.npy", x)
     assert main(["run", str(path), "--input", f"input={tmp_path / 'x.npy'}", "--no-progress"]) == 2
     _one_line_error(capsys, "input 'input' has 1 non-finite value")
+    out = tmp_path / "out.npz"
+    assert main(["run", str(path), "--input", f"input={tmp_path / 'x.npy'}", "--no-progress", "--allow-nonfinite",
+                 "--output", str(out)]) == 0
+    assert np.load(out)[next(iter(np.load(out).files))].shape == (4, 10)
 
 
 def test_wrong_shape_and_unknown_input_still_named(mlp):
