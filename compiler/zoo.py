@@ -225,6 +225,15 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _summary(row: dict[str, Any]) -> str:
+    """One line per model while the benchmark runs: the figures of its table row."""
+    if not row["ok"]:
+        return f"{row['model']}: {row['error']}"
+    return (f"{row['model']}: cosine {row.get('cosine_vs_float')}, fsim == ref {row.get('fsim_equals_ref')}, "
+            f"accel MACs {row.get('accel_mac_fraction')}, cycles {row.get('cycles')}, "
+            f"cpu rel. error {row.get('cpu_relative_error')}")
+
+
 def bench_zoo(config: str, path: str | None = None, model: str | None = None, seed: int = 0) -> dict[str, Any]:
     """Every model of folder `path` (default: the onnx wheel's light models; `model` picks one by name
     part) compiled for `config` and for the cpu, run on ref, fsim and cpu against onnxruntime."""
@@ -243,8 +252,7 @@ def bench_zoo(config: str, path: str | None = None, model: str | None = None, se
         start = time.perf_counter()
         rows.append(zoo_row(f, cfg, seed))
         rows[-1]["seconds"] = round(time.perf_counter() - start, 1)
-        print(f"zoo: {rows[-1]['model']}: {'ok' if rows[-1]['ok'] else rows[-1]['error']} "
-              f"({rows[-1]['seconds']} s)", file=sys.stderr, flush=True)
+        print(f"zoo: {_summary(rows[-1])} ({rows[-1]['seconds']} s)", file=sys.stderr, flush=True)
     table = format_table(rows)
     print(table, file=sys.stderr)
     return {"bench": "zoo", "config": cfg.name, "config_hash": cfg.hash, "folder": str(files[0].parent),
