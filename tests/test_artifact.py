@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import zipfile
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import weft
 from weft.compiler.ir import graph_to_dict
 from weft.runtime.artifact import FORMAT_VERSION, Artifact, ArtifactError
 
+from .artifact_util import members_of, rezip
 from .test_frontend_util import make_model, rand
 
 
@@ -27,19 +27,6 @@ def artifact() -> Artifact:
              helper.make_node("Softmax", ["f"], ["y"], name="softmax", axis=1)]
     model = make_model(nodes, {"x": [1, 3, 8, 8]}, {"y": None}, {"w": rand(6, 3, 3, 3), "b": rand(6)})
     return weft.compile(model, calibration={"x": rand(2, 1, 3, 8, 8)})
-
-
-def _members(data: bytes) -> dict[str, bytes]:
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        return {n: zf.read(n) for n in zf.namelist()}
-
-
-def _rezip(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
 
 
 def _key(a: np.ndarray) -> str:
@@ -58,7 +45,7 @@ def test_round_trip_keeps_graph_config_and_meta(artifact, tmp_path):
 
 
 def test_file_layout_is_json_and_npy(artifact):
-    members = _members(artifact.to_bytes())
+    members = members_of(artifact.to_bytes())
     manifest = json.loads(members["manifest.json"])
     assert manifest["format"] == "weft-artifact" and manifest["format_version"] == FORMAT_VERSION
     assert manifest["config_hash"] == artifact.config.hash and manifest["target"] == "accel"
@@ -82,30 +69,30 @@ def test_sections_survive_and_unknown_ones_are_kept(artifact, tmp_path):
 
 
 def test_unknown_format_version_is_refused(artifact):
-    members = _members(artifact.to_bytes())
+    members = members_of(artifact.to_bytes())
     manifest = json.loads(members["manifest.json"])
     manifest["format_version"] = FORMAT_VERSION + 1
     members["manifest.json"] = json.dumps(manifest).encode()
     with pytest.raises(ArtifactError, match=f"format version {FORMAT_VERSION + 1}; this weft reads version"):
-        Artifact.from_bytes(_rezip(members))
+        Artifact.from_bytes(rezip(members))
 
 
 def test_corrupted_member_is_refused(artifact):
-    members = _members(artifact.to_bytes())
+    members = members_of(artifact.to_bytes())
     key = next(k for k in members if k.startswith("arrays/"))
     blob = bytearray(members[key])
     blob[-1] ^= 0xFF
     members[key] = bytes(blob)
     with pytest.raises(ArtifactError, match=f"member '{key}' is corrupt"):
-        Artifact.from_bytes(_rezip(members))
+        Artifact.from_bytes(rezip(members))
 
 
 def test_damaged_files_are_refused(artifact, tmp_path):
     data = artifact.to_bytes()
     for damaged, pattern in ((data[: len(data) // 2], "not a zip file, or truncated"), (b"hello", "not a zip"),
-                             (_rezip({"x.txt": b"1"}), "no manifest.json"),
-                             (_rezip({"manifest.json": b"{"}), "not valid JSON"),
-                             (_rezip({"manifest.json": b'{"format": "other"}'}), "format is 'other'")):
+                             (rezip({"x.txt": b"1"}), "no manifest.json"),
+                             (rezip({"manifest.json": b"{"}), "not valid JSON"),
+                             (rezip({"manifest.json": b'{"format": "other"}'}), "format is 'other'")):
         with pytest.raises(ArtifactError, match=pattern):
             Artifact.from_bytes(damaged)
     with pytest.raises(ArtifactError, match="no such artifact file"):
@@ -113,7 +100,7 @@ def test_damaged_files_are_refused(artifact, tmp_path):
 
 
 def test_pickled_arrays_are_never_loaded(artifact):
-    members = _members(artifact.to_bytes())
+    members = members_of(artifact.to_bytes())
     manifest = json.loads(members["manifest.json"])
     key = next(k for k in members if k.startswith("arrays/"))
     buf = io.BytesIO()
@@ -124,16 +111,16 @@ def test_pickled_arrays_are_never_loaded(artifact):
     manifest["members"][key] = hashlib.sha256(members[key]).hexdigest()
     members["manifest.json"] = json.dumps(manifest).encode()
     with pytest.raises(ArtifactError, match=r"not a valid \.npy array"):
-        Artifact.from_bytes(_rezip(members))
+        Artifact.from_bytes(rezip(members))
 
 
 def test_tampered_config_is_refused(artifact):
-    members = _members(artifact.to_bytes())
+    members = members_of(artifact.to_bytes())
     manifest = json.loads(members["manifest.json"])
     manifest["config"]["block_in"] = 32
     members["manifest.json"] = json.dumps(manifest).encode()
     with pytest.raises(ArtifactError, match="the recorded config hashes to"):
-        Artifact.from_bytes(_rezip(members))
+        Artifact.from_bytes(rezip(members))
 
 
 def test_save_is_atomic(artifact, tmp_path, monkeypatch):

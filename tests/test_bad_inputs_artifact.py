@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from weft.cli import main
 from weft.runtime import InferenceSession
 from weft.runtime.artifact import Artifact, ArtifactError
 
+from .artifact_util import members_of, rezip
 from .driver_util import compiled
 
 
@@ -24,19 +24,6 @@ from .driver_util import compiled
 def good() -> bytes:
     art, _ = compiled("mlp")
     return art.to_bytes()
-
-
-def members_of(data: bytes) -> dict[str, bytes]:
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        return {n: zf.read(n) for n in zf.namelist()}
-
-
-def rezip(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return buf.getvalue()
 
 
 def with_manifest(data: bytes, edit: Callable[[dict[str, Any]], None]) -> bytes:

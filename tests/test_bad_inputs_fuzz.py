@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from weft.runtime.artifact import Artifact, ArtifactError
 
+from .artifact_util import members_of, rezip
 from .driver_util import compiled
-from .test_bad_inputs_artifact import members_of, rezip
 
 FUZZ = settings(max_examples=600, deadline=2000, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
