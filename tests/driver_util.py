@@ -9,6 +9,7 @@ import numpy as np
 
 from weft.compiler import models
 from weft.isa.encoding import decode_insns, encode_insns
+from weft.runtime.driver_fsim import FsimBackend
 
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand
@@ -38,3 +39,13 @@ def with_insns(art: Any, image: np.ndarray, layer: dict[str, Any], insns: np.nda
     words = np.frombuffer(encode_insns(art.config, insns), dtype=np.uint8)
     out[layer["insn_addr"]:layer["insn_addr"] + words.size] = words
     return out
+
+
+class CountingBackend(FsimBackend):
+    """Counts START writes: a refused launch must not start the accelerator."""
+
+    starts = 0
+
+    def _start(self) -> None:
+        type(self).starts += 1
+        super()._start()

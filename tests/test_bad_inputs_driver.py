@@ -16,17 +16,7 @@ from weft.runtime.safety import LaunchError, check_launch
 from weft.sim.dram import Dram
 from weft.sim.fsim import FunctionalSimulator, SimError
 
-from .driver_util import compiled, first_layer_image, with_insns
-
-
-class _Counting(FsimBackend):
-    """Counts START writes: a refused launch must not start the accelerator."""
-
-    starts = 0
-
-    def _start(self) -> None:
-        type(self).starts += 1
-        super()._start()
+from .driver_util import CountingBackend, compiled, first_layer_image, with_insns
 
 
 class _HighHardware(BackendHardware):
@@ -41,8 +31,8 @@ class _HighHardware(BackendHardware):
 
 
 def _driver(art, hardware=None):
-    backend = _Counting(art.config, 1 << 22)
-    _Counting.starts = 0
+    backend = CountingBackend(art.config, 1 << 22)
+    CountingBackend.starts = 0
     return Driver(hardware(backend) if hardware else BackendHardware(backend), art.config)
 
 
@@ -56,7 +46,7 @@ def _refuse(image, layer, match, *, count=None, hardware=None):
     before = image.copy()
     with pytest.raises(LaunchError, match=match) as info:
         driver.run_image(image, layer["insn_addr"], layer["insn_count"] if count is None else count)
-    assert _Counting.starts == 0
+    assert CountingBackend.starts == 0
     np.testing.assert_array_equal(image, before)  # nothing of the caller's was overwritten
     return info.value
 

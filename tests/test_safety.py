@@ -8,26 +8,16 @@ import pytest
 from weft.config import PRESETS
 from weft.isa.constants import MemId, Opcode
 from weft.runtime.driver import Driver, DriverDevice
-from weft.runtime.driver_fsim import FsimBackend, fsim_hardware
+from weft.runtime.driver_fsim import fsim_hardware
 from weft.runtime.safety import LaunchError
 
-from .driver_util import compiled, first_layer_image, with_insns
-
-
-class _Counting(FsimBackend):
-    """Counts START writes: a refused launch must not start the accelerator."""
-
-    starts = 0
-
-    def _start(self) -> None:
-        type(self).starts += 1
-        super()._start()
+from .driver_util import CountingBackend, compiled, first_layer_image, with_insns
 
 
 def _driver(art):
     from weft.runtime.driver_fsim import BackendHardware
 
-    backend = _Counting(art.config, 1 << 22)
+    backend = CountingBackend(art.config, 1 << 22)
     return Driver(BackendHardware(backend), art.config), backend
 
 
@@ -37,12 +27,12 @@ def _refused(mutate, match):
     bad = insns.copy()
     index = mutate(bad)
     driver, _ = _driver(art)
-    _Counting.starts = 0
+    CountingBackend.starts = 0
     with pytest.raises(LaunchError, match=match) as info:
         driver.run_image(with_insns(art, image, layer, bad), layer["insn_addr"], layer["insn_count"])
     assert info.value.index == index
     assert f"instruction {index} (" in str(info.value)
-    assert _Counting.starts == 0
+    assert CountingBackend.starts == 0
 
 
 def _first(insns, pred):
