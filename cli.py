@@ -11,6 +11,7 @@ import argparse
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -78,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(getattr(mod, f"run_{args.command}")(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader stopped early (`weft config | head`): not an error. Point stdout at /dev/null so the
+        # interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as err:  # every user-facing failure: one clear line and a non-zero exit
         from weft.errors import is_user_error
 

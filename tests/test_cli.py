@@ -80,3 +80,17 @@ def test_bench_refuses_an_option_the_benchmark_does_not_take(capsys):
 
     assert main(["bench", "fsim", "--trials", "3"]) == 2
     assert "benchmark 'fsim' takes no --trials option" in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_is_not_an_error():
+    """`weft config | head`: the reader closes the pipe before weft writes; no error line, exit 0."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "weft.cli", "config", "--config", "default"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before weft has imported anything
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 0
+    assert err == ""
