@@ -17,13 +17,15 @@ from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from weft.isa.constants import AXI_ADDR_BITS
+
 __all__ = [
     "ADDR_BITS", "BURST_INCR", "RESP_OKAY", "ReadArbiter", "axi4_lite_signature", "axi4_read_signature",
     "axi4_signature", "axi4_write_signature", "read_client_signature",
 ]
 
-#: DRAM byte address width (the Zynq HP ports are 32-bit).
-ADDR_BITS = 32
+#: DRAM byte address width (owned by the ISA constants, which the runtime imports without amaranth).
+ADDR_BITS = AXI_ADDR_BITS
 BURST_INCR = 1
 RESP_OKAY = 0
 #: AxCACHE "normal non-cacheable bufferable": safe on the Zynq HP ports.

@@ -10,6 +10,7 @@ from enum import IntEnum
 
 __all__ = [
     "ALU_OP_BITS",
+    "AXI_ADDR_BITS",
     "DRAM_ADDR_BITS",
     "DRAM_STRIDE_BITS",
     "IMM_BITS",
@@ -27,6 +28,9 @@ MEM_ID_BITS = 3
 ALU_OP_BITS = 3
 #: Zero padding per side of a 2-D DMA, in elements (VTA: 4 bits, so at most 15).
 PAD_BITS = 4
+#: DRAM byte address width on the AXI bus (the Zynq HP ports are 32-bit): the hardware's master ports, the
+#: driver's address checks and the artifact's DRAM bound all follow it.
+AXI_ADDR_BITS = 32
 #: DRAM addresses in instructions count elements of the memory's row size, up to this many bits.
 DRAM_ADDR_BITS = 32
 #: Row stride of a 2-D DMA, in DRAM elements.

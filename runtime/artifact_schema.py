@@ -17,12 +17,13 @@ from typing import Any
 from weft.compiler.ir import DTYPES
 from weft.compiler.limits import MAX_ELEMENTS
 from weft.errors import WeftError
+from weft.isa.constants import AXI_ADDR_BITS
 
 __all__ = ["MAX_DRAM_BYTES", "MAX_ELEMENTS", "MAX_TOTAL_ELEMENTS", "ArtifactError", "check_manifest",
            "check_shape", "member_name_ok"]
 
 #: The accelerator addresses DRAM over 32-bit AXI.
-MAX_DRAM_BYTES = 2**32
+MAX_DRAM_BYTES = 1 << AXI_ADDR_BITS
 #: The most elements all of a graph's values together may have.
 MAX_TOTAL_ELEMENTS = 2**33
 

@@ -19,7 +19,7 @@ import numpy as np
 from weft.errors import WeftError
 from weft.isa import semantics
 from weft.isa.asm import format_insn
-from weft.isa.constants import MemId, Opcode, Unit
+from weft.isa.constants import AXI_ADDR_BITS, MemId, Opcode, Unit
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -28,7 +28,7 @@ __all__ = ["ADDRESS_LIMIT", "LaunchError", "check_buffers", "check_config_hash",
            "mem_row_bytes"]
 
 #: The accelerator's AXI addresses are 32 bits: a byte at or above this wraps onto other memory.
-ADDRESS_LIMIT = 1 << 32
+ADDRESS_LIMIT = 1 << AXI_ADDR_BITS
 
 
 class LaunchError(WeftError):
