@@ -220,8 +220,10 @@ class _Quantizer:
 
     def _epilogue(self, node: Node, **kwargs: object) -> tuple[Step, ...]:
         try:
+            # A model that brings its own scales defines its int8 results: round as close to them as the
+            # accumulator allows, at some ALU cost (see build_epilogue).
             return build_epilogue(acc_width=self.acc_bits, out_width=self.act_bits, imm_range=self.imm_range,
-                                  **kwargs)  # type: ignore[arg-type]
+                                  precise=bool(self.model_scales), **kwargs)  # type: ignore[arg-type]
         except EpilogueOverflow as err:
             raise _Overflow(f"no requantization fits the {self.acc_bits}-bit accumulator ({err})") from None
 

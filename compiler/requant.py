@@ -24,6 +24,8 @@ __all__ = ["Rescale", "build_epilogue", "clamp_steps", "rescale_steps", "solve_r
 
 #: Extra fractional bits tried (largest first) when a residual or a shift is added before rounding.
 MAX_FRAC = 8
+#: The same for a precise epilogue (its multipliers are vectors, so they have room for the extra bits).
+PRECISE_FRAC = 16
 
 
 @dataclass(frozen=True)
@@ -117,12 +119,19 @@ def clamp_steps(lo: int, hi: int, channels: int, out_width: int) -> list[Step]:
 
 def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int,
                    imm_range: tuple[int, int], lo: int, hi: int, bias: np.ndarray | None = None,
-                   shift: np.ndarray | None = None, residual_real: np.ndarray | None = None) -> tuple[Step, ...]:
+                   shift: np.ndarray | None = None, residual_real: np.ndarray | None = None,
+                   precise: bool = False) -> tuple[Step, ...]:
     """The epilogue of one layer, proven not to overflow for ``|acc| <= bound`` and any residual.
 
     ``acc`` is multiplied by ``real`` (per channel) into output units after ``bias`` (acc units) is
     added; ``residual_real`` scales the int residual input into output units; ``shift`` (output units)
     is added before the final rounding; the result is clamped to [lo, hi].
+
+    ``precise`` trades ALU work for rounding fidelity, for models that bring their own int8 arithmetic
+    (QDQ): multipliers may be vectors wider than an immediate, the accumulator is clamped first when that
+    leaves room for a wider multiplier, and a residual sum keeps up to ``PRECISE_FRAC`` fractional bits.
+    The default keeps every error far below an output unit; precise also makes ties within ~1e-3 of a
+    unit round as the model's float arithmetic does in all but a few in a thousand values.
     """
     real = np.asarray(real, dtype=np.float64).reshape(-1)
     channels = real.size
@@ -130,15 +139,17 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
     bias_i = np.zeros(channels, np.int64) if bias is None else np.asarray(bias, np.int64)
     x_bound = bound + np.abs(bias_i)
     if shift is None and residual_real is None:
+        if precise:
+            return _most_precise(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
         try:
-            return _direct(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
+            return _direct(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)[0]
         except EpilogueOverflow:
-            return _saturating(real, bound, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
+            return _saturating(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)[0]
     res_bound = 1 << (out_width - 1)
     failure: Exception | None = None
-    for frac in range(MAX_FRAC, -1, -1):
+    for frac in range(PRECISE_FRAC if precise else MAX_FRAC, -1, -1):
         try:
-            uniform = bool(np.all(real == real[0]))
+            uniform = bool(np.all(real == real[0])) and not precise
             rs = solve_rescale(real, x_bound, acc_width, out_width, frac, imm_range[1] if uniform else None)
             steps: list[Step] = []
             r1 = (1 << (rs.pre_shift - 1)) if rs.pre_shift else 0
@@ -149,7 +160,7 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
                 steps += rescale_steps(rs, channels, imm_range)
             if residual_real is not None:
                 r_real = np.broadcast_to(np.asarray(residual_real, np.float64), (channels,))
-                r_uniform = bool(np.all(r_real == r_real[0]))
+                r_uniform = bool(np.all(r_real == r_real[0])) and not precise
                 rr = solve_rescale(r_real, np.full(channels, res_bound), acc_width, out_width, frac,
                                    imm_range[1] if r_uniform else None)
                 steps.append(("residual", tuple(rescale_steps(rr, channels, imm_range))))
@@ -170,11 +181,31 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
     raise EpilogueOverflow(str(failure))
 
 
+def _most_precise(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,
+                  x_bound: np.ndarray, acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int,
+                  hi: int) -> tuple[Step, ...]:
+    """Of the direct and the clamp-first epilogue, with multipliers free to be vectors, the one with the
+    smaller worst-case rounding error."""
+    candidates: list[tuple[tuple[Step, ...], float]] = []
+    for form in (_direct, _saturating):
+        try:
+            candidates.append(form(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi,
+                                   vector=True))
+        except EpilogueOverflow:
+            continue
+    if not candidates:
+        raise EpilogueOverflow(f"no shift keeps |x| <= {int(x_bound.max())} times the multiplier within "
+                               f"{acc_width} bits")
+    return min(candidates, key=lambda c: c[1])[0]
+
+
 def _direct(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray, x_bound: np.ndarray,
-            acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int, hi: int) -> tuple[Step, ...]:
-    """bias, rescale, clamps: the pre-shift's rounding constant folds into the bias."""
+            acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int, hi: int, *, vector: bool = False
+            ) -> tuple[tuple[Step, ...], float]:
+    """bias, rescale, clamps: the pre-shift's rounding constant folds into the bias. Returns the steps and
+    their worst-case error; `vector` lets a shared multiplier outgrow the immediate."""
     channels = real.size
-    uniform = bool(np.all(real == real[0]))
+    uniform = bool(np.all(real == real[0])) and not vector
     rs = solve_rescale(real, x_bound, acc_width, out_width, 0, imm_range[1] if uniform else None)
     r1 = (1 << (rs.pre_shift - 1)) if rs.pre_shift else 0
     steps: list[Step] = []
@@ -185,11 +216,12 @@ def _direct(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i
         steps += rescale_steps(rs, channels, imm_range)
     steps += clamp_steps(lo, hi, channels, out_width)
     bounds(steps, -bound, bound, acc_width)
-    return tuple(steps)
+    return tuple(steps), rs.error
 
 
-def _saturating(real: np.ndarray, bound: np.ndarray, bias_i: np.ndarray, x_bound: np.ndarray, acc_width: int,
-                out_width: int, imm_range: tuple[int, int], lo: int, hi: int) -> tuple[Step, ...]:
+def _saturating(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,
+                x_bound: np.ndarray, acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int, hi: int,
+                *, vector: bool = False) -> tuple[tuple[Step, ...], float]:
     """For factors too large to rescale the whole accumulator range: clamp the accumulator first to
     +-L, where |x| >= L already saturates the output (the mapping is monotonic, so this is exact), then
     rescale the small range that is left."""
@@ -200,9 +232,9 @@ def _saturating(real: np.ndarray, bound: np.ndarray, bias_i: np.ndarray, x_bound
     if np.any(bias_i):
         steps.append(_uniform_or_vec("add", bias_i, imm_range))
     steps += [_uniform_or_vec("max", -limit, imm_range), _uniform_or_vec("min", limit, imm_range)]
-    uniform = bool(np.all(real == real[0]))
+    uniform = bool(np.all(real == real[0])) and not vector
     rs = solve_rescale(real, limit, acc_width, out_width, 0, imm_range[1] if uniform else None)
     steps += rescale_steps(rs, channels, imm_range)
     steps += clamp_steps(lo, hi, channels, out_width)
     bounds(steps, -bound, bound, acc_width)
-    return tuple(steps)
+    return tuple(steps), rs.error
