@@ -277,7 +277,7 @@ class AcceleratorConfig:
             data["extras"] = dict(self.extras)
         return data
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, Any]:  # keys beside "config": DESCRIBED
         """The resolved config with its hash and every derived value (what `weft config` prints)."""
         from weft.isa.layout import IsaLayout
 
@@ -309,14 +309,34 @@ class AcceleratorConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AcceleratorConfig:
-        """Read a config from weft's own JSON form, or from VTA's `vta_config.json` form."""
+        """Read a config from weft's own JSON form, from what `weft config` prints, or from VTA's
+        `vta_config.json` form.
+
+        weft's form is the fields to set; ``"base": PRESET`` names the preset the other fields start from
+        (``default`` when absent). `weft config`'s output (``{"config": {...}, "hash": ..., "derived":
+        ...}``) loads as its ``config`` part: the hash and derived values are recomputed, never read.
+        """
         if any(key.startswith("LOG_") for key in data):
             return cls.from_vta(data)
+        if isinstance(data.get("config"), Mapping):
+            extra = sorted(set(data) - {"config", *DESCRIBED})
+            if extra:
+                raise ConfigError(extra[0], f"unknown key beside 'config' (known: {', '.join(DESCRIBED)})")
+            return cls.from_dict(data["config"])
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known - {"base"})
         if unknown:
-            raise ConfigError(unknown[0], f"unknown config field (known: {', '.join(sorted(known))})")
+            raise ConfigError(unknown[0], f"unknown config field (known: base, {', '.join(sorted(known))})")
         kwargs = dict(data)
+        base = kwargs.pop("base", None)
+        if base is not None:
+            if not isinstance(base, str) or base not in PRESETS:
+                raise ConfigError("base", f"{base!r} is not a preset (presets: {', '.join(PRESETS)})")
+            start = PRESETS[base]
+            inherited = start.to_dict()
+            if start.out_buff_bytes == start.acc_rows * start.out_row_bits // 8:
+                inherited["out_buff_bytes"] = None  # derived in the base, so derived again from the new fields
+            kwargs = {**inherited, "name": base, **kwargs}
         if "extras" in kwargs:
             kwargs["extras"] = tuple(sorted(dict(kwargs["extras"]).items()))
         return cls(**kwargs)
@@ -357,6 +377,9 @@ class AcceleratorConfig:
             extras=extras,
         )
 
+
+#: What :meth:`AcceleratorConfig.describe` adds beside the config itself (recomputed when loaded back).
+DESCRIBED = ("hash", "bitstream_name", "derived")
 
 #: Named design points.
 PRESETS: dict[str, AcceleratorConfig] = {
@@ -413,5 +436,6 @@ def load_config(spec: str | Path | AcceleratorConfig | Mapping[str, Any] | None 
         raise ConfigError("config", f"{path}: expected a JSON object")
     if any(key.startswith("LOG_") for key in data):
         return AcceleratorConfig.from_vta(data, name=path.stem)
-    data.setdefault("name", path.stem)
+    if "config" not in data:  # `weft config` output names its config; a file of fields is named after itself
+        data.setdefault("name", path.stem)
     return AcceleratorConfig.from_dict(data)

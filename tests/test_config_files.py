@@ -1,0 +1,50 @@
+"""Config files a user writes or `weft config` prints load back to the same design point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from weft.cli import main
+from weft.config import PRESETS, AcceleratorConfig, ConfigError, load_config
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_weft_config_output_loads_back_to_the_same_hash(preset: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    assert main(["config", "--config", preset]) == 0
+    path = tmp_path / "printed.json"
+    path.write_text(capsys.readouterr().out)
+    loaded = load_config(path)
+    assert loaded.hash == PRESETS[preset].hash
+    assert loaded.name == preset
+
+
+def test_a_file_names_its_base_preset(tmp_path: Path) -> None:
+    path = tmp_path / "wide.json"
+    path.write_text(json.dumps({"base": "tiny", "block_in": 8, "acc_buff_bytes": 8192}))
+    config = load_config(path)
+    tiny = PRESETS["tiny"]
+    assert (config.block_in, config.block_out, config.acc_buff_bytes) == (8, tiny.block_out, 8192)
+    assert config.inp_buff_bytes == tiny.inp_buff_bytes  # the rest is tiny's, not default's
+    assert config.out_buff_bytes == config.acc_rows * config.out_row_bits // 8  # derived again
+    assert config.name == "wide"
+
+
+def test_a_file_without_a_base_starts_from_default() -> None:
+    config = AcceleratorConfig.from_dict({"block_out": 8})
+    assert config.hw_dict() == PRESETS["default"].replace(block_out=8).hw_dict()
+
+
+@pytest.mark.parametrize("base", ["nope", 3, "tinyy"])
+def test_an_unknown_base_names_the_presets(base: object) -> None:
+    with pytest.raises(ConfigError, match=r"'base'.*presets: default, tiny"):
+        AcceleratorConfig.from_dict({"base": base})
+
+
+def test_describe_output_with_an_extra_key_is_refused() -> None:
+    data = {**PRESETS["tiny"].describe(), "surprise": 1}
+    with pytest.raises(ConfigError, match="surprise"):
+        AcceleratorConfig.from_dict(data)
