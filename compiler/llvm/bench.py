@@ -40,10 +40,6 @@ def _times(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:
     return times
 
 
-def _median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> float:
-    return statistics.median(_times(fn, repeat, warmup))
-
-
 def measure_peak(threads: int, samples: int = 200) -> float:
     """GFLOP/s of a register-only FMA loop on `threads` threads (the machine's practical peak)."""
     run, flops = peak_kernel(threads)

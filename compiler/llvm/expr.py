@@ -75,13 +75,10 @@ class Expr:
     def __neg__(self) -> Expr: return _bin("-", const(0, self.dtype), self)
 
     def lt(self, o: Any) -> Expr: return _bin("<", self, o)
-    def le(self, o: Any) -> Expr: return _bin("<=", self, o)
     def gt(self, o: Any) -> Expr: return _bin(">", self, o)
     def ge(self, o: Any) -> Expr: return _bin(">=", self, o)
     def eq(self, o: Any) -> Expr: return _bin("==", self, o)
-    def ne(self, o: Any) -> Expr: return _bin("!=", self, o)
     def logical_and(self, o: Any) -> Expr: return _bin("and", self, o)
-    def logical_or(self, o: Any) -> Expr: return _bin("or", self, o)
 
 
 class Const(Expr):
