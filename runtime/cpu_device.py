@@ -9,7 +9,6 @@ creating one of these devices needs them.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,17 +35,12 @@ def default_threads() -> int:
 
 class _GeneratedCode(Device):
     """What the "cpu" and "cuda" devices share: a plan of the graph that weft's LLVM back end makes when an
-    artifact loads, and llvmlite imported only then."""
+    artifact loads, with llvmlite imported only then."""
 
     plan: Any = None
 
-    def _backend(self, module: str, *names: str) -> list[Any]:
-        """`names` from `module` of the LLVM back end, or a DeviceError that says what to install."""
-        try:
-            found = importlib.import_module(module)
-        except ImportError as err:
-            raise DeviceError(f"device '{self.name}' needs llvmlite ({err}); install weft[compiler]") from None
-        return [getattr(found, name) for name in names]
+    def _needs_llvmlite(self, err: ImportError) -> DeviceError:
+        return DeviceError(f"device '{self.name}' needs llvmlite ({err}); install weft[compiler]")
 
     def _checked_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from weft.runtime.reference import check_feeds
@@ -80,7 +74,10 @@ class CpuDevice(_GeneratedCode):
 
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
-        [plan_graph] = self._backend("weft.compiler.llvm.graph", "plan_graph")
+        try:
+            from weft.compiler.llvm.graph import plan_graph
+        except ImportError as err:
+            raise self._needs_llvmlite(err) from None
         try:
             self.plan = plan_graph(artifact.graph, cache_dir=self.cache_dir, tuning_log=self.tuning_log,
                                    threads=self.threads)
@@ -110,7 +107,10 @@ class CudaDevice(_GeneratedCode):
 
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
-        CudaError, plan_cuda = self._backend("weft.compiler.llvm.cuda", "CudaError", "plan_cuda")
+        try:
+            from weft.compiler.llvm.cuda import CudaError, plan_cuda
+        except ImportError as err:
+            raise self._needs_llvmlite(err) from None
         try:
             self.plan = plan_cuda(artifact.graph, device_index=self.device_index)
         except CudaError as err:
