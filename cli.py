@@ -1,15 +1,14 @@
 """The `weft` command.
 
-Each subcommand lives in the module that owns its work and is imported only when run, so `weft config`
-works on a board without onnx or llvmlite. A command module provides ``add_arguments(parser)`` and
-``run(args) -> int``.
+Each subcommand lives in the module that owns its work: ``add_<name>_arguments(parser)`` declares its
+options and ``run_<name>(args) -> int`` runs it. Those modules import their heavy dependencies inside
+``run_<name>``, so `weft config` works on a board without onnx or llvmlite.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 
 __all__ = ["COMMANDS", "main"]
 
-#: name -> (module, one-line help). A module that does not exist yet is left out of `weft --help`.
+#: name -> (module that provides ``add_<name>_arguments`` and ``run_<name>``, one-line help).
 COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("weft.commands", "print the resolved config as JSON with its hash and derived values"),
     "isa": ("weft.commands", "print the ISA spec (json), a C header (c) or a Markdown table (md)"),
@@ -39,13 +38,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _available(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="weft", description="One accelerator config: RTL, ISA, compiler, runtime."
@@ -54,15 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
-        if not _available(module):
-            continue
-        mod = importlib.import_module(module)
-        add_arguments = getattr(mod, f"add_{name}_arguments", None)
-        if add_arguments is None:  # the module exists, but this command lands with a later issue
-            continue
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         cmd.set_defaults(_module=module)
-        add_arguments(cmd)
+        getattr(importlib.import_module(module), f"add_{name}_arguments")(cmd)
     return parser
 
 

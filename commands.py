@@ -128,16 +128,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from weft.cli import print_json
 
     module_name, func_name = BENCHES[args.name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name and err.name.startswith("weft"):
-            raise ValueError(f"benchmark '{args.name}' is not available in this build ({err.name} missing)") \
-                from None
-        raise
-    func = getattr(module, func_name, None)
-    if func is None:  # the module exists, but this benchmark lands with a later issue
-        raise ValueError(f"benchmark '{args.name}' is not available in this build ({module_name}.{func_name} missing)")
+    func = getattr(importlib.import_module(module_name), func_name)
     options: dict[str, object] = {}
     if args.path:
         options["path"] = args.path

@@ -35,7 +35,8 @@ from weft.compiler.float_tensor import TENSOR_OPS
 from weft.compiler.ir import Node, Value, dtype_name, numpy_dtype
 from weft.compiler.qdq import FAKE_QUANT, fake_quant, quantize_dtype, run_dequantize, run_quantize
 
-__all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry", "run_float_op"]
+__all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry", "run_float_op",
+           "slice_index"]
 
 # ---- geometry ----------------------------------------------------------------------------------------
 
@@ -173,8 +174,10 @@ def _reshape_target(node: Node, shape: Shape, target: np.ndarray) -> Shape:
     return tuple(out)
 
 
-def _slices(node: Node, shape: Shape, starts: np.ndarray, ends: np.ndarray, axes: np.ndarray | None,
-            steps: np.ndarray | None) -> tuple[slice, ...]:
+def slice_index(node: Node, shape: Shape, starts: np.ndarray, ends: np.ndarray, axes: np.ndarray | None,
+                steps: np.ndarray | None) -> tuple[slice, ...]:
+    """The index of an ONNX Slice of a `shape` tensor (starts, ends, axes and steps clamped as ONNX does),
+    shared by the numpy interpreter and the LLVM host code."""
     rank = len(shape)
     index = [slice(None)] * rank
     axes_l = list(range(len(starts))) if axes is None else [int(a) % rank for a in axes.reshape(-1)]
@@ -385,7 +388,7 @@ def _run_squeeze(node: Node, a: list[Any]) -> list[np.ndarray]:
 
 def _run_slice(node: Node, a: list[Any]) -> list[np.ndarray]:
     extra = [a[k] if len(a) > k else None for k in (3, 4)]
-    return [a[0][_slices(node, a[0].shape, a[1], a[2], *extra)]]
+    return [a[0][slice_index(node, a[0].shape, a[1], a[2], *extra)]]
 
 
 def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Callable[[Node, list[Any]], list[np.ndarray]]:

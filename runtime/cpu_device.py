@@ -33,7 +33,24 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
-class CpuDevice(Device):
+class _GeneratedCode(Device):
+    """What the "cpu" and "cuda" devices share: a plan of the graph that weft's LLVM back end makes when an
+    artifact loads, with llvmlite imported only then."""
+
+    plan: Any = None
+
+    def _needs_llvmlite(self, err: ImportError) -> DeviceError:
+        return DeviceError(f"device '{self.name}' needs llvmlite ({err}); install weft[compiler]")
+
+    def _checked_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from weft.runtime.reference import check_feeds
+
+        if self.plan is None or self.artifact is None:
+            raise DeviceError("load an artifact before running")
+        return check_feeds(self.artifact.graph, feeds)
+
+
+class CpuDevice(_GeneratedCode):
     """Generated host code: float graphs (``target="cpu"``) and the integer layers of quantized ones.
 
     `threads`: threads per kernel (default: every core this process may use); `cache_dir`: a folder for
@@ -54,14 +71,13 @@ class CpuDevice(Device):
         self.threads = int(threads) if threads is not None else default_threads()
         self.cache_dir = cache_dir
         self.tuning_log = tuning_log
-        self.plan: Any = None
 
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
         try:
             from weft.compiler.llvm.graph import plan_graph
         except ImportError as err:
-            raise DeviceError(f"device 'cpu' needs llvmlite ({err}); install weft[compiler]") from None
+            raise self._needs_llvmlite(err) from None
         try:
             self.plan = plan_graph(artifact.graph, cache_dir=self.cache_dir, tuning_log=self.tuning_log,
                                    threads=self.threads)
@@ -72,12 +88,7 @@ class CpuDevice(Device):
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-        from weft.runtime.reference import check_feeds
-
-        if self.plan is None or self.artifact is None:
-            raise DeviceError("load an artifact before running")
-        arrays = check_feeds(self.artifact.graph, feeds)
-        outputs, layers = self.plan.run(arrays, self.threads, timings=True)
+        outputs, layers = self.plan.run(self._checked_feeds(feeds), self.threads, timings=True)
         values = self.plan.values() if keep_intermediates else {}
         figures = {"cycles": None, "layers": layers, "threads": self.threads, "kernels": self.plan.kernels,
                    "compile_seconds": self.plan.compile_seconds, "numpy_steps": len(self.plan.numpy_steps()),
@@ -85,7 +96,7 @@ class CpuDevice(Device):
         return outputs, figures, values
 
 
-class CudaDevice(Device):
+class CudaDevice(_GeneratedCode):
     """Float graphs lowered to PTX and run on an NVIDIA GPU through the CUDA driver API."""
 
     name = "cuda"
@@ -93,15 +104,13 @@ class CudaDevice(Device):
     def __init__(self, config: AcceleratorConfig, *, device_index: int = 0):
         super().__init__(config)
         self.device_index = device_index
-        self.plan: Any = None
 
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
         try:
             from weft.compiler.llvm.cuda import CudaError, plan_cuda
         except ImportError as err:
-            raise DeviceError(f"device 'cuda' needs llvmlite ({err}); install weft[compiler]") from None
-
+            raise self._needs_llvmlite(err) from None
         try:
             self.plan = plan_cuda(artifact.graph, device_index=self.device_index)
         except CudaError as err:
@@ -109,11 +118,7 @@ class CudaDevice(Device):
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-        from weft.runtime.reference import check_feeds
-
-        if self.plan is None or self.artifact is None:
-            raise DeviceError("load an artifact before running")
-        outputs, layers = self.plan.run(check_feeds(self.artifact.graph, feeds))
+        outputs, layers = self.plan.run(self._checked_feeds(feeds))
         return outputs, {"cycles": None, "layers": layers}, {}
 
 

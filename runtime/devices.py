@@ -1,9 +1,9 @@
 """Devices a session runs an artifact on, by name, from a registry.
 
 A device is made for one accelerator config by its factory, ``factory(config, **options) -> Device``. The
-session only talks to the small :class:`Device` interface, so later issues add "fsim", "rtl", "cpu" and
-"pynq" with :func:`register_device` without touching the session. This module registers "ref": the
-numpy reference interpreter (integer layers bit-exact, host layers in numpy).
+session only talks to the small :class:`Device` interface, so each device ("fsim", "rtl", "cpu", "pynq",
+...) registers itself with :func:`register_device` from its own module without touching the session. This
+module registers "ref": the numpy reference interpreter (integer layers bit-exact, host layers in numpy).
 """
 
 from __future__ import annotations

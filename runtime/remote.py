@@ -90,7 +90,7 @@ class RemoteServer:
         self.slots = threading.BoundedSemaphore(max_clients)
         self.clients = 0  # connections holding a slot (what the bound counts), for tests and monitoring
         self.inflight, self.inflight_lock = 0, threading.Lock()
-        self.httpd = _Server((host.strip("[]"), port), _handler(self), conn_timeout_s, 2 * max_clients,
+        self.httpd = _Server(self, (host.strip("[]"), port), conn_timeout_s, 2 * max_clients,
                              socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.httpd.timeout = idle_timeout_s
         self.address = self.httpd.server_address[:2]
@@ -165,12 +165,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = False  # server_close joins them: no request is cut off
     got = False
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], conn_timeout_s: float,
-                 max_open: int, family: socket.AddressFamily):
-        self.address_family = family
+    def __init__(self, remote: RemoteServer, address: tuple[str, int], conn_timeout_s: float, max_open: int,
+                 family: socket.AddressFamily):
+        self.remote, self.address_family = remote, family
         self.conn_timeout_s, self.max_open = conn_timeout_s, max_open
         self.active, self.active_lock = 0, threading.Lock()
-        super().__init__(address, handler)
+        super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self.got = True
@@ -194,107 +194,110 @@ class _Server(ThreadingHTTPServer):
         pass  # a client that hangs up or times out is not the server's error: no traceback
 
 
-def _handler(server: RemoteServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: the caller reports
-            pass
+class _Handler(BaseHTTPRequestHandler):
+    """One connection of the board server: its client slot, then GET/POST answered through ``_answer``,
+    which turns every failure into a one-line JSON error reply."""
 
-        def handle(self) -> None:
-            self.busy = not server.slots.acquire(blocking=False)
-            if self.busy:  # only a 503 to send: no long wait for the request
-                self.connection.settimeout(min(2.0, self.connection.gettimeout() or 2.0))
-            else:
-                with server.inflight_lock:
-                    server.clients += 1
-            try:
-                super().handle()
-            finally:
-                if not self.busy:
-                    with server.inflight_lock:
-                        server.clients -= 1
-                    server.slots.release()
+    server: _Server
 
-        def do_GET(self) -> None:
-            self._answer(lambda: (json.dumps({"ok": True, "loaded": server.session is not None}).encode(), {}),
-                         {"/health"})
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: the caller reports
+        pass
 
-        def do_POST(self) -> None:
-            self._answer(self._post, {"/load", "/run"})
+    def handle(self) -> None:
+        self.remote = self.server.remote
+        self.busy = not self.remote.slots.acquire(blocking=False)
+        if self.busy:  # only a 503 to send: no long wait for the request
+            self.connection.settimeout(min(2.0, self.connection.gettimeout() or 2.0))
+        else:
+            with self.remote.inflight_lock:
+                self.remote.clients += 1
+        try:
+            super().handle()
+        finally:
+            if not self.busy:
+                with self.remote.inflight_lock:
+                    self.remote.clients -= 1
+                self.remote.slots.release()
 
-        def _post(self) -> tuple[bytes, Mapping[str, str]]:
-            body = self._body()
-            if self.path == "/load":
-                return json.dumps(server.load(body)).encode(), {}
-            outputs, stats = server.run(body)
-            return npz_bytes(outputs), {"X-Weft-Stats": json.dumps(stats, default=str)}
+    def do_GET(self) -> None:
+        self._answer(lambda: (json.dumps({"ok": True, "loaded": self.remote.session is not None}).encode(), {}),
+                     {"/health"})
 
-        def _answer(self, work: Callable[[], tuple[bytes, Mapping[str, str]]], paths: set[str]) -> None:
-            self.body_read, self.reserved = False, 0
-            try:
-                if self.busy:
-                    raise _HttpError(503, "the server is busy: too many clients, try again")
-                if not server.authorized(self.headers.get("Authorization")):
-                    raise _HttpError(401, "unauthorized: send the server's token as 'Authorization: Bearer ...'")
-                if self.path not in paths:
-                    raise _HttpError(404, f"no such path {self.path}")
-                body, headers = work()
-                self._reply(200, body, headers)
-            except _HttpError as err:
-                self._error(err.code, str(err))
-            except (WeftError, ValueError) as err:  # the client's input: LimitError, ArtifactError, FeedError
-                self._error(400, f"{type(err).__name__}: {err}")
-            except OSError:
-                raise  # the connection is gone: nobody to answer
-            except Exception as err:  # a fault on the server side: the client gets the message, no traceback
-                self._error(500, f"{type(err).__name__}: {err}")
-            finally:
-                server.release(self.reserved)
+    def do_POST(self) -> None:
+        self._answer(self._post, {"/load", "/run"})
 
-        def _body(self) -> bytearray:
-            """The request body, after checking its declared length (a missing, negative or oversized
-            Content-Length is refused before anything is read), arriving at MIN_UPLOAD_RATE or faster."""
-            declared = self.headers.get("Content-Length")
-            if declared is None:
-                raise _HttpError(411, "Content-Length is required")
-            if not declared.strip().isdigit():
-                raise _HttpError(400, f"Content-Length must be a non-negative integer, got {declared[:40]!r}")
-            length = int(declared)
-            if length > MAX_BODY:
-                raise _HttpError(413, f"request body of {length} bytes is over the {MAX_BODY}-byte limit")
-            if not server.reserve(length):
-                raise _HttpError(503, "the server is busy: too many bytes in flight, try again")
-            self.reserved = length
-            self.body_read = True  # from here on an error closes the connection without draining
-            body, got = bytearray(length), 0
-            deadline = time.monotonic() + (self.connection.gettimeout() or 0) + length / MIN_UPLOAD_RATE
-            while got < length:
-                if time.monotonic() > deadline:
-                    raise _HttpError(408, f"request body too slow: {got} of {length} bytes in time")
-                n = self.rfile.readinto1(memoryview(body)[got:got + (1 << 20)])
-                if not n:
-                    raise _HttpError(400, f"request body ended after {got} of {length} bytes")
-                got += n
-            return body
+    def _post(self) -> tuple[bytes, Mapping[str, str]]:
+        body = self._body()
+        if self.path == "/load":
+            return json.dumps(self.remote.load(body)).encode(), {}
+        outputs, stats = self.remote.run(body)
+        return npz_bytes(outputs), {"X-Weft-Stats": json.dumps(stats, default=str)}
 
-        def _error(self, code: int, message: str) -> None:
-            self.close_connection = True
-            declared = self.headers.get("Content-Length", "")
-            if not self.body_read and declared.isdigit() and int(declared) <= DRAIN_LIMIT:
-                self.rfile.read(int(declared))
-            line = " ".join(message.split())[:500]
-            self._reply(code, json.dumps({"error": line}).encode())
+    def _answer(self, work: Callable[[], tuple[bytes, Mapping[str, str]]], paths: set[str]) -> None:
+        self.body_read, self.reserved = False, 0
+        try:
+            if self.busy:
+                raise _HttpError(503, "the server is busy: too many clients, try again")
+            if not self.remote.authorized(self.headers.get("Authorization")):
+                raise _HttpError(401, "unauthorized: send the server's token as 'Authorization: Bearer ...'")
+            if self.path not in paths:
+                raise _HttpError(404, f"no such path {self.path}")
+            body, headers = work()
+            self._reply(200, body, headers)
+        except _HttpError as err:
+            self._error(err.code, str(err))
+        except (WeftError, ValueError) as err:  # the client's input: LimitError, ArtifactError, FeedError
+            self._error(400, f"{type(err).__name__}: {err}")
+        except OSError:
+            raise  # the connection is gone: nobody to answer
+        except Exception as err:  # a fault on the server side: the client gets the message, no traceback
+            self._error(500, f"{type(err).__name__}: {err}")
+        finally:
+            self.remote.release(self.reserved)
 
-        def _reply(self, code: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json" if code != 200 or self.path != "/run"
-                             else "application/octet-stream")
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in (headers or {}).items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(body)
+    def _body(self) -> bytearray:
+        """The request body, after checking its declared length (a missing, negative or oversized
+        Content-Length is refused before anything is read), arriving at MIN_UPLOAD_RATE or faster."""
+        declared = self.headers.get("Content-Length")
+        if declared is None:
+            raise _HttpError(411, "Content-Length is required")
+        if not declared.strip().isdigit():
+            raise _HttpError(400, f"Content-Length must be a non-negative integer, got {declared[:40]!r}")
+        length = int(declared)
+        if length > MAX_BODY:
+            raise _HttpError(413, f"request body of {length} bytes is over the {MAX_BODY}-byte limit")
+        if not self.remote.reserve(length):
+            raise _HttpError(503, "the server is busy: too many bytes in flight, try again")
+        self.reserved = length
+        self.body_read = True  # from here on an error closes the connection without draining
+        body, got = bytearray(length), 0
+        deadline = time.monotonic() + (self.connection.gettimeout() or 0) + length / MIN_UPLOAD_RATE
+        while got < length:
+            if time.monotonic() > deadline:
+                raise _HttpError(408, f"request body too slow: {got} of {length} bytes in time")
+            n = self.rfile.readinto1(memoryview(body)[got:got + (1 << 20)])
+            if not n:
+                raise _HttpError(400, f"request body ended after {got} of {length} bytes")
+            got += n
+        return body
 
-    return Handler
+    def _error(self, code: int, message: str) -> None:
+        self.close_connection = True
+        declared = self.headers.get("Content-Length", "")
+        if not self.body_read and declared.isdigit() and int(declared) <= DRAIN_LIMIT:
+            self.rfile.read(int(declared))
+        line = " ".join(message.split())[:500]
+        self._reply(code, json.dumps({"error": line}).encode())
+
+    def _reply(self, code: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json" if code != 200 or self.path != "/run"
+                         else "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
 
 
 def make_server(device: str = "fsim", host: str = "127.0.0.1", port: int = 0, *, max_requests: int = 1000,

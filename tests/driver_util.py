@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 import numpy as np
+import pytest
 
 from weft.compiler import models
 from weft.isa.encoding import decode_insns, encode_insns
@@ -13,6 +14,9 @@ from weft.runtime.driver_fsim import FsimBackend
 
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand
+
+#: The rtl device's simulators as fixture parameters: Verilator, and Icarus (slow).
+RTL_SIMULATORS = ["verilator", pytest.param("icarus", marks=[pytest.mark.slow, pytest.mark.rtl("icarus")])]
 
 
 @functools.cache

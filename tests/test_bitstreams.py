@@ -8,7 +8,7 @@ import json
 import pytest
 
 from weft.cli import main
-from weft.config import PRESETS
+from weft.config import PRESETS, AcceleratorConfig
 from weft.runtime import bitstreams
 from weft.runtime.bitstreams import BOARDS, BitstreamError, lookup, project_tcl, read_manifest
 
@@ -71,3 +71,15 @@ def test_cli_project_and_list(tmp_path, capsys):
     assert main(["bitstream", "list", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"pynq-z1     config tiny ({PRESETS['tiny'].hash})" in out and "not built" in out
+
+
+@pytest.mark.parametrize("folder", [folder.name for folder, _ in bitstreams.find_bitstreams()])
+def test_committed_build_scripts_are_what_the_generator_writes(folder):
+    """Each project under bitstreams/ is generated, never edited: its build.tcl equals what `weft bitstream`
+    writes today for the board, config and Vivado version of its manifest."""
+    path = bitstreams.DEFAULT_ROOT / folder
+    manifest = read_manifest(path / "manifest.json")
+    config = AcceleratorConfig.from_dict(manifest["config"])
+    board = BOARDS[manifest["board"]]
+    assert config.hash == manifest["config_hash"] and folder == bitstreams.project_name(board, config.hash)
+    assert (path / "build.tcl").read_text() == project_tcl(board, config, vivado=manifest["vivado"])

@@ -8,12 +8,9 @@ import pytest
 
 from weft.config import PRESETS
 from weft.sim.bench_rtl import bench_rtl
-from weft.sim.cosim import run_random, simulator_available
+from weft.sim.cosim import run_random
 
-pytestmark = [
-    pytest.mark.slow, pytest.mark.rtl,
-    pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.rtl]
 
 
 @pytest.mark.parametrize(("name", "seeds", "timing"), [

@@ -11,24 +11,16 @@ from weft.config import PRESETS
 from weft.hw.regs import ErrorCode
 from weft.isa import AluOp, MemId, ProgramBuilder, encode_insns, encode_uops, uops_from
 from weft.sim.bits import pack
-from weft.sim.cosim import check_job, job_from_program, run_jobs, run_random, simulator_available
+from weft.sim.cosim import check_job, job_from_program, run_jobs, run_random
 from weft.sim.dram import Dram
 from weft.sim.fsim import FunctionalSimulator, SimError
 
 CONFIG = PRESETS["tiny"]
 
 
-def _needs(sim: str) -> pytest.MarkDecorator:
-    tool = {"icarus": "iverilog", "verilator": "verilator"}[sim]
-    return pytest.mark.skipif(not simulator_available(sim), reason=f"{tool} is not installed")
-
-
-pytestmark = pytest.mark.rtl
-
-
 @pytest.mark.parametrize(("sim", "seeds", "timing"), [
-    pytest.param("icarus", [0, 1, 2], "stress", marks=_needs("icarus")),
-    pytest.param("verilator", [10, 11, 12], "pynq", marks=_needs("verilator")),
+    pytest.param("icarus", [0, 1, 2], "stress", marks=pytest.mark.rtl("icarus")),
+    pytest.param("verilator", [10, 11, 12], "pynq", marks=pytest.mark.rtl("verilator")),
 ])
 def test_random_programs_match_the_functional_simulator(sim, seeds, timing):
     report = run_random(CONFIG, sim, seeds, n_insns=150, timing=timing)
@@ -143,7 +135,7 @@ def _dma_program() -> _Program:
 DIRECTED = {"gemm": _gemm_program, "alu": _alu_program, "dma": _dma_program}
 
 
-@_needs("icarus")
+@pytest.mark.rtl("icarus")
 def test_directed_programs_per_instruction_kind():
     programs = {name: build() for name, build in DIRECTED.items()}
     oracle = FunctionalSimulator(CONFIG)
@@ -207,7 +199,7 @@ def _illegal_cases() -> list[tuple[str, _Program, ErrorCode, int | None]]:
     return cases
 
 
-@_needs("verilator")
+@pytest.mark.rtl("verilator")
 def test_illegal_instructions_stop_with_an_error_code_read_over_axi_lite():
     cases = _illegal_cases()
     jobs = []
@@ -239,7 +231,7 @@ def test_illegal_instructions_stop_with_an_error_code_read_over_axi_lite():
     assert results[-1].report["status"] == {"busy": 0, "done": 1, "error": 0}
 
 
-@_needs("icarus")
+@pytest.mark.rtl("icarus")
 def test_weft_cosim_command_prints_a_summary(capsys):
     import json
 
@@ -252,8 +244,7 @@ def test_weft_cosim_command_prints_a_summary(capsys):
     assert 0 <= summary["mac_utilization"] < 1
 
 
-@_needs("verilator")
-@_needs("icarus")
+@pytest.mark.rtl("verilator", "icarus")
 def test_rtl_benchmark_reports_utilization_and_simulation_speed():
     from weft.sim.bench_rtl import bench_rtl
 
@@ -267,7 +258,7 @@ def test_rtl_benchmark_reports_utilization_and_simulation_speed():
         assert figures["speed"][sim]["sim_cycles_per_s"] > 0 and figures["speed"][sim]["bit_exact"]
 
 
-@_needs("icarus")
+@pytest.mark.rtl("icarus")
 def test_bus_errors_stop_the_run_and_name_the_instruction():
     c = CONFIG
     read = _Program()

@@ -9,13 +9,12 @@ import pytest
 from weft.compiler import models
 from weft.compiler.bench import replay_jobs
 from weft.config import PRESETS
-from weft.sim.cosim import run_jobs, simulator_available
+from weft.sim.cosim import run_jobs
 
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand
 
-pytestmark = [pytest.mark.rtl,
-              pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed")]
+pytestmark = pytest.mark.rtl
 
 
 @pytest.mark.parametrize("name", ["mlp", pytest.param("awkward_cnn", marks=pytest.mark.slow)])

@@ -34,20 +34,24 @@ def _operands(seed: int = 0):
     return a, b, bias, np.maximum(a @ b + bias, 0)
 
 
+def _loops(c):
+    """The matmul stage's row, column and reduction loops."""
+    (i, j), (k,) = c.axes, c.reduce_axes
+    return i, j, k
+
+
 def _plain(c):
     """No schedule: one loop per axis, the reduction innermost."""
 
 
 def _split_reorder(c):
-    i, j = c.axes
-    k = c.reduce_axes[0]
+    i, j, k = _loops(c)
     jo, ji = c.split(j, 8)
     c.reorder(jo, i, k, ji)
 
 
 def _tile_vector_cache(c):
-    i, j = c.axes
-    k = c.reduce_axes[0]
+    i, j, k = _loops(c)
     io, jo, ii, ji = c.tile(i, j, 4, 8)
     c.reorder(io, jo, k, ii, ji)
     c.cache_write()
@@ -56,8 +60,7 @@ def _tile_vector_cache(c):
 
 
 def _fuse_parallel(c):
-    i, j = c.axes
-    k = c.reduce_axes[0]
+    i, j, k = _loops(c)
     jo, ji = c.split(j, 20)
     c.reorder(i, jo, k, ji)
     f = c.fuse(i, jo)
@@ -67,8 +70,7 @@ def _fuse_parallel(c):
 
 
 def _guarded_splits(c):
-    i, j = c.axes
-    k = c.reduce_axes[0]
+    i, j, k = _loops(c)
     io, ii = c.split(i, 5)  # 12 = 5 + 5 + 2: guarded
     ko, ki = c.split(k, 4)  # 9 = 4 + 4 + 1: guarded reduction
     c.reorder(io, ko, ii, ki, j)
@@ -77,8 +79,7 @@ def _guarded_splits(c):
 
 
 def _cache_read_local(c):
-    i, j = c.axes
-    k = c.reduce_axes[0]
+    i, j, k = _loops(c)
     jo, ji = c.split(j, 8)
     c.reorder(i, jo, k, ji)
     b = next(buf for buf in c.inputs() if buf.name == "b")
@@ -190,8 +191,7 @@ def test_threads_do_not_change_results():
 
 def test_schedule_errors_name_the_stage_and_loop():
     *_, c = _matmul()
-    i, j = c.axes
-    k = c.reduce_axes[0]
+    i, j, k = _loops(c)
     with pytest.raises(ScheduleError, match="stage 'c': 'nope' is not a current loop"):
         from weft.compiler.llvm.schedule import Axis
 
@@ -293,8 +293,7 @@ def _elf(data: bytes) -> tuple[int, int]:
 def test_cross_compiled_objects_for_the_boards(target, elf_class):
     a, b, bias, c = _matmul()
     lanes = target.lanes(4)
-    i, j = c.axes
-    k = c.reduce_axes[0]
+    i, j, k = _loops(c)
     jo, ji = c.split(j, lanes * 2 if N % (lanes * 2) == 0 else lanes)
     c.reorder(i, jo, k, ji)
     f = c.fuse(i, jo)

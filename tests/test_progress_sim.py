@@ -11,7 +11,7 @@ import weft
 from weft.cli import main
 from weft.progress import Progress
 from weft.runtime.cli import follow_layers
-from weft.sim.cosim import run_random, simulator_available
+from weft.sim.cosim import run_random
 
 from .driver_util import compiled
 
@@ -45,7 +45,6 @@ def test_weft_run_on_fsim_advances_per_layer_to_the_total():
 
 
 @pytest.mark.rtl
-@pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed")
 def test_weft_run_on_rtl_advances_per_layer_with_the_rtls_cycles():
     bar, text, sess = _follow_a_run("rtl")
     _check(bar, text, sess)
@@ -53,7 +52,6 @@ def test_weft_run_on_rtl_advances_per_layer_with_the_rtls_cycles():
 
 
 @pytest.mark.rtl
-@pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed")
 def test_cosim_advances_per_job():
     stream = io.StringIO()
     with Progress(2, "cosim", stream=stream, enabled=True) as bar:

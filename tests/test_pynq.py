@@ -13,7 +13,7 @@ import weft
 from weft.config import PRESETS
 from weft.runtime import bitstreams
 from weft.runtime.safety import LaunchError
-from weft.sim.cosim import simulator_available, verilog_path
+from weft.sim.cosim import verilog_path
 
 from .driver_util import compiled
 
@@ -38,8 +38,7 @@ def _bitstream(tmp_path, config, board="pynq-z2"):
 
 @pytest.mark.parametrize("backend", [
     "fsim",
-    pytest.param("rtl", marks=[pytest.mark.rtl, pytest.mark.skipif(not simulator_available("verilator"),
-                                                                   reason="verilator is not installed")]),
+    pytest.param("rtl", marks=pytest.mark.rtl),
 ])
 def test_pynq_device_on_the_standin_is_bit_exact(standin, tmp_path, backend):
     standin.setenv("WEFT_PYNQ_BACKEND", backend)

@@ -11,7 +11,6 @@ import pytest
 import weft
 from weft.runtime.devices import DeviceError
 from weft.runtime.remote import make_server
-from weft.sim.cosim import simulator_available
 
 from .driver_util import compiled
 
@@ -27,8 +26,7 @@ def _serving(device="fsim", max_requests=20, **options):
 
 @pytest.mark.parametrize("device", [
     "fsim",
-    pytest.param("rtl", marks=[pytest.mark.rtl, pytest.mark.skipif(not simulator_available("verilator"),
-                                                                   reason="verilator is not installed")]),
+    pytest.param("rtl", marks=pytest.mark.rtl),
 ])
 def test_remote_run_matches_local(device):
     art, feeds = compiled("mlp")

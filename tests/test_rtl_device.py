@@ -9,19 +9,13 @@ import pytest
 
 import weft
 from weft.runtime.driver import WatchdogError
-from weft.sim.cosim import simulator_available
 
-from .driver_util import compiled
+from .driver_util import RTL_SIMULATORS, compiled
 
-pytestmark = [pytest.mark.rtl,
-              pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed")]
+pytestmark = pytest.mark.rtl
 
 
-@pytest.fixture(scope="module", params=[
-    "verilator",
-    pytest.param("icarus", marks=[pytest.mark.slow, pytest.mark.skipif(not simulator_available("icarus"),
-                                                                        reason="icarus is not installed")]),
-])
+@pytest.fixture(scope="module", params=RTL_SIMULATORS)
 def mlp_rtl(request):
     art, feeds = compiled("mlp")
     sess = weft.InferenceSession(art, device="rtl", simulator=request.param, timing="pynq", read_latency=8)

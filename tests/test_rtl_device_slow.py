@@ -11,13 +11,11 @@ from weft.compiler import models
 from weft.compiler.bench import replay_jobs
 from weft.runtime.driver import Driver
 from weft.runtime.rtl_device import rtl_hardware
-from weft.sim.cosim import simulator_available
 
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand
 
-pytestmark = [pytest.mark.slow, pytest.mark.rtl,
-              pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed")]
+pytestmark = [pytest.mark.slow, pytest.mark.rtl]
 
 
 def test_resnet18_conv_layer_on_default_rtl_equals_fsim_and_ref():

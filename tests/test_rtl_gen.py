@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 
 import numpy as np
@@ -65,7 +64,7 @@ def test_weft_rtl_writes_verilog_spec_and_header_from_one_config(tmp_path, capsy
     assert "ILLEGAL_OPCODE" in spec["registers"]["error_codes"]
 
 
-@pytest.mark.skipif(shutil.which("verilator") is None, reason="verilator is not installed")
+@pytest.mark.rtl
 @pytest.mark.parametrize("name", [
     "tiny", *[pytest.param(n, marks=pytest.mark.slow) for n in PRESETS if n != "tiny"],
 ])

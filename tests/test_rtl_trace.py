@@ -14,23 +14,16 @@ from weft.cli import main
 from weft.isa import MemId, ProgramBuilder
 from weft.runtime.devices import DeviceError
 from weft.runtime.trace import activity_rows, layer_timings, trace_document
-from weft.sim.cosim import simulator_available
 from weft.sim.timing import UNIT_NAMES
 
-from .driver_util import compiled
+from .driver_util import RTL_SIMULATORS, compiled
 
-rtl = pytest.mark.rtl
-verilator = pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed")
 #: The timing model's accuracy against the RTL on `tiny` with the Pynq-like DRAM (tests/test_timing_rtl.py
 #: holds it to 10% on harder streams; on this model's layers it is within 1%).
 TOLERANCE = 0.05
 
 
-@pytest.fixture(scope="module", params=[
-    "verilator",
-    pytest.param("icarus", marks=[pytest.mark.slow, pytest.mark.skipif(not simulator_available("icarus"),
-                                                                        reason="icarus is not installed")]),
-])
+@pytest.fixture(scope="module", params=RTL_SIMULATORS)
 def traced(request):
     """The small MLP on `tiny` through the rtl device with trace=True, and the counters after each layer."""
     art, feeds = compiled("mlp")
@@ -49,8 +42,7 @@ def traced(request):
         sess.device.close()
 
 
-@rtl
-@verilator
+@pytest.mark.rtl
 def test_busy_and_stall_intervals_sum_to_the_rtl_counters(traced):
     art, _, sess, _, counters = traced
     layers = sess.device.trace_layers
@@ -73,8 +65,7 @@ def test_busy_and_stall_intervals_sum_to_the_rtl_counters(traced):
         assert rows["start"].min() >= 0 and rows["end"].max() <= lt.cycles
 
 
-@rtl
-@verilator
+@pytest.mark.rtl
 def test_the_rtl_trace_agrees_with_the_timing_model(traced):
     art, _, sess, _, _ = traced
     for rtl, model in zip(sess.device.trace_layers, layer_timings(art), strict=True):
@@ -89,16 +80,14 @@ def test_the_rtl_trace_agrees_with_the_timing_model(traced):
             assert abs(busy_rtl - busy_model) <= TOLERANCE * rtl.cycles, (rtl.name, unit, busy_rtl, busy_model)
 
 
-@rtl
-@verilator
+@pytest.mark.rtl
 def test_the_traced_run_is_still_bit_exact(traced):
     art, feeds, _, outputs, _ = traced
     for f, r in zip(weft.InferenceSession(art, device="fsim").run(None, feeds), outputs, strict=True):
         np.testing.assert_array_equal(f, r)
 
 
-@rtl
-@verilator
+@pytest.mark.rtl
 def test_the_document_says_its_source_and_has_one_slice_per_instruction(traced):
     art, _, sess, _, _ = traced
     doc = trace_document(art, sess.device.trace_layers)
@@ -110,8 +99,7 @@ def test_the_document_says_its_source_and_has_one_slice_per_instruction(traced):
     assert trace_document(art)["otherData"]["source"] == "timing model"
 
 
-@rtl
-@verilator
+@pytest.mark.rtl
 def test_weft_run_on_rtl_writes_the_rtl_trace(tmp_path, capsys):
     art, _ = compiled("mlp")
     path = art.save(tmp_path / "m.weft")

@@ -7,13 +7,9 @@ from __future__ import annotations
 import pytest
 
 from weft.config import PRESETS
-from weft.sim.cosim import simulator_available
 from weft.sim.timing_calibrate import compare, conv_stream, directed_streams, random_streams
 
-pytestmark = [
-    pytest.mark.rtl,
-    pytest.mark.skipif(not simulator_available("verilator"), reason="verilator is not installed"),
-]
+pytestmark = pytest.mark.rtl
 
 TOLERANCE = 0.10
 

@@ -147,15 +147,13 @@ def test_tune_command_and_show(setup, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.rtl
 def test_rtl_measurer_agrees_with_the_timing_model(setup):
     """The RTL's cycle counter for a tuned layer's program (Verilator) against the timing model's figure
     (calibrated to within a few percent of the RTL)."""
     from weft.compiler.tune.measure import RtlMeasurer
-    from weft.sim.cosim import simulator_available
 
     cfg, _, layer = setup
-    if not simulator_available("verilator"):
-        pytest.skip("verilator is not installed")
     s = SearchSpace(layer.geom, cfg).points[0]
     rtl = RtlMeasurer(cfg).measure(layer, s)
     model = TimingMeasurer(cfg).measure(layer, s)

@@ -21,7 +21,6 @@ from weft.hw.regs import ErrorCode, register_map
 from weft.runtime import bitstreams
 from weft.runtime.devices import DeviceError
 from weft.runtime.safety import LaunchError
-from weft.sim.cosim import simulator_available
 
 from .tune_util import accel_layers
 
@@ -217,8 +216,6 @@ def test_board_cycles_equal_the_rtl_measurer(setup, standin, tmp_path):
     job on a fresh simulation, so always in one phase; the board path starts wherever the previous run
     and the polling left it, as a board's DRAM controller does (hence ``repeat``). With the ideal DRAM
     (the Pynq preset's bandwidth pattern off) nothing depends on history and the counts agree exactly."""
-    if not simulator_available("verilator"):
-        pytest.skip("verilator is not installed")
     from weft.runtime import rtl_device
 
     real = rtl_device.RtlBackend

@@ -44,10 +44,6 @@ class Transfer:
         return (self.pads[0] + self.y + self.pads[1]) * (self.pads[2] + self.x + self.pads[3])
 
     @property
-    def dram_rows(self) -> int:
-        return self.y * self.x
-
-    @property
     def padded(self) -> bool:
         return any(self.pads)
 

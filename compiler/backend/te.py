@@ -253,15 +253,7 @@ def fold(nest: Nest, max_uops: int | None = None) -> Kernel:
     count = int(np.prod([a.extent for a in uop_axes], dtype=np.int64))
     if max_uops is not None and count > max_uops:
         raise ValueError(f"the tile body needs {count} micro-ops, more than the {max_uops} available")
-    grids = np.meshgrid(*[np.arange(a.extent) for a in uop_axes], indexing="ij") if uop_axes else []
-    uops = np.zeros(count, dtype=UOP_DTYPE)
-    for name, expr in (("dst", nest.dst), ("src", nest.src), ("wgt", nest.wgt)):
-        if expr is None:
-            continue
-        col = np.full(count, expr.const, dtype=np.int64)
-        for a, g in zip(uop_axes, grids, strict=True):
-            col += expr.get(a.name) * g.reshape(-1)
-        uops[name] = col
+    uops = _uops_over(nest, uop_axes)
     if nest.src is None:
         uops["src"] = 0
     out, inn = loops
@@ -275,9 +267,14 @@ def fold(nest: Nest, max_uops: int | None = None) -> Kernel:
 
 def flat_uops(nest: Nest) -> np.ndarray:
     """Every execution of a nest as one micro-op each, in loop order (for single-row reductions)."""
-    axes = [a for a in nest.axes if a.extent > 1]
-    grids = np.meshgrid(*[np.arange(a.extent) for a in axes], indexing="ij") if axes else []
+    return _uops_over(nest, [a for a in nest.axes if a.extent > 1])
+
+
+def _uops_over(nest: Nest, axes: list[Axis]) -> np.ndarray:
+    """One micro-op per point of `axes` (the last varying fastest): the nest's address expressions
+    evaluated there (the other axes at 0)."""
     count = int(np.prod([a.extent for a in axes], dtype=np.int64))
+    grids = np.meshgrid(*[np.arange(a.extent) for a in axes], indexing="ij") if axes else []
     uops = np.zeros(count, dtype=UOP_DTYPE)
     for name, expr in (("dst", nest.dst), ("src", nest.src), ("wgt", nest.wgt)):
         if expr is None:

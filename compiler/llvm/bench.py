@@ -23,13 +23,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["bench_cpu", "bench_cpu_tune", "measure_peak", "peak_kernel"]
+__all__ = ["bench_cpu", "bench_cpu_tune", "call_times", "measure_peak", "peak_kernel"]
 
 #: the issue's goal: weft's latency at most this many times onnxruntime's
 GOAL_RATIO = 1.5
 
 
-def _times(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:
+def call_times(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:
+    """Seconds of each of `repeat` calls of `fn`, after `warmup` calls that are not timed."""
     for _ in range(warmup):
         fn()
     times = []
@@ -40,16 +41,12 @@ def _times(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:
     return times
 
 
-def _median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> float:
-    return statistics.median(_times(fn, repeat, warmup))
-
-
 def measure_peak(threads: int, samples: int = 200) -> float:
     """GFLOP/s of a register-only FMA loop on `threads` threads (the machine's practical peak)."""
     run, flops = peak_kernel(threads)
     # the best of many short calls, like the best run of an operator: other processes can only slow a
     # call down, and a short one often slips between their time slices
-    best = min(_times(run, samples, 2))
+    best = min(call_times(run, samples, 2))
     return flops / best / 1e9
 
 
@@ -108,7 +105,7 @@ def _bench_conv(threads: int, repeat: int) -> dict[str, Any]:
     fn(xb, wb, bias.reshape(-1, b), y, nthreads=threads)
     want = np.maximum(conv2d(x, w, bias, (1, 1), (0, 0, 0, 0)), 0)
     err = float(np.abs(Layout(b).from_numpy(y) - want).max() / np.abs(want).max())
-    times = _times(lambda: fn(xb, wb, bias.reshape(-1, b), y, nthreads=threads), repeat)
+    times = call_times(lambda: fn(xb, wb, bias.reshape(-1, b), y, nthreads=threads), repeat)
     return _op_figures("1x64x56x56 -> 64, 3x3, pad 1", spec.flops, times, err)
 
 
@@ -135,7 +132,7 @@ def _bench_matmul(threads: int, repeat: int) -> dict[str, Any]:
     fn(a, wp, zero, y, nthreads=threads)
     want = a @ w.T
     err = float(np.abs(y.reshape(n, n) - want).max() / np.abs(want).max())
-    times = _times(lambda: fn(a, wp, zero, y, nthreads=threads), repeat)
+    times = call_times(lambda: fn(a, wp, zero, y, nthreads=threads), repeat)
     return _op_figures("512x512 @ 512x512", 2 * n**3, times, err)
 
 
@@ -179,7 +176,7 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
     for _ in range(rounds):  # blocks, alternating: each runtime in its steady state, load hits both alike
         for runner, times in ((lambda: sess.run(None, x), weft_t), (lambda: ort_sess.run(None, x), ort_t)):
             time.sleep(0.05)  # let the other runtime's spinning threads park
-            times += _times(runner, max(1, repeat // rounds), warmup=2)
+            times += call_times(runner, max(1, repeat // rounds), warmup=2)
     weft_ms, ort_ms = statistics.median(weft_t) * 1e3, statistics.median(ort_t) * 1e3
     best_ratio = min(weft_t) / min(ort_t)
     stats = sess.stats or {}
@@ -278,7 +275,7 @@ def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threa
             while measurer.is_busy(threads) and time.perf_counter() - start < 2.0:
                 time.sleep(0.1)
             waited += time.perf_counter() - start
-            times[name] += _times(fn, max(1, repeat // rounds), warmup=2)
+            times[name] += call_times(fn, max(1, repeat // rounds), warmup=2)
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     best_ms = {k: min(v) * 1e3 for k, v in times.items()}
     return {

@@ -49,7 +49,7 @@ class PtxasError(WeftError):
 
 def ptx(kernels: Sequence[Kernel], target: Target = NVPTX) -> tuple[str, list[list[Launch]]]:
     """PTX text of `kernels` and their launches (each stage one ``.entry``)."""
-    from weft.compiler.llvm.jit import _target_machine, cache_key, optimize
+    from weft.compiler.llvm.jit import cache_key, optimize, target_machine
 
     text, launches = render_nvptx(list(kernels), target)
     key = cache_key(text, target, kind="ptx")
@@ -57,7 +57,7 @@ def ptx(kernels: Sequence[Kernel], target: Target = NVPTX) -> tuple[str, list[li
         hit = _PTX_CACHE.get(key)
     if hit is None:
         module = optimize(text, target)
-        hit = _target_machine(target).emit_assembly(module)
+        hit = target_machine(target).emit_assembly(module)
         with _lock:
             _PTX_CACHE[key] = hit
     return hit, launches

@@ -18,7 +18,8 @@ import numpy as np
 
 __all__ = [
     "DTYPES", "Bin", "Buffer", "Call", "Cast", "Const", "Expr", "Load", "Select", "Var", "as_expr", "cast",
-    "const", "exp", "free_vars", "linear", "maximum", "minimum", "np_dtype", "select", "simplify", "substitute",
+    "const", "exp", "free_vars", "linear", "maximum", "minimum", "np_dtype", "row_major_strides", "select", "simplify",
+    "substitute",
 ]
 
 #: dtype name -> numpy dtype. ``bool`` is the type of comparisons.
@@ -75,13 +76,10 @@ class Expr:
     def __neg__(self) -> Expr: return _bin("-", const(0, self.dtype), self)
 
     def lt(self, o: Any) -> Expr: return _bin("<", self, o)
-    def le(self, o: Any) -> Expr: return _bin("<=", self, o)
     def gt(self, o: Any) -> Expr: return _bin(">", self, o)
     def ge(self, o: Any) -> Expr: return _bin(">=", self, o)
     def eq(self, o: Any) -> Expr: return _bin("==", self, o)
-    def ne(self, o: Any) -> Expr: return _bin("!=", self, o)
     def logical_and(self, o: Any) -> Expr: return _bin("and", self, o)
-    def logical_or(self, o: Any) -> Expr: return _bin("or", self, o)
 
 
 class Const(Expr):
@@ -185,6 +183,15 @@ class Cast(Expr):
         return f"{self.dtype}({self.x!r})"
 
 
+def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Elements between neighbours along each dimension of a row-major (C order) array of `shape`."""
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return tuple(reversed(out))
+
+
 class Buffer:
     """A dense row-major array the generated code reads and writes.
 
@@ -211,11 +218,7 @@ class Buffer:
 
     @property
     def strides(self) -> tuple[int, ...]:
-        out, step = [], 1
-        for d in reversed(self.shape):
-            out.append(step)
-            step *= d
-        return tuple(reversed(out))
+        return row_major_strides(self.shape)
 
     def __getitem__(self, index: Any) -> Load:
         index = index if isinstance(index, tuple) else (index,)

@@ -324,10 +324,10 @@ def _slice(p: Planner, node: Node) -> None:
     src = p.get(node.inputs[0], PLAIN, node)
     if not all(p.g.is_constant(x) for x in node.inputs[1:] if x):
         raise UnsupportedError("starts, ends, axes and steps must be constants", node=node.name, op=node.op)
-    from weft.compiler.float_ops import _slices
+    from weft.compiler.float_ops import slice_index
 
     extra = [p.g.constants[node.inputs[k]] if len(node.inputs) > k and node.inputs[k] else None for k in (3, 4)]
-    index = _slices(node, src.shape, p.g.constants[node.inputs[1]], p.g.constants[node.inputs[2]], *extra)
+    index = slice_index(node, src.shape, p.g.constants[node.inputs[1]], p.g.constants[node.inputs[2]], *extra)
     bounds = [s.indices(d) for s, d in zip(index, src.shape, strict=True)]
     starts = [b[0] for b in bounds]
     steps = [b[2] for b in bounds]

@@ -21,7 +21,20 @@ from weft.compiler.errors import UnsupportedError
 from weft.compiler.ir import Node, Value, numpy_dtype
 from weft.compiler.layout import unpack_weights
 from weft.compiler.llvm.elementwise import schedule_elementwise
-from weft.compiler.llvm.expr import Buffer, Call, Expr, Var, cast, const, dtype_of_numpy, maximum, minimum, select
+from weft.compiler.llvm.expr import (
+    Buffer,
+    Call,
+    Expr,
+    Var,
+    cast,
+    const,
+    dtype_of_numpy,
+    maximum,
+    minimum,
+    row_major_strides,
+    select,
+)
+from weft.compiler.llvm.host_float import constant_tensor
 from weft.compiler.llvm.hostplan import Planner, Tensor
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.target import Target
@@ -237,17 +250,10 @@ def _qconv2d(p: Planner, node: Node) -> None:
     stage = compute("y", y.buffer.shape, body, epilogue=epilogue, dtype=y.buffer.dtype)
     _schedule_int(stage, p.target)
     inputs = [x.buffer, wbuf] + ([res.buffer] if res is not None else []) + epi.buffers
-    consts = [_const(p, node, "w", wt)] + [_const(p, node, b.name, a) for b, a in zip(epi.buffers, epi.arrays,
-                                                                                       strict=True)]
+    consts = [constant_tensor(p, node, "w", wt)] + [constant_tensor(p, node, b.name, a)
+                                                     for b, a in zip(epi.buffers, epi.arrays, strict=True)]
     kernel = Kernel("qconv2d", inputs, [stage.out], [stage])
     p.step(node.name, kernel, [x_t, consts[0], *args[1:], *consts[1:], y_t])
-
-
-def _const(p: Planner, node: Node, what: str, array: np.ndarray) -> Tensor:
-    t = Tensor(f"{node.name}.{what}", tuple(array.shape), PLAIN, dtype_of_numpy(array.dtype),
-               np.ascontiguousarray(array), constant=True)
-    p.all.append(t)
-    return t
 
 
 def _qpool(p: Planner, node: Node) -> None:
@@ -283,7 +289,8 @@ def _qpool(p: Planner, node: Node) -> None:
     bufs = epi.buffers if epi is not None else []
     arrays = epi.arrays if epi is not None else []
     kernel = Kernel(node.op, [x.buffer, *bufs], [stage.out], [stage])
-    p.step(node.name, kernel, [x_t, *[_const(p, node, b.name, a) for b, a in zip(bufs, arrays, strict=True)], y_t])
+    consts = [constant_tensor(p, node, b.name, a) for b, a in zip(bufs, arrays, strict=True)]
+    p.step(node.name, kernel, [x_t, *consts, y_t])
 
 
 def _qalu(p: Planner, node: Node) -> None:
@@ -306,7 +313,7 @@ def _qalu(p: Planner, node: Node) -> None:
     _schedule_int(stage, p.target)
     ins = [x.buffer] + ([res.buffer] if res is not None else []) + epi.buffers
     args = [x_t] + ([res_t] if res_t is not None else [])
-    consts = [_const(p, node, b.name, a) for b, a in zip(epi.buffers, epi.arrays, strict=True)]
+    consts = [constant_tensor(p, node, b.name, a) for b, a in zip(epi.buffers, epi.arrays, strict=True)]
     p.step(node.name, Kernel("qalu", ins, [stage.out], [stage]), [*args, *consts, y_t])
 
 
@@ -394,8 +401,8 @@ def _qconcat(p: Planner, node: Node) -> None:
 def _qreshape(p: Planner, node: Node) -> None:
     x_t, x = _view(p, node.inputs[0], node, "x")
     out_logical = tuple(p.g.values[node.outputs[0]].logical_shape or ())
-    in_strides = _strides(x.logical)
-    out_strides = _strides(out_logical)
+    in_strides = row_major_strides(x.logical)
+    out_strides = row_major_strides(out_logical)
     total = int(np.prod(x.logical))
 
     def value(idx: list[Expr]) -> Expr:
@@ -408,14 +415,6 @@ def _qreshape(p: Planner, node: Node) -> None:
 
     stage, y_t = _packed_out(p, node, value)
     p.step(node.name, Kernel("qreshape", [x.buffer], [stage.out], [stage]), [x_t, y_t])
-
-
-def _strides(shape: Sequence[int]) -> list[int]:
-    out, step = [], 1
-    for d in reversed(shape):
-        out.append(step)
-        step *= d
-    return out[::-1]
 
 
 def _qpad(p: Planner, node: Node) -> None:

@@ -32,7 +32,7 @@ from weft.compiler.llvm.te import Kernel
 
 __all__ = [
     "CompiledKernel", "CompiledModule", "build", "cache_info", "clear_cache", "compile_ir", "compile_object",
-    "init_llvm", "optimize",
+    "init_llvm", "optimize", "target_machine",
 ]
 
 OPT_LEVEL = 3
@@ -57,7 +57,9 @@ def init_llvm() -> None:
             _initialized = True
 
 
-def _target_machine(target: Target, opt: int = OPT_LEVEL, jit: bool = False) -> Any:
+def target_machine(target: Target, opt: int = OPT_LEVEL, jit: bool = False) -> Any:
+    """The llvmlite target machine of `target`: position-independent code for objects, or the JIT's
+    relocation and code model when `jit`."""
     init_llvm()
     t = llvm.Target.from_triple(target.triple)
     reloc = "default" if jit else "pic"
@@ -73,7 +75,7 @@ def optimize(ir_text: str, target: Target, opt: int = OPT_LEVEL, link: Sequence[
     for other in link:
         module.link_in(llvm.parse_assembly(other))
     module.triple = target.triple
-    tm = _target_machine(target, opt)
+    tm = target_machine(target, opt)
     module.data_layout = str(tm.target_data)
     module.verify()
     pto = llvm.create_pipeline_tuning_options(opt)
@@ -104,7 +106,7 @@ def compile_object(ir_text: str, target: str | Target, opt: int = OPT_LEVEL, cac
     def emit() -> bytes:
         # a board has no JIT to lend it the runtime: the object carries its own parallel-for
         link = [runtime_ir(target)] if RUNTIME_SYMBOL in ir_text and target.kind == "cpu" else []
-        return _target_machine(target, opt).emit_object(optimize(ir_text, target, opt, link))
+        return target_machine(target, opt).emit_object(optimize(ir_text, target, opt, link))
 
     data = _cached(cache_dir, key, emit)
     with _lock:
@@ -123,7 +125,7 @@ def _ensure_runtime(target: Target) -> None:
         if target.key in _RUNTIME_ENGINES:
             return
         module = optimize(runtime_ir(target), target)
-        engine = llvm.create_mcjit_compiler(module, _target_machine(target, OPT_LEVEL, jit=True))
+        engine = llvm.create_mcjit_compiler(module, target_machine(target, OPT_LEVEL, jit=True))
         engine.finalize_object()
         llvm.add_symbol(RUNTIME_SYMBOL, engine.get_function_address(RUNTIME_SYMBOL))
         forked = ctypes.CFUNCTYPE(None)(engine.get_function_address(FORKED_SYMBOL))
@@ -199,11 +201,11 @@ def compile_ir(ir_text: str, target: Target | None = None, opt: int = OPT_LEVEL,
             _STATS["hits"] += 1
             return hit
     data = _cached(cache_dir, key,
-                   lambda: _target_machine(target, opt, jit=True).emit_object(optimize(ir_text, target, opt)))
+                   lambda: target_machine(target, opt, jit=True).emit_object(optimize(ir_text, target, opt)))
     with _lock:
         if key in _MEMORY:  # another thread compiled it meanwhile
             return _MEMORY[key]
-        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _target_machine(target, opt, jit=True))
+        engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine(target, opt, jit=True))
         engine.add_object_file(llvm.ObjectFileRef.from_data(data))
         engine.finalize_object()
         compiled = CompiledModule(key, engine)

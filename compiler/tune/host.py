@@ -43,6 +43,7 @@ from weft.compiler.llvm.nn import (
 )
 from weft.compiler.llvm.target import Target, host_target
 from weft.compiler.tune.log import TuningLog
+from weft.compiler.tune.space import IndexedPoints
 
 if TYPE_CHECKING:
     import random
@@ -109,7 +110,7 @@ def conv_features(workload: ConvWorkload, s: ConvSchedule, target: Target) -> li
     ]
 
 
-class ConvSpace:
+class ConvSpace(IndexedPoints[ConvSchedule]):
     """The distinct legal schedules of one conv workload (see the module docstring), indexed."""
 
     KNOBS = ("r", "ocb", "order", "outer")
@@ -133,15 +134,6 @@ class ConvSpace:
                         self.points.append(s)
         self._index = {s: i for i, s in enumerate(self.points)}
         self._near: dict[int, list[int]] = {}
-
-    def __len__(self) -> int:
-        return len(self.points)
-
-    def __contains__(self, s: object) -> bool:
-        return s in self._index
-
-    def index(self, s: ConvSchedule) -> int:
-        return self._index[s]
 
     def neighbour(self, s: ConvSchedule, rng: random.Random) -> ConvSchedule:
         """A point that differs from `s` in exactly one knob (`s` itself when none does)."""
@@ -327,14 +319,14 @@ class CpuTimeMeasurer:
         the one-thread probe's fastest); always False with ``quiet=0``."""
         if not self.quiet:
             return False
-        from weft.compiler.llvm.bench import _times, peak_kernel
+        from weft.compiler.llvm.bench import call_times, peak_kernel
 
         for t in {1, threads}:
             if t not in self._probes:
                 self._probes[t] = peak_kernel(t)[0]
         if self._fastest == math.inf:
-            self._fastest = min(_times(self._probes[1], 40))
-        calls = _times(self._probes[threads], 5, warmup=0)
+            self._fastest = min(call_times(self._probes[1], 40))
+        calls = call_times(self._probes[threads], 5, warmup=0)
         if threads == 1:
             self._fastest = min(self._fastest, *calls)
         return statistics.median(calls) > self.quiet * self._fastest

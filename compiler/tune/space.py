@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 
@@ -19,14 +19,32 @@ from weft.compiler.backend.schedule import ORDERS, LayerGeom, Schedule, cost, sp
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["KNOBS", "SearchSpace", "features_of_schedule"]
+__all__ = ["KNOBS", "IndexedPoints", "SearchSpace", "features_of_schedule"]
 
 #: The knobs a schedule turns, in feature order.
 KNOBS = ("tile_n", "tile_h", "tile_w", "tile_oc", "tile_ic", "tile_kh", "order", "vthreads")
 
+P = TypeVar("P")
+
+
+class IndexedPoints(Generic[P]):
+    """The lookups every space shares: its points in a list, their positions in ``_index``."""
+
+    points: list[P]
+    _index: dict[P, int]
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __contains__(self, s: object) -> bool:
+        return s in self._index
+
+    def index(self, s: P) -> int:
+        return self._index[s]
+
 
 @dataclass
-class SearchSpace:
+class SearchSpace(IndexedPoints[Schedule]):
     """The legal schedules of layer `geom` on `config` with an index, knob-wise neighbours and features."""
 
     geom: LayerGeom
@@ -39,15 +57,6 @@ class SearchSpace:
         if not self.points:
             raise ValueError(f"layer '{self.geom.name}': no schedule fits the buffers of config '{self.config.name}'")
         self._index = {s: i for i, s in enumerate(self.points)}
-
-    def __len__(self) -> int:
-        return len(self.points)
-
-    def __contains__(self, s: object) -> bool:
-        return s in self._index
-
-    def index(self, s: Schedule) -> int:
-        return self._index[s]
 
     def sample(self, rng: random.Random) -> Schedule:
         return self.points[rng.randrange(len(self.points))]

@@ -77,15 +77,40 @@ class _Faults:
         return any(addr < hi and lo < addr + nbytes for lo, hi in self.ranges)
 
 
-class _TimedRead(AxiRamRead):
+async def _when_due(pending: deque[tuple[float, Any]], arrived: Event) -> Any:
+    """The oldest answer held in `pending` (with the simulation time in ns it is due at), once due; waits
+    for one to arrive first when none is held."""
+    while not pending:
+        arrived.clear()
+        await arrived.wait()
+    due, item = pending.popleft()
+    wait = due - get_sim_time("ns")
+    if wait > 0:
+        await Timer(wait, "ns")
+    return item
+
+
+class _Timed:
+    """What the timed read and write halves share: the timing, the rule checker, the fault ranges, and a
+    count of the bursts answered."""
+
     def __init__(self, *args: Any, timing: DramTiming, period_ns: float, checker: _Checker, faults: _Faults,
                  **kwargs: Any):
         self.timing, self.period_ns, self.checker, self.faults = timing, period_ns, checker, faults
         self.bursts = 0
         super().__init__(*args, **kwargs)
-        pauses = _pauses(timing.read_duty, timing.random_stalls, timing.seed)
+
+    @staticmethod
+    def _pace(channel: Any, duty: float, random_stalls: bool, seed: int) -> None:
+        pauses = _pauses(duty, random_stalls, seed)
         if pauses is not None:
-            self.r_channel.set_pause_generator(pauses)
+            channel.set_pause_generator(pauses)
+
+
+class _TimedRead(_Timed, AxiRamRead):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._pace(self.r_channel, self.timing.read_duty, self.timing.random_stalls, self.timing.seed)
 
     async def _process_read(self) -> None:
         pending: deque[tuple[float, Any]] = deque()
@@ -101,13 +126,7 @@ class _TimedRead(AxiRamRead):
 
     async def _send(self, pending: deque, arrived: Event) -> None:
         while True:
-            while not pending:
-                arrived.clear()
-                await arrived.wait()
-            due, ar = pending.popleft()
-            wait = due - get_sim_time("ns")
-            if wait > 0:
-                await Timer(wait, "ns")
+            ar = await _when_due(pending, arrived)
             arid, addr, length = int(ar.arid), int(ar.araddr), int(ar.arlen) + 1
             self.checker.burst("read", addr, length, int(ar.arsize), int(ar.arburst))
             self.bursts += 1
@@ -124,15 +143,10 @@ class _TimedRead(AxiRamRead):
                 await self.r_channel.send(r)
 
 
-class _TimedWrite(AxiRamWrite):
-    def __init__(self, *args: Any, timing: DramTiming, period_ns: float, checker: _Checker, faults: _Faults,
-                 **kwargs: Any):
-        self.timing, self.period_ns, self.checker, self.faults = timing, period_ns, checker, faults
-        self.bursts = 0
+class _TimedWrite(_Timed, AxiRamWrite):
+    def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        pauses = _pauses(timing.write_duty, timing.random_stalls, timing.seed + 1)
-        if pauses is not None:
-            self.w_channel.set_pause_generator(pauses)
+        self._pace(self.w_channel, self.timing.write_duty, self.timing.random_stalls, self.timing.seed + 1)
 
     async def _process_write(self) -> None:
         pending: deque[tuple[float, Any]] = deque()
@@ -168,14 +182,7 @@ class _TimedWrite(AxiRamWrite):
 
     async def _respond(self, pending: deque, arrived: Event) -> None:
         while True:
-            while not pending:
-                arrived.clear()
-                await arrived.wait()
-            due, b = pending.popleft()
-            wait = due - get_sim_time("ns")
-            if wait > 0:
-                await Timer(wait, "ns")
-            await self.b_channel.send(b)
+            await self.b_channel.send(await _when_due(pending, arrived))
 
 
 class DramModel(AxiRam):
