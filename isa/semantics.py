@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES", "Check",
-           "QueueSpec", "first_illegal", "legality_checks", "row_bytes", "unit_of", "units"]
+           "QueueSpec", "first_illegal", "legality_checks", "named_row_bytes", "row_bytes", "unit_of", "units"]
 
 #: Unit names, by Unit value.
 UNIT_NAMES = ("load", "compute", "store")
@@ -109,6 +109,11 @@ def row_bytes(config: AcceleratorConfig) -> dict[MemId, int]:
     c = config
     return {MemId.UOP: c.uop_bits // 8, MemId.WGT: c.wgt_row_bits // 8, MemId.INP: c.inp_row_bits // 8,
             MemId.ACC: c.acc_row_bits // 8, MemId.OUT: c.out_row_bits // 8, MemId.ACC_NARROW: c.out_row_bits // 8}
+
+
+def named_row_bytes(config: AcceleratorConfig) -> dict[str, int]:
+    """:func:`row_bytes` by lower-case memory name: uop, wgt, inp, acc, out, acc_narrow."""
+    return {mem.name.lower(): size for mem, size in row_bytes(config).items()}
 
 
 def units(insns: np.ndarray) -> np.ndarray:

@@ -23,6 +23,8 @@ import numpy as np
 
 from weft.config import AcceleratorConfig, load_config
 from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
+from weft.isa.constants import INSN_BYTES
+from weft.isa.semantics import named_row_bytes
 from weft.sim.bits import pack
 from weft.sim.dram import Dram
 
@@ -46,8 +48,7 @@ def gemm_stream(config: AcceleratorConfig, blocks: int, seed: int = 0) -> tuple[
     c = config
     icb, ocb, rows = _shape(c)
     rng = np.random.default_rng(seed)
-    rb = {"uop": c.uop_bits // 8, "inp": c.inp_row_bits // 8, "wgt": c.wgt_row_bits // 8,
-          "out": c.out_row_bits // 8}
+    rb = named_row_bytes(c)
     inp_half, acc_half = c.inp_rows // 2, c.acc_rows // 2
     # Micro-ops per half: the accumulate loop body (ic outer, oc inner), then the reset body.
     tables = []
@@ -117,7 +118,7 @@ def gemm_stream(config: AcceleratorConfig, blocks: int, seed: int = 0) -> tuple[
         p.load(MemId.UOP, 0, 0, 0, 0, deps=["pop_next"])
     p.finish()
     insns = p.insns
-    size = -(-top // 64) * 64 + len(insns) * 16 + 64
+    size = -(-top // 64) * 64 + len(insns) * INSN_BYTES + 64
     dram = Dram(size)
     for addr, data in chunks:
         dram.write(addr, np.frombuffer(data, dtype=np.uint8))

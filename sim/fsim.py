@@ -35,12 +35,11 @@ from numpy.lib.stride_tricks import as_strided
 from weft.errors import WeftError
 from weft.isa import semantics
 from weft.isa.asm import format_insn
-from weft.isa.constants import MemId, Opcode, Unit
-from weft.isa.encoding import decode_insns, decode_uops, encode_insns, layout_of, make_uops
+from weft.isa.constants import INSN_BYTES, MemId, Opcode, Unit
+from weft.isa.encoding import decode_insns, decode_uops, encode_insns, make_uops
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
-from weft.isa.semantics import FLAG_QUEUE as _FLAG_QUEUE  # the sim's timing model reads it here too
-from weft.isa.semantics import QUEUES, UNIT_NAMES
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, TOKEN_QUEUES, UNIT_NAMES, row_bytes
 from weft.sim.bits import int_dtype, pack, unpack, wrap
 from weft.sim.dram import Dram
 from weft.sim.kernels import alu_apply, float_dtype_for, gemm_row_sums, loop_indices
@@ -50,14 +49,10 @@ if TYPE_CHECKING:
     from weft.sim.timing import TimingModel
 
 __all__ = [
-    "INSN_KINDS", "QUEUES", "DeadlockError", "Dram", "FunctionalSimulator", "RaceError", "SimError",
+    "INSN_KINDS", "DeadlockError", "Dram", "FunctionalSimulator", "RaceError", "SimError",
     "insn_region", "run_program",
 ]
 
-_QUEUE_DOC = {
-    "l2g": "load->compute", "g2l": "compute->load", "g2s": "compute->store", "s2g": "store->compute",
-}
-L2G, G2L, G2S, S2G = range(len(QUEUES))
 LOAD, COMPUTE, STORE = int(Unit.LOAD), int(Unit.COMPUTE), int(Unit.STORE)
 #: Counted instruction kinds (`stats["insns"]`); a LOAD or STORE with x_size == 0 counts as "nop".
 INSN_KINDS = ("load_inp", "load_wgt", "load_uop", "load_acc", "load_acc_narrow", "store", "gemm", "alu",
@@ -100,9 +95,9 @@ class _Mem:
         return self.row_bytes * 8 // self.width
 
 
-def insn_region(dram_size: int, insn_count: int, insn_bytes: int = 16) -> int:
+def insn_region(dram_size: int, insn_count: int) -> int:
     """Where :func:`run_program` puts a program by default: the last bytes of the image, 64-byte aligned."""
-    addr = (dram_size - insn_count * insn_bytes) // _INSN_ALIGN * _INSN_ALIGN
+    addr = (dram_size - insn_count * INSN_BYTES) // _INSN_ALIGN * _INSN_ALIGN
     if addr < 0:
         raise ValueError(f"{insn_count} instructions do not fit a {dram_size}-byte DRAM image")
     return addr
@@ -113,9 +108,8 @@ def run_program(config: AcceleratorConfig, dram: Dram, insns: np.ndarray, insn_a
     """Encode `insns` (INSN_DTYPE), write them to `dram` at `insn_addr` (default: :func:`insn_region`, the
     top of the image) and run them on a fresh simulator; returns the stats. Options go to the simulator."""
     words = encode_insns(config, insns)
-    insn_bytes = layout_of(config).insn_bits // 8
     if insn_addr is None:
-        insn_addr = insn_region(dram.size, len(insns), insn_bytes)
+        insn_addr = insn_region(dram.size, len(insns))
     dram.write(insn_addr, words)
     return FunctionalSimulator(config, **options).run(dram, insn_addr, len(insns))
 
@@ -144,20 +138,20 @@ class FunctionalSimulator:
         if self.timing is not None and self.timing.config.hash != c.hash:
             raise ValueError(f"the timing model is for config '{self.timing.config.name}' (hash "
                              f"{self.timing.config.hash}), the simulator for '{c.name}' (hash {c.hash})")
-        self.insn_bytes = layout_of(c).insn_bits // 8
         self._shape = (c.batch, c.block_in, c.block_out)
         self._term_bound = c.block_in << (c.inp_width + c.wgt_width - 2)
         fdtype = float_dtype_for(c.block_in, c.inp_width, c.wgt_width)
         if fdtype is None:
             raise SimError(f"config '{c.name}': GEMM products of {c.block_in} terms are too wide to simulate")
         self._fdtype = fdtype
+        rb = row_bytes(c)
         self._mems = {
-            MemId.UOP: _Mem("uop", c.uop_bits // 8, c.uop_bits, c.uop_rows),
-            MemId.WGT: _Mem("wgt", c.wgt_row_bits // 8, c.wgt_width, c.wgt_rows),
-            MemId.INP: _Mem("inp", c.inp_row_bits // 8, c.inp_width, c.inp_rows),
-            MemId.ACC: _Mem("acc", c.acc_row_bits // 8, c.acc_width, c.acc_rows),
-            MemId.OUT: _Mem("out", c.out_row_bits // 8, c.out_width, c.out_rows),
-            MemId.ACC_NARROW: _Mem("acc_narrow", c.out_row_bits // 8, c.out_width, c.acc_rows),
+            MemId.UOP: _Mem("uop", rb[MemId.UOP], c.uop_bits, c.uop_rows),
+            MemId.WGT: _Mem("wgt", rb[MemId.WGT], c.wgt_width, c.wgt_rows),
+            MemId.INP: _Mem("inp", rb[MemId.INP], c.inp_width, c.inp_rows),
+            MemId.ACC: _Mem("acc", rb[MemId.ACC], c.acc_width, c.acc_rows),
+            MemId.OUT: _Mem("out", rb[MemId.OUT], c.out_width, c.out_rows),
+            MemId.ACC_NARROW: _Mem("acc_narrow", rb[MemId.ACC_NARROW], c.out_width, c.acc_rows),
         }
         self._out_lo, self._out_hi = -(1 << (c.out_width - 1)), (1 << (c.out_width - 1)) - 1
         self.reset()
@@ -201,7 +195,7 @@ class FunctionalSimulator:
 
     # ---- decode and static checks -------------------------------------------------------------------
     def _fetch(self, dram: Dram, insn_addr: int, insn_count: int) -> np.ndarray:
-        nbytes = insn_count * self.insn_bytes
+        nbytes = insn_count * INSN_BYTES
         if insn_count < 0 or insn_addr < 0 or insn_addr + nbytes > dram.size:
             raise SimError(f"instruction fetch of {insn_count} instructions ({nbytes} bytes) at "
                            f"0x{insn_addr:x} is outside the {dram.size}-byte DRAM image")
@@ -281,7 +275,7 @@ class FunctionalSimulator:
         pushes: list[tuple[int, ...]] = []
         flag_cols = [_F[f] for f in DEP_FLAGS]
         for r, u in zip(rows, unit_of, strict=True):
-            table = _FLAG_QUEUE[u]
+            table = FLAG_QUEUE[u]
             set_flags = [f for f, k in zip(DEP_FLAGS, flag_cols, strict=True) if r[k]]
             pops.append(tuple(table[f] for f in set_flags if f.startswith("pop")))
             pushes.append(tuple(table[f] for f in set_flags if f.startswith("push")))
@@ -370,9 +364,9 @@ class FunctionalSimulator:
                 waits.append(f"fetch (stalled at instruction {fetched}: the {full} command queue is full, "
                              f"{self.config.cmd_queue_depth} entries)")
             else:
-                waits += [f"pop {QUEUES[q]} ({_QUEUE_DOC[QUEUES[q]]}), which is empty" for q in pops[i]
+                waits += [f"pop {QUEUES[q]} ({TOKEN_QUEUES[q].doc}), which is empty" for q in pops[i]
                           if not tokens[q]]
-                waits += [f"push {QUEUES[q]} ({_QUEUE_DOC[QUEUES[q]]}), which is full ({depth} tokens)"
+                waits += [f"push {QUEUES[q]} ({TOKEN_QUEUES[q].doc}), which is full ({depth} tokens)"
                           for q in pushes[i] if len(tokens[q]) >= depth]
             blocked[name] = {"index": i, "waits": waits}
             parts.append(f"{name} unit blocked at instruction {i} ({format_insn(self._insns[i])}): waits to "
@@ -553,7 +547,7 @@ class FunctionalSimulator:
         self._race_write(i, "out", rows, clock, reader=STORE, writer=COMPUTE)
         self._acc[rows] = wrap(self._acc[rows] + sums, c.acc_width)
         self._out[rows] = np.clip(self._acc[rows], self._out_lo, self._out_hi)
-        stats["macs"] += dst.size * c.batch * c.block_in * c.block_out
+        stats["macs"] += dst.size * c.macs_per_cycle
 
     def _alu(self, i: int, r: list[int], clock: list[int], stats: dict) -> None:
         c = self.config
