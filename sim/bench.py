@@ -24,9 +24,9 @@ import numpy as np
 
 from weft.config import AcceleratorConfig, load_config
 from weft.isa import MemId, ProgramBuilder, encode_insns, encode_uops, uops_from
+from weft.isa.arith import pack, wrap
 from weft.isa.constants import INSN_BYTES
 from weft.isa.semantics import named_row_bytes
-from weft.sim.bits import pack, wrap
 from weft.sim.dram import Dram
 from weft.sim.fsim import FunctionalSimulator, insn_region
 

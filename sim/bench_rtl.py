@@ -23,9 +23,9 @@ import numpy as np
 
 from weft.config import AcceleratorConfig, load_config
 from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
+from weft.isa.arith import pack
 from weft.isa.constants import INSN_BYTES
 from weft.isa.semantics import named_row_bytes
-from weft.sim.bits import pack
 from weft.sim.dram import Dram
 
 __all__ = ["bench_rtl", "gemm_stream"]

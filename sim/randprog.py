@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from weft.isa.arith import loop_indices, pack
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode
 from weft.isa.encoding import INSN_DTYPE, encode_uops
 from weft.isa.program import uops_from
 from weft.isa.semantics import named_row_bytes
-from weft.sim.bits import pack
 from weft.sim.dram import Dram
-from weft.sim.kernels import loop_indices
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig

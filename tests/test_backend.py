@@ -15,10 +15,9 @@ from weft.compiler.backend.te import Axis, Compute, Expr, Nest, fold, split, spl
 from weft.compiler.backend.vthread import inject_sync
 from weft.config import PRESETS, AcceleratorConfig
 from weft.isa import MemId, semantics
-from weft.sim.bits import pack, unpack
+from weft.isa.arith import loop_indices, pack, unpack
 from weft.sim.dram import Dram
 from weft.sim.fsim import run_program
-from weft.sim.kernels import loop_indices
 
 
 def _executions(nest: Nest) -> np.ndarray:

@@ -21,10 +21,10 @@ import numpy as np
 
 from weft.errors import WeftError
 from weft.isa import semantics
+from weft.isa.arith import loop_indices
 from weft.isa.asm import format_insn
 from weft.isa.constants import Opcode, Unit
 from weft.isa.semantics import FLAG_QUEUE, QUEUES, UNIT_NAMES
-from weft.sim.kernels import loop_indices
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig

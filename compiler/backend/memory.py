@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from weft.isa.arith import pack
 from weft.isa.constants import INSN_BYTES
 from weft.isa.semantics import named_row_bytes, row_bytes
-from weft.sim.bits import pack
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
