@@ -220,7 +220,7 @@ class Driver:
         moved = {k: second[k] - first[k] for k in first}
         dispatched = second.get("insns", 0)
         stuck = []
-        for unit in ("load", "compute", "store"):
+        for unit in semantics.UNIT_NAMES:
             if moved.get(f"busy_{unit}", 0):
                 stuck.append({"unit": unit, "state": "busy", "queue": None,
                               "why": "executing an instruction that does not end (DRAM not answering?)"})

@@ -25,7 +25,7 @@ from weft.config import AcceleratorConfig, load_config
 from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
 from weft.isa.arith import pack
 from weft.isa.constants import INSN_BYTES
-from weft.isa.semantics import named_row_bytes
+from weft.isa.semantics import UNIT_NAMES, named_row_bytes
 from weft.sim.dram import Dram
 
 __all__ = ["bench_rtl", "gemm_stream"]
@@ -157,7 +157,7 @@ def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> d
         "mac_utilization": round(counters["mac_active"] / cycles, 4) if cycles else 0.0,
         "effective_gops": round(config.peak_gops * counters["mac_active"] / cycles, 2) if cycles else 0.0,
         "peak_gops": config.peak_gops,
-        "busy": {u: counters[f"busy_{u}"] for u in ("load", "compute", "store")},
+        "busy": {u: counters[f"busy_{u}"] for u in UNIT_NAMES},
         "stall": {u: counters[f"stall_{u}"] for u in ("load", "compute", "store", "fetch")},
         "dram": {"read_beats": counters["rd_beats"], "write_beats": counters["wr_beats"],
                  "read_MBps": round(counters["rd_beats"] * bus_bytes * config.clock_mhz / cycles, 1),

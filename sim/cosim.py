@@ -35,7 +35,7 @@ from weft.errors import WeftError
 from weft.isa.asm import format_insn
 from weft.isa.constants import MemId, Opcode
 from weft.isa.encoding import encode_insns
-from weft.isa.semantics import row_bytes
+from weft.isa.semantics import UNIT_NAMES, row_bytes
 from weft.sim.fsim import FunctionalSimulator, SimError, insn_region
 
 if TYPE_CHECKING:
@@ -374,7 +374,7 @@ class RandomReport:
     def summary(self) -> dict[str, Any]:
         cycles = sum(r.cycles for r in self.results)
         mac = sum(r.counters.get("mac_active", 0) for r in self.results)
-        busy = {u: sum(r.counters.get(f"busy_{u}", 0) for r in self.results) for u in ("load", "compute", "store")}
+        busy = {u: sum(r.counters.get(f"busy_{u}", 0) for r in self.results) for u in UNIT_NAMES}
         return {
             "config": self.config, "sim": self.sim, "dram_timing": self.timing,
             "passed": self.passed, "failed": self.failed, "cycles": cycles,

@@ -401,31 +401,26 @@ class FunctionalSimulator:
 
     # Race checks. `writer`/`reader` are the units that write and read the SRAM; clock[unit] is how far
     # this instruction knows that unit has got.
-    def _race_write(self, i: int, sram: str, rows: np.ndarray | slice, clock: list[int], reader: int,
-                    writer: int) -> None:
+    def _race(self, i: int, sram: str, rows: np.ndarray | slice, clock: list[int], *, reader: int, writer: int,
+              write: bool) -> None:
+        """Record a write (or read) of `rows`; raise RaceError when the last read (or write) of one of them by
+        the other unit is not ordered before it by tokens."""
         if not self.check_races:
             return
         written, read = self._epochs[sram]
-        if read[rows].size and int(read[rows].max()) > clock[reader]:
-            row, epoch = self._culprit(rows, read, clock[reader])
-            j = self._streams[reader][epoch - 1]
-            raise self._error(i, f"overwrites {sram} row {row} that instruction {j} "
-                                 f"({format_insn(self._insns[j])}) reads, and no token orders that read "
-                                 "before this write (data race)", RaceError)
-        written[rows] = clock[writer]
-
-    def _race_read(self, i: int, sram: str, rows: np.ndarray | slice, clock: list[int], reader: int,
-                   writer: int) -> None:
-        if not self.check_races:
-            return
-        written, read = self._epochs[sram]
-        if written[rows].size and int(written[rows].max()) > clock[writer]:
-            row, epoch = self._culprit(rows, written, clock[writer])
-            j = self._streams[writer][epoch - 1]
-            raise self._error(i, f"reads {sram} row {row} written by instruction {j} "
-                                 f"({format_insn(self._insns[j])}), and no token orders that write before "
-                                 "this read (data race)", RaceError)
-        read[rows] = clock[reader]
+        other, last = (reader, read) if write else (writer, written)
+        if last[rows].size and int(last[rows].max()) > clock[other]:
+            row, epoch = self._culprit(rows, last, clock[other])
+            j = self._streams[other][epoch - 1]
+            culprit = f"instruction {j} ({format_insn(self._insns[j])})"
+            raise self._error(i, (f"overwrites {sram} row {row} that {culprit} reads, and no token orders that read "
+                                  "before this write" if write else
+                                  f"reads {sram} row {row} written by {culprit}, and no token orders that write "
+                                  "before this read") + " (data race)", RaceError)
+        if write:
+            written[rows] = clock[writer]
+        else:
+            read[rows] = clock[reader]
 
     @staticmethod
     def _culprit(rows: np.ndarray | slice, epochs: np.ndarray, known: int) -> tuple[int, int]:
@@ -462,10 +457,10 @@ class FunctionalSimulator:
         values = values.reshape(-1, spec.elems)
         end = base + values.shape[0]
         if mem == MemId.INP:
-            self._race_write(i, "inp", slice(base, end), clock, reader=COMPUTE, writer=LOAD)
+            self._race(i, "inp", slice(base, end), clock, reader=COMPUTE, writer=LOAD, write=True)
             self._inp[base:end] = values
         elif mem == MemId.WGT:
-            self._race_write(i, "wgt", slice(base, end), clock, reader=COMPUTE, writer=LOAD)
+            self._race(i, "wgt", slice(base, end), clock, reader=COMPUTE, writer=LOAD, write=True)
             self._wgt[base:end] = values
         else:  # ACC, or ACC_NARROW sign-extended into the accumulator
             self._acc[base:end] = values
@@ -473,7 +468,7 @@ class FunctionalSimulator:
     def _store(self, i: int, r: list[int], clock: list[int], dram: Dram, stats: dict) -> None:
         spec = self._mems[MemId.OUT]
         y, x, base, stride = r[_F["y_size"]], r[_F["x_size"]], r[_F["sram_base"]], r[_F["x_stride"]]
-        self._race_read(i, "out", slice(base, base + y * x), clock, reader=STORE, writer=COMPUTE)
+        self._race(i, "out", slice(base, base + y * x), clock, reader=STORE, writer=COMPUTE, write=False)
         rb = spec.row_bytes
         stats["insns"]["store"] += 1
         stats["bytes"]["out"] += y * x * rb
@@ -534,17 +529,17 @@ class FunctionalSimulator:
         stats["gemm_execs"] += dst.size
         if r[_F["reset"]]:
             rows = np.flatnonzero(np.bincount(dst, minlength=c.acc_rows))
-            self._race_write(i, "out", rows, clock, reader=STORE, writer=COMPUTE)
+            self._race(i, "out", rows, clock, reader=STORE, writer=COMPUTE, write=True)
             self._acc[rows] = 0
             self._out[rows] = 0
             return
         src = self._loop(i, r, 1, "src", c.inp_rows, "inp")
         wsel = self._loop(i, r, 2, "wgt", c.wgt_rows, "wgt")
-        self._race_read(i, "inp", src, clock, reader=COMPUTE, writer=LOAD)
-        self._race_read(i, "wgt", wsel, clock, reader=COMPUTE, writer=LOAD)
+        self._race(i, "inp", src, clock, reader=COMPUTE, writer=LOAD, write=False)
+        self._race(i, "wgt", wsel, clock, reader=COMPUTE, writer=LOAD, write=False)
         rows, sums = gemm_row_sums(self._inp, self._wgt, dst, src, wsel, self._shape, c.acc_rows,
                                    self._term_bound)
-        self._race_write(i, "out", rows, clock, reader=STORE, writer=COMPUTE)
+        self._race(i, "out", rows, clock, reader=STORE, writer=COMPUTE, write=True)
         self._acc[rows] = wrap(self._acc[rows] + sums, c.acc_width)
         self._out[rows] = np.clip(self._acc[rows], self._out_lo, self._out_hi)
         stats["macs"] += dst.size * c.macs_per_cycle
@@ -558,7 +553,7 @@ class FunctionalSimulator:
         src = None if r[_F["use_imm"]] else self._loop(i, r, 1, "src", c.acc_rows, "acc")
         self._hazards(i, r, dst, src)
         if self.check_races:  # before anything changes, so a failing run stops at the instruction's start
-            self._race_write(i, "out", np.unique(dst), clock, reader=STORE, writer=COMPUTE)
+            self._race(i, "out", np.unique(dst), clock, reader=STORE, writer=COMPUTE, write=True)
         rows = alu_apply(self._acc, r[_F["alu_op"]], dst, src, r[_F["imm"]], c.acc_width, c.acc_rows)
         self._out[rows] = np.clip(self._acc[rows], self._out_lo, self._out_hi)
         stats["alu_execs"] += dst.size
