@@ -55,7 +55,7 @@ from weft.sim.fsim import INSN_KINDS
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["TRACE_DTYPE", "UNIT_NAMES", "Microarch", "TimingError", "TimingModel", "TimingReport",
+__all__ = ["TRACE_DTYPE", "Microarch", "TimingError", "TimingModel", "TimingReport",
            "trace_events"]
 
 #: One row per instruction: its stream index, unit (Unit), kind (index into fsim.INSN_KINDS), and the

@@ -5,6 +5,7 @@ them, so a source file that spells one out again is a copy waiting to drift."""
 from __future__ import annotations
 
 import ast
+import os
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -22,10 +23,11 @@ SKIPPED = {"tests", "build", ".venv", ".git", "weft.egg-info", "hw"}
 @cache
 def _sources() -> list[tuple[str, ast.AST]]:
     out = []
-    for path in sorted(ROOT.rglob("*.py")):
-        rel = path.relative_to(ROOT)
-        if not SKIPPED.intersection(rel.parts[:-1]):
-            out.append((rel.as_posix(), ast.parse(path.read_text(), str(rel))))
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
+        for name in sorted(f for f in files if f.endswith(".py")):
+            rel = (Path(folder) / name).relative_to(ROOT)
+            out.append((rel.as_posix(), ast.parse((ROOT / rel).read_text(), str(rel))))
     return out
 
 
