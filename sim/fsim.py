@@ -519,10 +519,14 @@ class FunctionalSimulator:
         raise self._error(i, f"{self._where(r, e)} writes acc row {dst[e]} like the previous execution: "
                              "back-to-back writes to one row are a hazard the pipeline does not check")
 
+    def _dst(self, i: int, r: list[int], kind: str, stats: dict) -> np.ndarray:
+        """Count a GEMM or ALU instruction; the acc rows its executions write, in execution order."""
+        stats["insns"][kind] += 1
+        return self._loop(i, r, 0, "dst", self.config.acc_rows, "acc")
+
     def _gemm(self, i: int, r: list[int], clock: list[int], stats: dict) -> None:
         c = self.config
-        stats["insns"]["gemm"] += 1
-        dst = self._loop(i, r, 0, "dst", c.acc_rows, "acc")
+        dst = self._dst(i, r, "gemm", stats)
         if not dst.size:
             return
         self._hazards(i, r, dst, None)
@@ -546,8 +550,7 @@ class FunctionalSimulator:
 
     def _alu(self, i: int, r: list[int], clock: list[int], stats: dict) -> None:
         c = self.config
-        stats["insns"]["alu"] += 1
-        dst = self._loop(i, r, 0, "dst", c.acc_rows, "acc")
+        dst = self._dst(i, r, "alu", stats)
         if not dst.size:
             return
         src = None if r[_F["use_imm"]] else self._loop(i, r, 1, "src", c.acc_rows, "acc")
