@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES", "Check",
            "QueueSpec", "first_illegal", "legality_checks", "named_row_bytes", "row_bytes", "unit_of", "units"]
 
-#: Unit names, by Unit value.
-UNIT_NAMES = ("load", "compute", "store")
+#: Unit names, by Unit value: "load", "compute", "store".
+UNIT_NAMES = tuple(unit.name.lower() for unit in Unit)
 
 
 @dataclass(frozen=True)
