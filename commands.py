@@ -77,13 +77,13 @@ def add_asm_arguments(parser: argparse.ArgumentParser) -> None:
 def run_asm(args: argparse.Namespace) -> int:
     from weft.isa import assemble, decode_insns, disassemble, encode_insns
     from weft.isa.asm import AsmError, AsmFileError, check_words, read_source
-    from weft.isa.encoding import layout_of
+    from weft.isa.constants import INSN_BYTES
 
     config = load_config(args.config)
     name = "standard input" if args.input == "-" else args.input
     data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
     if args.disassemble:
-        text = disassemble(decode_insns(config, check_words(data, name, layout_of(config).insn_bits // 8)))
+        text = disassemble(decode_insns(config, check_words(data, name, INSN_BYTES)))
         if args.output:
             Path(args.output).write_text(text)
         else:

@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from weft.sim.bits import wrap
-from weft.sim.kernels import shift
+from weft.isa.arith import shift, wrap
 
 __all__ = [
     "KINDS", "EpilogueOverflow", "Step", "bounds", "check_steps", "narrow", "pad_steps", "run_steps",

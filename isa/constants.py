@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from weft.config import INSN_BITS
+
 __all__ = [
     "ALU_OP_BITS",
     "AXI_ADDR_BITS",
     "DRAM_ADDR_BITS",
     "DRAM_STRIDE_BITS",
     "IMM_BITS",
+    "INSN_BYTES",
     "MEM_ID_BITS",
     "OPCODE_BITS",
     "PAD_BITS",
@@ -37,6 +40,8 @@ DRAM_ADDR_BITS = 32
 DRAM_STRIDE_BITS = 16
 #: Signed ALU immediate.
 IMM_BITS = 16
+#: Bytes of one instruction in DRAM (the fetch unit's stride, the driver's and simulators' stream size).
+INSN_BYTES = INSN_BITS // 8
 
 
 class Opcode(IntEnum):

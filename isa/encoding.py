@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weft.isa.constants import Opcode
+from weft.isa.constants import INSN_BYTES, Opcode
 from weft.isa.layout import FORMAT_OF_OPCODE, INSN_FIELD_NAMES, Format, IsaLayout
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def decode_insns(config: AcceleratorConfig, data: bytes | np.ndarray) -> np.ndar
     An unknown opcode decodes its header only (the simulators report it as illegal when they reach it).
     """
     layout = layout_of(config)
-    nbytes = layout.insn_bits // 8
+    nbytes = INSN_BYTES
     data = bytes(data) if not isinstance(data, np.ndarray) else data.tobytes()
     if len(data) % nbytes:  # before numpy reads 8-byte words, whose message would name no instruction size
         raise ValueError(f"instruction stream of {len(data)} bytes is not a multiple of the {nbytes}-byte "

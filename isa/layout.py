@@ -9,7 +9,7 @@ width is written down twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 from weft.isa.constants import (
@@ -20,6 +20,8 @@ from weft.isa.constants import (
     MEM_ID_BITS,
     OPCODE_BITS,
     PAD_BITS,
+    AluOp,
+    MemId,
     Opcode,
 )
 
@@ -93,8 +95,13 @@ def _pack(name: str, bits: int, spec: list[tuple[str, int, bool, str]]) -> Forma
     return Format(name, tuple(fields), bits)
 
 
+def _enum_doc(enum: type[IntEnum]) -> str:
+    """The values of a field's enum, e.g. "LOAD=0 STORE=1 ...", as the spec documents them."""
+    return " ".join(f"{m.name}={int(m)}" for m in enum)
+
+
 _HEADER = [
-    ("opcode", OPCODE_BITS, False, "LOAD=0 STORE=1 GEMM=2 FINISH=3 ALU=4"),
+    ("opcode", OPCODE_BITS, False, _enum_doc(Opcode)),
     ("pop_prev", 1, False, "wait for a token from the previous unit before starting"),
     ("pop_next", 1, False, "wait for a token from the next unit before starting"),
     ("push_prev", 1, False, "send a token to the previous unit when done"),
@@ -139,7 +146,7 @@ class IsaLayout:
         self.formats: dict[str, Format] = {
             "mem": _pack("mem", INSN_BITS, [
                 *_HEADER,
-                ("mem_id", MEM_ID_BITS, False, "UOP=0 WGT=1 INP=2 ACC=3 OUT=4 ACC_NARROW=5"),
+                ("mem_id", MEM_ID_BITS, False, _enum_doc(MemId)),
                 ("sram_base", self.sram_bits, False, "first SRAM row"),
                 ("dram_base", DRAM_ADDR_BITS, False, "DRAM address in elements of the memory's row size"),
                 ("y_size", self.size_bits, False, "rows to move"),
@@ -164,20 +171,12 @@ class IsaLayout:
                 *loop,
                 ("src_factor_out", c.acc_index_bits, False, "acc source row step per outer iteration"),
                 ("src_factor_in", c.acc_index_bits, False, "acc source row step per inner iteration"),
-                ("alu_op", ALU_OP_BITS, False, "MIN=0 MAX=1 ADD=2 SHR=3 MUL=4"),
+                ("alu_op", ALU_OP_BITS, False, _enum_doc(AluOp)),
                 ("use_imm", 1, False, "take the immediate instead of acc[src]"),
                 ("imm", IMM_BITS, True, "signed immediate"),
             ]),
             "finish": _pack("finish", INSN_BITS, list(_HEADER)),
         }
-
-    @cached_property
-    def uop_fields(self) -> tuple[Field, ...]:
-        return self.uop.fields
-
-    def format_for(self, opcode: int) -> Format | None:
-        name = FORMAT_OF_OPCODE.get(opcode)  # type: ignore[call-overload]
-        return self.formats[name] if name else None
 
     @staticmethod
     def check_fits(config: AcceleratorConfig) -> None:

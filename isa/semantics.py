@@ -1,5 +1,8 @@
-"""Which encodings are legal: the one definition the functional simulator and the board's launch checks share.
+"""The semantics of an instruction stream beyond its bit layout: the one definition the simulator, the timing
+model, the back end, the launch checks, the driver and the hardware units share.
 
+The token queues between the three units (which unit pushes and which pops each one, with which dependency
+flag), the unit that runs an instruction, the DRAM bytes of one row of each memory, and the legality table.
 For each opcode: the memory ids it may name, the unit that runs it, the dependency flags that unit may set
 (and the token queue each flag pops or pushes), which loads may pad, which ALU ops exist and that a GEMM or
 ALU instruction loops over a non-empty micro-op range inside the uop buffer. The checks are vectorized over a
@@ -12,6 +15,8 @@ and the simulator and the driver each know their own.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,18 +24,56 @@ from weft.isa.asm import format_insn
 from weft.isa.constants import AluOp, MemId, Opcode, Unit
 from weft.isa.program import DEP_FLAGS
 
-__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "UNIT_NAMES", "Check", "first_illegal", "legality_checks",
-           "unit_of", "units"]
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
 
-#: Token queues, by index: load->compute, compute->load, compute->store, store->compute.
-QUEUES = ("l2g", "g2l", "g2s", "s2g")
-L2G, G2L, G2S, S2G = range(len(QUEUES))
+__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES", "Check",
+           "QueueSpec", "first_illegal", "legality_checks", "named_row_bytes", "row_bytes", "unit_of", "units"]
+
+#: Unit names, by Unit value: "load", "compute", "store".
+UNIT_NAMES = tuple(unit.name.lower() for unit in Unit)
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """One token queue: the unit that pushes it with which flag, and the unit that pops it with which."""
+
+    name: str
+    producer: Unit
+    push: str
+    consumer: Unit
+    pop: str
+
+    @property
+    def doc(self) -> str:
+        """Which way the tokens go, e.g. "load->compute"."""
+        return f"{UNIT_NAMES[self.producer]}->{UNIT_NAMES[self.consumer]}"
+
+
+#: The token queues, by index: everything else about queues (names, flags, routes) is derived from this table.
+TOKEN_QUEUES = (
+    QueueSpec("l2g", Unit.LOAD, "push_next", Unit.COMPUTE, "pop_prev"),
+    QueueSpec("g2l", Unit.COMPUTE, "push_prev", Unit.LOAD, "pop_next"),
+    QueueSpec("g2s", Unit.COMPUTE, "push_next", Unit.STORE, "pop_prev"),
+    QueueSpec("s2g", Unit.STORE, "push_prev", Unit.COMPUTE, "pop_next"),
+)
+QUEUES = tuple(q.name for q in TOKEN_QUEUES)
+#: (producer unit, consumer unit) -> the queue that orders the consumer after the producer.
+QUEUE_BETWEEN: dict[tuple[int, int], QueueSpec] = {(q.producer, q.consumer): q for q in TOKEN_QUEUES}
+
+
+def _flag_queue() -> dict[int, dict[str, int]]:
+    ends: dict[int, dict[str, int]] = {u: {} for u in Unit}
+    for k, q in enumerate(TOKEN_QUEUES):
+        ends[q.producer][q.push] = k
+        ends[q.consumer][q.pop] = k
+    # In DEP_FLAGS order: error messages list a unit's flags in that order.
+    return {u: {f: ends[u][f] for f in DEP_FLAGS if f in ends[u]} for u in Unit}
+
+
 #: unit -> dependency flag -> queue it pops or pushes; a flag missing here is illegal for the unit.
-FLAG_QUEUE: dict[int, dict[str, int]] = {
-    Unit.LOAD: {"pop_next": G2L, "push_next": L2G},
-    Unit.COMPUTE: {"pop_prev": L2G, "pop_next": S2G, "push_prev": G2L, "push_next": G2S},
-    Unit.STORE: {"pop_prev": G2S, "push_prev": S2G},
-}
+FLAG_QUEUE = _flag_queue()
+
 #: Memory ids a data-moving opcode may name, and why (the end of the refusal message).
 MEMS: dict[int, tuple[tuple[MemId, ...], str]] = {
     Opcode.LOAD: ((MemId.UOP, MemId.WGT, MemId.INP, MemId.ACC, MemId.ACC_NARROW),
@@ -41,9 +84,6 @@ MEMS: dict[int, tuple[tuple[MemId, ...], str]] = {
 PADDED_MEMS = (MemId.INP, MemId.ACC, MemId.ACC_NARROW)
 #: Loads the load unit runs; every other LOAD (uop, acc, acc_narrow) goes to the compute unit.
 _LOAD_UNIT_MEMS = (MemId.INP, MemId.WGT)
-#: Unit names, by Unit value.
-UNIT_NAMES = ("load", "compute", "store")
-
 #: (one flag per instruction: it breaks this rule, what the rule says of instruction i).
 Check = tuple[np.ndarray, Callable[[int], str]]
 
@@ -60,6 +100,20 @@ def unit_of(opcode: int, mem_id: int) -> Unit:
     if opcode == Opcode.STORE:
         return Unit.STORE
     return Unit.LOAD if opcode == Opcode.LOAD and mem_id in _LOAD_UNIT_MEMS else Unit.COMPUTE
+
+
+def row_bytes(config: AcceleratorConfig) -> dict[MemId, int]:
+    """DRAM bytes of one row (the element a LOAD or STORE counts in) of each memory id.
+
+    An acc_narrow row holds out_width-bit values, so it is as wide as an out row."""
+    c = config
+    return {MemId.UOP: c.uop_bits // 8, MemId.WGT: c.wgt_row_bits // 8, MemId.INP: c.inp_row_bits // 8,
+            MemId.ACC: c.acc_row_bits // 8, MemId.OUT: c.out_row_bits // 8, MemId.ACC_NARROW: c.out_row_bits // 8}
+
+
+def named_row_bytes(config: AcceleratorConfig) -> dict[str, int]:
+    """:func:`row_bytes` by lower-case memory name: uop, wgt, inp, acc, out, acc_narrow."""
+    return {mem.name.lower(): size for mem, size in row_bytes(config).items()}
 
 
 def units(insns: np.ndarray) -> np.ndarray:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from weft.isa.constants import AluOp, MemId, Opcode
+from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode
 from weft.isa.encoding import layout_of
+from weft.isa.layout import FORMAT_OF_OPCODE
+from weft.isa.semantics import TOKEN_QUEUES
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -58,7 +60,7 @@ SEMANTICS = {
     "units": (
         "load runs LOAD INP/WGT; compute runs LOAD UOP/ACC/ACC_NARROW, GEMM, ALU, FINISH; store runs "
         "STORE OUT. Each runs its own instructions in order, synchronized only by four token queues: "
-        "load->compute, compute->load, compute->store, store->compute. An instruction starts when every "
+        f"{', '.join(q.doc for q in TOKEN_QUEUES)}. An instruction starts when every "
         "queue it pops holds a token and every queue it pushes has room; it pushes when done."
     ),
     "loop": (
@@ -109,7 +111,7 @@ def isa_spec(config: AcceleratorConfig, registers: dict[str, Any] | None = None)
         "mem_ids": {m.name: int(m) for m in MemId},
         "alu_ops": {a.name: int(a) for a in AluOp},
         "formats": {name: fmt_json(fmt) for name, fmt in layout.formats.items()},
-        "format_of_opcode": {"LOAD": "mem", "STORE": "mem", "GEMM": "gemm", "ALU": "alu", "FINISH": "finish"},
+        "format_of_opcode": {Opcode(op).name: name for op, name in FORMAT_OF_OPCODE.items()},
         "uop": fmt_json(layout.uop),
         "semantics": SEMANTICS,
         "intrinsic": intrinsic(config),
@@ -131,7 +133,7 @@ def c_header(config: AcceleratorConfig, registers: dict[str, Any] | None = None)
         f'#define WEFT_CONFIG_HASH "{c.hash}"',
         f'#define WEFT_BITSTREAM_NAME "{c.bitstream_name}"',
         f"#define WEFT_INSN_BITS {layout.insn_bits}",
-        f"#define WEFT_INSN_BYTES {layout.insn_bits // 8}",
+        f"#define WEFT_INSN_BYTES {INSN_BYTES}",
         f"#define WEFT_UOP_BITS {c.uop_bits}",
     ]
     for key, value in c.hw_dict().items():

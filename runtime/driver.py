@@ -3,7 +3,7 @@ moving one DMA buffer, against a small :class:`Hardware` interface.
 
 Implementations of the interface: the PYNQ board (:mod:`weft.runtime.pynq_device`: ``pynq.Overlay``,
 ``pynq.allocate``, MMIO), the RTL simulation (:mod:`weft.runtime.rtl_device`) and the functional
-simulator's register model (:mod:`weft.runtime.driver_fsim`). Register offsets and fields come from the
+simulator's register model (:mod:`weft.runtime.register_backend`). Register offsets and fields come from the
 register spec (``registers_spec``, which ``weft rtl`` writes as JSON), never from literals.
 
 A run: the DRAM image goes into a buffer the hardware allocated at some physical address; the program's
@@ -27,11 +27,11 @@ from weft.errors import WeftError
 from weft.hw.regs import ErrorCode, registers_spec
 from weft.isa import semantics
 from weft.isa.asm import format_insn
-from weft.isa.constants import Opcode, Unit
+from weft.isa.constants import INSN_BYTES, Opcode, Unit
 from weft.isa.encoding import decode_insns, encode_insns, layout_of
 from weft.runtime.devices import Device
 from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer
-from weft.runtime.safety import LaunchError, check_buffers, check_config_hash, check_launch, mem_row_bytes, unit_of
+from weft.runtime.safety import LaunchError, check_buffers, check_config_hash, check_launch
 from weft.runtime.walker import run_loaded
 
 if TYPE_CHECKING:
@@ -108,7 +108,6 @@ class Driver:
                  timeout_s: float = 60.0):
         self.hw, self.config, self.timeout_s = hw, config, timeout_s
         self.regs = RegisterMap(spec if spec is not None else registers_spec(config))
-        self.insn_bytes = layout_of(config).insn_bits // 8
         self._dram_base_bits = next(f.width for f in layout_of(config).formats["mem"].fields
                                     if f.name == "dram_base")
         self.buffer: Buffer | None = None
@@ -148,7 +147,7 @@ class Driver:
     def relocate(self, insns: np.ndarray, base: int) -> np.ndarray:
         """The stream with every DRAM row address moved by `base` bytes (the buffer's physical address)."""
         out = insns.copy()
-        rows = mem_row_bytes(self.config)
+        rows = semantics.row_bytes(self.config)
         for i, r in enumerate(out):
             if int(r["opcode"]) not in (Opcode.LOAD, Opcode.STORE):
                 continue
@@ -166,7 +165,7 @@ class Driver:
     def run_image(self, image: np.ndarray, insn_addr: int, insn_count: int) -> dict[str, Any]:
         """Run the program at `insn_addr` of the DRAM `image` (uint8, addresses from 0); the image is
         updated in place with the DRAM after the run. Returns the counters and wall seconds."""
-        words = image[insn_addr:insn_addr + insn_count * self.insn_bytes].copy()  # image is overwritten below
+        words = image[insn_addr:insn_addr + insn_count * INSN_BYTES].copy()  # image is overwritten below
         insns = decode_insns(self.config, words)
         buf = self.ensure_buffer(image.size)
         base = int(buf.physical_address)
@@ -174,7 +173,7 @@ class Driver:
         check_buffers(buffers)  # before relocation, whose field overflow would hide the real cause
         moved = self.relocate(insns, base)
         # INSN_COUNT is what the hardware fetches: the check sees those instructions, none fewer
-        check_launch(self.config, moved, base + insn_addr, buffers, self.insn_bytes, insn_count)
+        check_launch(self.config, moved, base + insn_addr, buffers, INSN_BYTES, insn_count)
         buf.array[:image.size] = image
         buf.array[insn_addr:insn_addr + words.size] = np.frombuffer(encode_insns(self.config, moved), np.uint8)
         buf.flush()
@@ -221,7 +220,7 @@ class Driver:
         moved = {k: second[k] - first[k] for k in first}
         dispatched = second.get("insns", 0)
         stuck = []
-        for unit in ("load", "compute", "store"):
+        for unit in semantics.UNIT_NAMES:
             if moved.get(f"busy_{unit}", 0):
                 stuck.append({"unit": unit, "state": "busy", "queue": None,
                               "why": "executing an instruction that does not end (DRAM not answering?)"})
@@ -245,7 +244,7 @@ def _waiting_queue(insns: np.ndarray, unit: str, dispatched: int) -> str | None:
     pops = [(flag, semantics.QUEUES[q]) for flag, q in semantics.FLAG_QUEUE[Unit[unit.upper()]].items()
             if flag.startswith("pop")]
     for r in insns[:max(dispatched, 1)][::-1]:
-        if unit_of(r).name.lower() != unit:
+        if semantics.UNIT_NAMES[semantics.unit_of(int(r["opcode"]), int(r["mem_id"]))] != unit:
             continue
         queues = [q for flag, q in pops if int(r[flag])]
         return "/".join(queues) if queues else None
@@ -265,7 +264,7 @@ class DriverPrograms:
         bus = cfg.bus_width // 8
         return {"insns": {"total": c["insns"]}, "insn_count": insn_count,
                 "bytes": {"read": c["rd_beats"] * bus, "write": c["wr_beats"] * bus},
-                "macs": c["mac_active"] * cfg.batch * cfg.block_in * cfg.block_out,
+                "macs": c["mac_active"] * cfg.macs_per_cycle,
                 "alu_ops": c["alu_active"] * cfg.batch * cfg.block_out, "cycles": c["cycles"],
                 "seconds": result["seconds"]}
 

@@ -25,10 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weft.isa.constants import INSN_BYTES
 from weft.runtime.devices import Device, DeviceError, register_device
 from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer, ProgramRunner
 from weft.runtime.driver import Driver, DriverPrograms
-from weft.runtime.driver_fsim import FIRST_ADDRESS, BackendHardware
+from weft.runtime.register_backend import FIRST_ADDRESS, BackendHardware
 from weft.runtime.trace import RtlLayer
 from weft.runtime.walker import run_loaded
 
@@ -247,7 +248,7 @@ class RtlDevice(Device):
         return self._measured.get(layer["name"])
 
     def _ran(self, dram: Dram, insn_addr: int, insn_count: int, stats: dict[str, Any]) -> None:
-        from weft.isa.encoding import decode_insns, layout_of
+        from weft.isa.encoding import decode_insns
         from weft.runtime.trace import activity_rows
 
         assert self.artifact is not None and self.hardware is not None
@@ -258,13 +259,13 @@ class RtlDevice(Device):
         if not self.trace:
             return
         activity = self.hardware.backend.take_activity()
-        words = dram.read(insn_addr, insn_count * (layout_of(self.config).insn_bits // 8))
+        words = dram.read(insn_addr, insn_count * INSN_BYTES)
         rows, traced = activity_rows(self.config, decode_insns(self.config, words), activity)
         if traced != cycles:
             raise DeviceError(f"layer '{name}': the RTL trace spans {traced} cycles, the cycle counter says {cycles}")
         ops = {node.name: node.op for node in self.artifact.graph.nodes}
         offset = sum(x.cycles for x in self.trace_layers)
-        macs = cycles * self.config.batch * self.config.block_in * self.config.block_out
+        macs = cycles * self.config.macs_per_cycle
         self.trace_layers.append(RtlLayer(name, ops.get(name, "?"), offset, cycles, rows,
                                           stats["macs"] / macs if macs else 0.0))
 

@@ -19,13 +19,12 @@ import numpy as np
 from weft.errors import WeftError
 from weft.isa import semantics
 from weft.isa.asm import format_insn
-from weft.isa.constants import AXI_ADDR_BITS, MemId, Opcode, Unit
+from weft.isa.constants import AXI_ADDR_BITS, Opcode, Unit
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ADDRESS_LIMIT", "LaunchError", "check_buffers", "check_config_hash", "check_launch", "dma_ranges",
-           "mem_row_bytes"]
+__all__ = ["ADDRESS_LIMIT", "LaunchError", "check_buffers", "check_config_hash", "check_launch", "dma_ranges"]
 
 #: The accelerator's AXI addresses are 32 bits: a byte at or above this wraps onto other memory.
 ADDRESS_LIMIT = 1 << AXI_ADDR_BITS
@@ -39,13 +38,6 @@ class LaunchError(WeftError):
         super().__init__(message)
 
 
-def mem_row_bytes(config: AcceleratorConfig) -> dict[int, int]:
-    """DRAM bytes of one row of each memory id a LOAD or STORE moves."""
-    c = config
-    return {MemId.UOP: c.uop_bits // 8, MemId.WGT: c.wgt_row_bits // 8, MemId.INP: c.inp_row_bits // 8,
-            MemId.ACC: c.acc_row_bits // 8, MemId.OUT: c.out_row_bits // 8, MemId.ACC_NARROW: c.out_row_bits // 8}
-
-
 def unit_of(insn: np.void) -> Unit:
     """The unit that runs one decoded instruction."""
     return semantics.unit_of(int(insn["opcode"]), int(insn["mem_id"]))
@@ -53,7 +45,7 @@ def unit_of(insn: np.void) -> Unit:
 
 def dma_ranges(config: AcceleratorConfig, insns: np.ndarray) -> list[tuple[int, int, int]]:
     """(instruction index, first byte, one past the last byte) of every LOAD/STORE that moves data."""
-    rows = mem_row_bytes(config)
+    rows = semantics.row_bytes(config)
     out = []
     for i, r in enumerate(insns):
         if int(r["opcode"]) not in (Opcode.LOAD, Opcode.STORE) or int(r["x_size"]) == 0 or int(r["y_size"]) == 0:

@@ -24,7 +24,9 @@ import numpy as np
 
 from weft.config import AcceleratorConfig, load_config
 from weft.isa import MemId, ProgramBuilder, encode_insns, encode_uops, uops_from
-from weft.sim.bits import pack, wrap
+from weft.isa.arith import pack, wrap
+from weft.isa.constants import INSN_BYTES
+from weft.isa.semantics import named_row_bytes
 from weft.sim.dram import Dram
 from weft.sim.fsim import FunctionalSimulator, insn_region
 
@@ -91,8 +93,7 @@ def conv_workload(config: AcceleratorConfig, size: int = 56, channels: int | Non
     wgt_rows = w.reshape(ocb, c.block_out, icb, c.block_in, 3, 3).transpose(0, 4, 5, 2, 1, 3)
     inp_bytes = pack(inp_rows.reshape(-1, batch * c.block_in), c.inp_width)
     wgt_bytes = pack(wgt_rows.reshape(-1, c.block_out * c.block_in), c.wgt_width)
-    rb = {"uop": c.uop_bits // 8, "inp": c.inp_row_bits // 8, "wgt": c.wgt_row_bits // 8,
-          "out": c.out_row_bits // 8}
+    rb = named_row_bytes(c)
 
     # Micro-ops, one set per SRAM half: reset/ALU walk the tile's accumulator rows, conv enumerates
     # (kh, kw, ic block, column) so two consecutive executions never write one row.
@@ -147,8 +148,7 @@ def conv_workload(config: AcceleratorConfig, size: int = 56, channels: int | Non
     p.finish()
     insns = p.insns
 
-    insn_bytes = 16 * len(insns)
-    dram = Dram(-(-top // 64) * 64 + insn_bytes + 64)
+    dram = Dram(-(-top // 64) * 64 + len(insns) * INSN_BYTES + 64)
     dram.write(addr["uop"], uop_bytes)
     dram.write(addr["inp"], inp_bytes)
     dram.write(addr["wgt"], wgt_bytes)

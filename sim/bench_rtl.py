@@ -23,7 +23,9 @@ import numpy as np
 
 from weft.config import AcceleratorConfig, load_config
 from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
-from weft.sim.bits import pack
+from weft.isa.arith import pack
+from weft.isa.constants import INSN_BYTES
+from weft.isa.semantics import UNIT_NAMES, named_row_bytes
 from weft.sim.dram import Dram
 
 __all__ = ["bench_rtl", "gemm_stream"]
@@ -46,8 +48,7 @@ def gemm_stream(config: AcceleratorConfig, blocks: int, seed: int = 0) -> tuple[
     c = config
     icb, ocb, rows = _shape(c)
     rng = np.random.default_rng(seed)
-    rb = {"uop": c.uop_bits // 8, "inp": c.inp_row_bits // 8, "wgt": c.wgt_row_bits // 8,
-          "out": c.out_row_bits // 8}
+    rb = named_row_bytes(c)
     inp_half, acc_half = c.inp_rows // 2, c.acc_rows // 2
     # Micro-ops per half: the accumulate loop body (ic outer, oc inner), then the reset body.
     tables = []
@@ -117,7 +118,7 @@ def gemm_stream(config: AcceleratorConfig, blocks: int, seed: int = 0) -> tuple[
         p.load(MemId.UOP, 0, 0, 0, 0, deps=["pop_next"])
     p.finish()
     insns = p.insns
-    size = -(-top // 64) * 64 + len(insns) * 16 + 64
+    size = -(-top // 64) * 64 + len(insns) * INSN_BYTES + 64
     dram = Dram(size)
     for addr, data in chunks:
         dram.write(addr, np.frombuffer(data, dtype=np.uint8))
@@ -156,7 +157,7 @@ def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> d
         "mac_utilization": round(counters["mac_active"] / cycles, 4) if cycles else 0.0,
         "effective_gops": round(config.peak_gops * counters["mac_active"] / cycles, 2) if cycles else 0.0,
         "peak_gops": config.peak_gops,
-        "busy": {u: counters[f"busy_{u}"] for u in ("load", "compute", "store")},
+        "busy": {u: counters[f"busy_{u}"] for u in UNIT_NAMES},
         "stall": {u: counters[f"stall_{u}"] for u in ("load", "compute", "store", "fetch")},
         "dram": {"read_beats": counters["rd_beats"], "write_beats": counters["wr_beats"],
                  "read_MBps": round(counters["rd_beats"] * bus_bytes * config.clock_mhz / cycles, 1),

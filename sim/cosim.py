@@ -34,7 +34,8 @@ import numpy as np
 from weft.errors import WeftError
 from weft.isa.asm import format_insn
 from weft.isa.constants import MemId, Opcode
-from weft.isa.encoding import encode_insns, layout_of
+from weft.isa.encoding import encode_insns
+from weft.isa.semantics import UNIT_NAMES, row_bytes
 from weft.sim.fsim import FunctionalSimulator, SimError, insn_region
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ def job_from_program(config: AcceleratorConfig, insns: np.ndarray, dram: Dram, l
     """Encode `insns` to the top of a copy of `dram` (where :func:`weft.sim.fsim.run_program` puts them)."""
     words = np.frombuffer(encode_insns(config, insns), dtype=np.uint8)
     image = dram.data.copy()
-    addr = insn_region(image.size, len(insns), layout_of(config).insn_bits // 8)
+    addr = insn_region(image.size, len(insns))
     image[addr:addr + words.size] = words
     return Job(dram=image, insn_addr=addr, insn_count=len(insns), timeout_cycles=timeout_cycles, label=label)
 
@@ -314,14 +315,14 @@ class Mismatch:
 
 def _writer(config: AcceleratorConfig, insns: np.ndarray, address: int) -> tuple[int | None, str]:
     """The last STORE of the stream whose DRAM rows cover `address`."""
-    row_bytes = config.out_row_bits // 8
+    out_bytes = row_bytes(config)[MemId.OUT]
     for i in range(len(insns) - 1, -1, -1):
         r = insns[i]
         if int(r["opcode"]) != Opcode.STORE or int(r["mem_id"]) != MemId.OUT or int(r["x_size"]) == 0:
             continue
         for y in range(int(r["y_size"])):
-            start = (int(r["dram_base"]) + y * int(r["x_stride"])) * row_bytes
-            if start <= address < start + int(r["x_size"]) * row_bytes:
+            start = (int(r["dram_base"]) + y * int(r["x_stride"])) * out_bytes
+            if start <= address < start + int(r["x_size"]) * out_bytes:
                 return i, format_insn(r)
     return None, ""
 
@@ -373,7 +374,7 @@ class RandomReport:
     def summary(self) -> dict[str, Any]:
         cycles = sum(r.cycles for r in self.results)
         mac = sum(r.counters.get("mac_active", 0) for r in self.results)
-        busy = {u: sum(r.counters.get(f"busy_{u}", 0) for r in self.results) for u in ("load", "compute", "store")}
+        busy = {u: sum(r.counters.get(f"busy_{u}", 0) for r in self.results) for u in UNIT_NAMES}
         return {
             "config": self.config, "sim": self.sim, "dram_timing": self.timing,
             "passed": self.passed, "failed": self.failed, "cycles": cycles,

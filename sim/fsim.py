@@ -34,30 +34,25 @@ from numpy.lib.stride_tricks import as_strided
 
 from weft.errors import WeftError
 from weft.isa import semantics
+from weft.isa.arith import int_dtype, loop_indices, pack, unpack, wrap
 from weft.isa.asm import format_insn
-from weft.isa.constants import MemId, Opcode, Unit
-from weft.isa.encoding import decode_insns, decode_uops, encode_insns, layout_of, make_uops
+from weft.isa.constants import INSN_BYTES, MemId, Opcode, Unit
+from weft.isa.encoding import decode_insns, decode_uops, encode_insns, make_uops
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
-from weft.isa.semantics import FLAG_QUEUE as _FLAG_QUEUE  # the sim's timing model reads it here too
-from weft.isa.semantics import QUEUES, UNIT_NAMES
-from weft.sim.bits import int_dtype, pack, unpack, wrap
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, TOKEN_QUEUES, UNIT_NAMES, row_bytes
 from weft.sim.dram import Dram
-from weft.sim.kernels import alu_apply, float_dtype_for, gemm_row_sums, loop_indices
+from weft.sim.kernels import alu_apply, float_dtype_for, gemm_row_sums
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.sim.timing import TimingModel
 
 __all__ = [
-    "INSN_KINDS", "QUEUES", "DeadlockError", "Dram", "FunctionalSimulator", "RaceError", "SimError",
+    "INSN_KINDS", "DeadlockError", "Dram", "FunctionalSimulator", "RaceError", "SimError",
     "insn_region", "run_program",
 ]
 
-_QUEUE_DOC = {
-    "l2g": "load->compute", "g2l": "compute->load", "g2s": "compute->store", "s2g": "store->compute",
-}
-L2G, G2L, G2S, S2G = range(len(QUEUES))
 LOAD, COMPUTE, STORE = int(Unit.LOAD), int(Unit.COMPUTE), int(Unit.STORE)
 #: Counted instruction kinds (`stats["insns"]`); a LOAD or STORE with x_size == 0 counts as "nop".
 INSN_KINDS = ("load_inp", "load_wgt", "load_uop", "load_acc", "load_acc_narrow", "store", "gemm", "alu",
@@ -100,9 +95,9 @@ class _Mem:
         return self.row_bytes * 8 // self.width
 
 
-def insn_region(dram_size: int, insn_count: int, insn_bytes: int = 16) -> int:
+def insn_region(dram_size: int, insn_count: int) -> int:
     """Where :func:`run_program` puts a program by default: the last bytes of the image, 64-byte aligned."""
-    addr = (dram_size - insn_count * insn_bytes) // _INSN_ALIGN * _INSN_ALIGN
+    addr = (dram_size - insn_count * INSN_BYTES) // _INSN_ALIGN * _INSN_ALIGN
     if addr < 0:
         raise ValueError(f"{insn_count} instructions do not fit a {dram_size}-byte DRAM image")
     return addr
@@ -113,9 +108,8 @@ def run_program(config: AcceleratorConfig, dram: Dram, insns: np.ndarray, insn_a
     """Encode `insns` (INSN_DTYPE), write them to `dram` at `insn_addr` (default: :func:`insn_region`, the
     top of the image) and run them on a fresh simulator; returns the stats. Options go to the simulator."""
     words = encode_insns(config, insns)
-    insn_bytes = layout_of(config).insn_bits // 8
     if insn_addr is None:
-        insn_addr = insn_region(dram.size, len(insns), insn_bytes)
+        insn_addr = insn_region(dram.size, len(insns))
     dram.write(insn_addr, words)
     return FunctionalSimulator(config, **options).run(dram, insn_addr, len(insns))
 
@@ -144,20 +138,20 @@ class FunctionalSimulator:
         if self.timing is not None and self.timing.config.hash != c.hash:
             raise ValueError(f"the timing model is for config '{self.timing.config.name}' (hash "
                              f"{self.timing.config.hash}), the simulator for '{c.name}' (hash {c.hash})")
-        self.insn_bytes = layout_of(c).insn_bits // 8
         self._shape = (c.batch, c.block_in, c.block_out)
         self._term_bound = c.block_in << (c.inp_width + c.wgt_width - 2)
         fdtype = float_dtype_for(c.block_in, c.inp_width, c.wgt_width)
         if fdtype is None:
             raise SimError(f"config '{c.name}': GEMM products of {c.block_in} terms are too wide to simulate")
         self._fdtype = fdtype
+        rb = row_bytes(c)
         self._mems = {
-            MemId.UOP: _Mem("uop", c.uop_bits // 8, c.uop_bits, c.uop_rows),
-            MemId.WGT: _Mem("wgt", c.wgt_row_bits // 8, c.wgt_width, c.wgt_rows),
-            MemId.INP: _Mem("inp", c.inp_row_bits // 8, c.inp_width, c.inp_rows),
-            MemId.ACC: _Mem("acc", c.acc_row_bits // 8, c.acc_width, c.acc_rows),
-            MemId.OUT: _Mem("out", c.out_row_bits // 8, c.out_width, c.out_rows),
-            MemId.ACC_NARROW: _Mem("acc_narrow", c.out_row_bits // 8, c.out_width, c.acc_rows),
+            MemId.UOP: _Mem("uop", rb[MemId.UOP], c.uop_bits, c.uop_rows),
+            MemId.WGT: _Mem("wgt", rb[MemId.WGT], c.wgt_width, c.wgt_rows),
+            MemId.INP: _Mem("inp", rb[MemId.INP], c.inp_width, c.inp_rows),
+            MemId.ACC: _Mem("acc", rb[MemId.ACC], c.acc_width, c.acc_rows),
+            MemId.OUT: _Mem("out", rb[MemId.OUT], c.out_width, c.out_rows),
+            MemId.ACC_NARROW: _Mem("acc_narrow", rb[MemId.ACC_NARROW], c.out_width, c.acc_rows),
         }
         self._out_lo, self._out_hi = -(1 << (c.out_width - 1)), (1 << (c.out_width - 1)) - 1
         self.reset()
@@ -201,7 +195,7 @@ class FunctionalSimulator:
 
     # ---- decode and static checks -------------------------------------------------------------------
     def _fetch(self, dram: Dram, insn_addr: int, insn_count: int) -> np.ndarray:
-        nbytes = insn_count * self.insn_bytes
+        nbytes = insn_count * INSN_BYTES
         if insn_count < 0 or insn_addr < 0 or insn_addr + nbytes > dram.size:
             raise SimError(f"instruction fetch of {insn_count} instructions ({nbytes} bytes) at "
                            f"0x{insn_addr:x} is outside the {dram.size}-byte DRAM image")
@@ -281,7 +275,7 @@ class FunctionalSimulator:
         pushes: list[tuple[int, ...]] = []
         flag_cols = [_F[f] for f in DEP_FLAGS]
         for r, u in zip(rows, unit_of, strict=True):
-            table = _FLAG_QUEUE[u]
+            table = FLAG_QUEUE[u]
             set_flags = [f for f, k in zip(DEP_FLAGS, flag_cols, strict=True) if r[k]]
             pops.append(tuple(table[f] for f in set_flags if f.startswith("pop")))
             pushes.append(tuple(table[f] for f in set_flags if f.startswith("push")))
@@ -370,9 +364,9 @@ class FunctionalSimulator:
                 waits.append(f"fetch (stalled at instruction {fetched}: the {full} command queue is full, "
                              f"{self.config.cmd_queue_depth} entries)")
             else:
-                waits += [f"pop {QUEUES[q]} ({_QUEUE_DOC[QUEUES[q]]}), which is empty" for q in pops[i]
+                waits += [f"pop {QUEUES[q]} ({TOKEN_QUEUES[q].doc}), which is empty" for q in pops[i]
                           if not tokens[q]]
-                waits += [f"push {QUEUES[q]} ({_QUEUE_DOC[QUEUES[q]]}), which is full ({depth} tokens)"
+                waits += [f"push {QUEUES[q]} ({TOKEN_QUEUES[q].doc}), which is full ({depth} tokens)"
                           for q in pushes[i] if len(tokens[q]) >= depth]
             blocked[name] = {"index": i, "waits": waits}
             parts.append(f"{name} unit blocked at instruction {i} ({format_insn(self._insns[i])}): waits to "
@@ -407,31 +401,26 @@ class FunctionalSimulator:
 
     # Race checks. `writer`/`reader` are the units that write and read the SRAM; clock[unit] is how far
     # this instruction knows that unit has got.
-    def _race_write(self, i: int, sram: str, rows: np.ndarray | slice, clock: list[int], reader: int,
-                    writer: int) -> None:
+    def _race(self, i: int, sram: str, rows: np.ndarray | slice, clock: list[int], *, reader: int, writer: int,
+              write: bool) -> None:
+        """Record a write (or read) of `rows`; raise RaceError when the last read (or write) of one of them by
+        the other unit is not ordered before it by tokens."""
         if not self.check_races:
             return
         written, read = self._epochs[sram]
-        if read[rows].size and int(read[rows].max()) > clock[reader]:
-            row, epoch = self._culprit(rows, read, clock[reader])
-            j = self._streams[reader][epoch - 1]
-            raise self._error(i, f"overwrites {sram} row {row} that instruction {j} "
-                                 f"({format_insn(self._insns[j])}) reads, and no token orders that read "
-                                 "before this write (data race)", RaceError)
-        written[rows] = clock[writer]
-
-    def _race_read(self, i: int, sram: str, rows: np.ndarray | slice, clock: list[int], reader: int,
-                   writer: int) -> None:
-        if not self.check_races:
-            return
-        written, read = self._epochs[sram]
-        if written[rows].size and int(written[rows].max()) > clock[writer]:
-            row, epoch = self._culprit(rows, written, clock[writer])
-            j = self._streams[writer][epoch - 1]
-            raise self._error(i, f"reads {sram} row {row} written by instruction {j} "
-                                 f"({format_insn(self._insns[j])}), and no token orders that write before "
-                                 "this read (data race)", RaceError)
-        read[rows] = clock[reader]
+        other, last = (reader, read) if write else (writer, written)
+        if last[rows].size and int(last[rows].max()) > clock[other]:
+            row, epoch = self._culprit(rows, last, clock[other])
+            j = self._streams[other][epoch - 1]
+            culprit = f"instruction {j} ({format_insn(self._insns[j])})"
+            raise self._error(i, (f"overwrites {sram} row {row} that {culprit} reads, and no token orders that read "
+                                  "before this write" if write else
+                                  f"reads {sram} row {row} written by {culprit}, and no token orders that write "
+                                  "before this read") + " (data race)", RaceError)
+        if write:
+            written[rows] = clock[writer]
+        else:
+            read[rows] = clock[reader]
 
     @staticmethod
     def _culprit(rows: np.ndarray | slice, epochs: np.ndarray, known: int) -> tuple[int, int]:
@@ -468,10 +457,10 @@ class FunctionalSimulator:
         values = values.reshape(-1, spec.elems)
         end = base + values.shape[0]
         if mem == MemId.INP:
-            self._race_write(i, "inp", slice(base, end), clock, reader=COMPUTE, writer=LOAD)
+            self._race(i, "inp", slice(base, end), clock, reader=COMPUTE, writer=LOAD, write=True)
             self._inp[base:end] = values
         elif mem == MemId.WGT:
-            self._race_write(i, "wgt", slice(base, end), clock, reader=COMPUTE, writer=LOAD)
+            self._race(i, "wgt", slice(base, end), clock, reader=COMPUTE, writer=LOAD, write=True)
             self._wgt[base:end] = values
         else:  # ACC, or ACC_NARROW sign-extended into the accumulator
             self._acc[base:end] = values
@@ -479,7 +468,7 @@ class FunctionalSimulator:
     def _store(self, i: int, r: list[int], clock: list[int], dram: Dram, stats: dict) -> None:
         spec = self._mems[MemId.OUT]
         y, x, base, stride = r[_F["y_size"]], r[_F["x_size"]], r[_F["sram_base"]], r[_F["x_stride"]]
-        self._race_read(i, "out", slice(base, base + y * x), clock, reader=STORE, writer=COMPUTE)
+        self._race(i, "out", slice(base, base + y * x), clock, reader=STORE, writer=COMPUTE, write=False)
         rb = spec.row_bytes
         stats["insns"]["store"] += 1
         stats["bytes"]["out"] += y * x * rb
@@ -530,41 +519,44 @@ class FunctionalSimulator:
         raise self._error(i, f"{self._where(r, e)} writes acc row {dst[e]} like the previous execution: "
                              "back-to-back writes to one row are a hazard the pipeline does not check")
 
+    def _dst(self, i: int, r: list[int], kind: str, stats: dict) -> np.ndarray:
+        """Count a GEMM or ALU instruction; the acc rows its executions write, in execution order."""
+        stats["insns"][kind] += 1
+        return self._loop(i, r, 0, "dst", self.config.acc_rows, "acc")
+
     def _gemm(self, i: int, r: list[int], clock: list[int], stats: dict) -> None:
         c = self.config
-        stats["insns"]["gemm"] += 1
-        dst = self._loop(i, r, 0, "dst", c.acc_rows, "acc")
+        dst = self._dst(i, r, "gemm", stats)
         if not dst.size:
             return
         self._hazards(i, r, dst, None)
         stats["gemm_execs"] += dst.size
         if r[_F["reset"]]:
             rows = np.flatnonzero(np.bincount(dst, minlength=c.acc_rows))
-            self._race_write(i, "out", rows, clock, reader=STORE, writer=COMPUTE)
+            self._race(i, "out", rows, clock, reader=STORE, writer=COMPUTE, write=True)
             self._acc[rows] = 0
             self._out[rows] = 0
             return
         src = self._loop(i, r, 1, "src", c.inp_rows, "inp")
         wsel = self._loop(i, r, 2, "wgt", c.wgt_rows, "wgt")
-        self._race_read(i, "inp", src, clock, reader=COMPUTE, writer=LOAD)
-        self._race_read(i, "wgt", wsel, clock, reader=COMPUTE, writer=LOAD)
+        self._race(i, "inp", src, clock, reader=COMPUTE, writer=LOAD, write=False)
+        self._race(i, "wgt", wsel, clock, reader=COMPUTE, writer=LOAD, write=False)
         rows, sums = gemm_row_sums(self._inp, self._wgt, dst, src, wsel, self._shape, c.acc_rows,
                                    self._term_bound)
-        self._race_write(i, "out", rows, clock, reader=STORE, writer=COMPUTE)
+        self._race(i, "out", rows, clock, reader=STORE, writer=COMPUTE, write=True)
         self._acc[rows] = wrap(self._acc[rows] + sums, c.acc_width)
         self._out[rows] = np.clip(self._acc[rows], self._out_lo, self._out_hi)
-        stats["macs"] += dst.size * c.batch * c.block_in * c.block_out
+        stats["macs"] += dst.size * c.macs_per_cycle
 
     def _alu(self, i: int, r: list[int], clock: list[int], stats: dict) -> None:
         c = self.config
-        stats["insns"]["alu"] += 1
-        dst = self._loop(i, r, 0, "dst", c.acc_rows, "acc")
+        dst = self._dst(i, r, "alu", stats)
         if not dst.size:
             return
         src = None if r[_F["use_imm"]] else self._loop(i, r, 1, "src", c.acc_rows, "acc")
         self._hazards(i, r, dst, src)
         if self.check_races:  # before anything changes, so a failing run stops at the instruction's start
-            self._race_write(i, "out", np.unique(dst), clock, reader=STORE, writer=COMPUTE)
+            self._race(i, "out", np.unique(dst), clock, reader=STORE, writer=COMPUTE, write=True)
         rows = alu_apply(self._acc, r[_F["alu_op"]], dst, src, r[_F["imm"]], c.acc_width, c.acc_rows)
         self._out[rows] = np.clip(self._acc[rows], self._out_lo, self._out_hi)
         stats["alu_execs"] += dst.size

@@ -1,8 +1,8 @@
 """The GEMM and ALU cores as whole-array numpy kernels.
 
-A GEMM or ALU instruction is a loop nest of micro-op *executions* (see ``loop_indices``). Executing them
-one by one in Python would cost microseconds each; these kernels do every execution of an instruction at
-once and stay bit-exact:
+A GEMM or ALU instruction is a loop nest of micro-op *executions* (see
+:func:`weft.isa.arith.loop_indices`). Executing them one by one in Python would cost microseconds each;
+these kernels do every execution of an instruction at once and stay bit-exact:
 
 * GEMM only reads the accumulator row it writes, and modular addition is associative, so an instruction
   adds to each touched row the exact integer sum of its executions' products, wrapped once at the end.
@@ -20,22 +20,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from weft.isa.arith import alu_op, wrap
 from weft.isa.constants import AluOp
-from weft.sim.bits import wrap
 
-__all__ = ["alu_apply", "float_dtype_for", "gemm_row_sums", "loop_indices", "shift"]
+__all__ = ["alu_apply", "float_dtype_for", "gemm_row_sums"]
 
 #: Below this many executions an instruction is one batched matmul (grouping costs more than it saves).
 _SMALL = 64
 #: Executions per chunk when no grouping pays (bounds the gathered weight tiles in memory).
 _CHUNK = 4096
-
-
-def loop_indices(base: np.ndarray, n_out: int, n_in: int, f_out: int, f_in: int) -> np.ndarray:
-    """Row index of every execution, in execution order: ``base[k] + i*f_out + j*f_in`` for i, j, k."""
-    offsets = (np.arange(n_out, dtype=np.int64)[:, None] * f_out
-               + np.arange(n_in, dtype=np.int64)[None, :] * f_in).reshape(-1)
-    return (offsets[:, None] + base[None, :]).reshape(-1)
 
 
 #: Integers up to these magnitudes (and every partial sum of them) are exact in float32 / float64.
@@ -207,29 +200,6 @@ def gemm_row_sums(inp: np.ndarray, wgt: np.ndarray, dst: np.ndarray, src: np.nda
 # ---- ALU -------------------------------------------------------------------------------------------
 
 
-def shift(values: np.ndarray, amount: np.ndarray | int, acc_width: int) -> np.ndarray:
-    """SHR: arithmetic right shift by the operand's low log2(acc_width)+1 bits read as signed; a negative
-    amount shifts left (wrapping at acc_width)."""
-    bits = acc_width.bit_length()  # log2(acc_width) + 1
-    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
-    amount = ((np.asarray(amount, dtype=np.int64) & mask) ^ sign) - sign
-    right = values >> np.maximum(amount, 0)
-    left = wrap(values << np.maximum(-amount, 0), acc_width)
-    return np.where(amount >= 0, right, left)
-
-
-def _op(op: int, a: np.ndarray, b: np.ndarray | int, acc_width: int) -> np.ndarray:
-    if op == AluOp.MIN:
-        return np.minimum(a, b)
-    if op == AluOp.MAX:
-        return np.maximum(a, b)
-    if op == AluOp.ADD:
-        return wrap(a + b, acc_width)
-    if op == AluOp.SHR:
-        return shift(a, b, acc_width)
-    return wrap(a * b, acc_width)  # MUL: |a|, |b| < 2^31, so the int64 product is exact
-
-
 def _ranks(keys: np.ndarray) -> np.ndarray:
     """For each position, how many earlier positions hold the same key."""
     order = np.argsort(keys, kind="stable")
@@ -265,7 +235,7 @@ def _apply_in_steps(acc: np.ndarray, op: int, dst: np.ndarray, src: np.ndarray |
         sel = order[lo:hi]
         d = dst[sel]
         operand = imm if src is None else acc[src[sel]]
-        acc[d] = _op(op, acc[d], operand, acc_width)
+        acc[d] = alu_op(op, acc[d], operand, acc_width)
 
 
 _AT = {AluOp.MIN: np.minimum, AluOp.MAX: np.maximum, AluOp.ADD: np.add, AluOp.MUL: np.multiply}
@@ -285,7 +255,7 @@ def alu_apply(acc: np.ndarray, op: int, dst: np.ndarray, src: np.ndarray | None,
             return rows
     if repeats == 1:
         operand = imm if src is None else acc[src]
-        acc[dst] = _op(op, acc[dst], operand, acc_width)
+        acc[dst] = alu_op(op, acc[dst], operand, acc_width)
     elif op in _AT and (src is None or not np.any(src == dst)):
         operand = imm if src is None else acc[src]
         _AT[AluOp(op)].at(acc, dst, operand)  # wraps modulo 2^64, which keeps the residue mod 2^acc

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weft.isa.constants import AluOp, MemId, Opcode
-from weft.isa.encoding import INSN_DTYPE, encode_uops, layout_of
+from weft.isa.arith import loop_indices, pack
+from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode
+from weft.isa.encoding import INSN_DTYPE, encode_uops
 from weft.isa.program import uops_from
-from weft.sim.bits import pack
+from weft.isa.semantics import named_row_bytes
 from weft.sim.dram import Dram
-from weft.sim.kernels import loop_indices
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -64,8 +64,7 @@ class _Gen:
     def __init__(self, config: AcceleratorConfig, rng: np.random.Generator, max_iter: int, max_uops: int):
         c = config
         self.c, self.rng, self.max_iter, self.max_uops = c, rng, max_iter, max_uops
-        self.rb = {"uop": c.uop_bits // 8, "inp": c.inp_row_bits // 8, "wgt": c.wgt_row_bits // 8,
-                   "acc": c.acc_row_bits // 8, "out": c.out_row_bits // 8}
+        self.rb = named_row_bytes(c)
         self.half = {"inp": c.inp_rows // 2, "wgt": c.wgt_rows // 2, "acc": c.acc_rows // 2}
         self.image = _Image()
         # Source data in DRAM: an input "image", weights, accumulators (small and full-range values),
@@ -84,8 +83,7 @@ class _Gen:
             values = rng.integers(lo, hi, (rows, elems))
             if name == "acc":  # half the rows small, so ALU results land on both sides of saturation
                 values[: rows // 2] = rng.integers(-300, 300, (rows // 2, elems))
-            row_bytes = self.rb["out" if name == "acc_narrow" else name]
-            self.src_base[name] = self.image.add(pack(values, width).reshape(-1), row_bytes)
+            self.src_base[name] = self.image.add(pack(values, width).reshape(-1), self.rb[name])
 
     def randint(self, lo: int, hi: int) -> int:
         """Uniform in [lo, hi] (inclusive)."""
@@ -265,8 +263,7 @@ def random_program(config: AcceleratorConfig, seed: int, n_insns: int = 200, *, 
     for i, row in enumerate(rows):
         for name, value in row.items():
             insns[i][name] = int(value)
-    insn_bytes = layout_of(config).insn_bits // 8
-    size = -(-gen.image.top // 64) * 64 + len(rows) * insn_bytes + 64
+    size = -(-gen.image.top // 64) * 64 + len(rows) * INSN_BYTES + 64
     dram = Dram(size)
     for addr, data in gen.image.chunks:
         dram.write(addr, data)

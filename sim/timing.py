@@ -45,25 +45,24 @@ import numpy as np
 
 from weft.errors import WeftError
 from weft.hw.regs import COUNTERS
-from weft.isa.constants import MemId, Opcode, Unit
+from weft.isa.constants import INSN_BYTES, MemId, Opcode, Unit
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, UNIT_NAMES, row_bytes, units
 from weft.sim.dram_timing import DramTiming
-from weft.sim.fsim import _FLAG_QUEUE, INSN_KINDS, QUEUES
+from weft.sim.fsim import INSN_KINDS
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["TRACE_DTYPE", "UNIT_NAMES", "Microarch", "TimingError", "TimingModel", "TimingReport",
+__all__ = ["TRACE_DTYPE", "Microarch", "TimingError", "TimingModel", "TimingReport",
            "trace_events"]
 
 #: One row per instruction: its stream index, unit (Unit), kind (index into fsim.INSN_KINDS), and the
 #: cycles it could start (unit free, command present), started, and ended (its unit free again).
 TRACE_DTYPE = np.dtype([("index", np.int64), ("unit", np.int8), ("kind", np.int8), ("ready", np.float64),
                         ("start", np.float64), ("end", np.float64)])
-UNIT_NAMES = ("load", "compute", "store")
 _F = {name: k for k, name in enumerate(INSN_FIELD_NAMES)}
-_INSN_BYTES = 16
 _KIND_CODE = {name: k for k, name in enumerate(INSN_KINDS)}
 
 
@@ -229,10 +228,7 @@ class TimingModel:
         self.arch = arch if arch is not None else Microarch()
         self.bus_bytes = c.bus_width // 8
         # Element (SRAM row) bytes of each memory a DMA moves.
-        self.elem_bytes = {
-            MemId.UOP: c.uop_bits // 8, MemId.WGT: c.wgt_row_bits // 8, MemId.INP: c.inp_row_bits // 8,
-            MemId.ACC: c.acc_row_bits // 8, MemId.OUT: c.out_row_bits // 8, MemId.ACC_NARROW: c.out_row_bits // 8,
-        }
+        self.elem_bytes = row_bytes(c)
 
     def simulate(self, insns: np.ndarray, insn_addr: int = 0) -> TimingReport:
         """Time `insns` (INSN_DTYPE, a legal stream ending in FINISH) fetched from byte `insn_addr`."""
@@ -264,15 +260,12 @@ class _Run:
         self.pushes: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         self.streams: list[list[int]] = [[], [], []]
         counts = {"pop": [0] * len(QUEUES), "push": [0] * len(QUEUES)}
-        for i, r in enumerate(self.rows):
-            op, mem = r[_F["opcode"]], r[_F["mem_id"]]
-            u = (Unit.STORE if op == Opcode.STORE
-                 else Unit.LOAD if op == Opcode.LOAD and mem in (MemId.INP, MemId.WGT) else Unit.COMPUTE)
-            self.unit[i], self.pos[i] = int(u), len(self.streams[u])
+        for i, (r, u) in enumerate(zip(self.rows, units(insns).tolist(), strict=True)):
+            self.unit[i], self.pos[i] = u, len(self.streams[u])
             self.streams[u].append(i)
             for flag in DEP_FLAGS:
                 if r[_F[flag]]:
-                    q = _FLAG_QUEUE[int(u)][flag]
+                    q = FLAG_QUEUE[u][flag]
                     kind = "pop" if flag.startswith("pop") else "push"
                     (self.pops if kind == "pop" else self.pushes)[i].append((q, counts[kind][q]))
                     counts[kind][q] += 1
@@ -323,7 +316,7 @@ class _Run:
     def _fetch_layout(self) -> None:
         B = self.B
         first = self.insn_addr & ~(B - 1)
-        end = self.insn_addr + self.n * _INSN_BYTES
+        end = self.insn_addr + self.n * INSN_BYTES
         total = -(-(end - first) // B)
         self.fetch_lens = _bursts(first, total, B, self.a.max_burst)
         self.fetch_starts = list(itertools.accumulate([0, *self.fetch_lens[:-1]]))
@@ -331,7 +324,7 @@ class _Run:
         self.fetch_burst = [_Event() for _ in self.fetch_lens]
         self.fetch_consumed = 0  # beats the unpacker has taken from the reader's buffer
         self.fetch_wait: tuple[int, _Event] | None = None  # the reader waits until this many are taken
-        self.fetch_lane = (self.insn_addr - first) // _INSN_BYTES
+        self.fetch_lane = (self.insn_addr - first) // INSN_BYTES
 
     def _fetch_reader(self) -> Generator:
         t = 1.0  # START launches fetch in cycle 0; its reader requests the first burst in cycle 1
@@ -368,10 +361,10 @@ class _Run:
 
         d_prev = 0.0
         depth = self.c.cmd_queue_depth
-        lanes = B // _INSN_BYTES
+        lanes = B // INSN_BYTES
         for k in range(self.n):
-            if B < _INSN_BYTES:
-                per = _INSN_BYTES // B
+            if B < INSN_BYTES:
+                per = INSN_BYTES // B
                 accept = d_prev  # the unpacker takes the next beat once the previous instruction left
                 for beat in range(k * per, (k + 1) * per):
                     accept = max(accept + (beat > k * per), (yield from arrival(beat)) + a.fifo_latency)
@@ -385,7 +378,7 @@ class _Run:
             if j >= depth:
                 d = max(d, (yield self.started[u][j - depth]) + 1)
             self.counters["stall_fetch"] += d - ready
-            if B >= _INSN_BYTES and ((self.fetch_lane + k) % lanes == lanes - 1 or k == self.n - 1):
+            if B >= INSN_BYTES and ((self.fetch_lane + k) % lanes == lanes - 1 or k == self.n - 1):
                 consumed(beat, d)
             self.k.fire(self.dispatched[k], d)
             d_prev = d

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
+from weft.isa.semantics import row_bytes
 from weft.sim.dram import Dram
 from weft.sim.dram_timing import TIMINGS
 from weft.sim.fsim import FunctionalSimulator, insn_region
@@ -84,7 +85,8 @@ def conv_stream(config: AcceleratorConfig, size: int = 56, buffers: int = 2) -> 
 
 def _directed(config: AcceleratorConfig) -> dict[str, Callable[[ProgramBuilder, Dram], None]]:
     c = config
-    uop_rb = c.uop_bits // 8
+    row = row_bytes(c)
+    uop_rb = row[MemId.UOP]
 
     def uops(dram: Dram, count: int) -> int:
         addr = dram.alloc(count * uop_rb, align=64)
@@ -93,8 +95,7 @@ def _directed(config: AcceleratorConfig) -> dict[str, Callable[[ProgramBuilder, 
 
     def region(dram: Dram, mem: MemId, rows: int) -> int:
         """DRAM element address one element past an aligned region (so rows start mid-beat)."""
-        rb = {MemId.INP: c.inp_row_bits, MemId.WGT: c.wgt_row_bits, MemId.ACC: c.acc_row_bits,
-              MemId.UOP: c.uop_bits}[mem] // 8
+        rb = row[mem]
         return dram.alloc((rows + 1) * rb, align=max(64, rb)) // rb + 1
 
     def finish(p: ProgramBuilder, d: Dram) -> None:
@@ -131,7 +132,7 @@ def _directed(config: AcceleratorConfig) -> dict[str, Callable[[ProgramBuilder, 
 
     def store(y: int, x: int, stride: int) -> Callable[[ProgramBuilder, Dram], None]:
         def build(p: ProgramBuilder, d: Dram) -> None:
-            rb = c.out_row_bits // 8
+            rb = row[MemId.OUT]
             addr = d.alloc(((y - 1) * stride + x) * rb, align=max(64, rb)) // rb
             p.load(MemId.UOP, 0, 0, 0, 0, deps=["push_next"])
             p.store(0, addr, y, x, stride, deps=["pop_prev", "push_prev"])
@@ -172,12 +173,12 @@ def directed_streams(config: AcceleratorConfig) -> list[Stream]:
 # ---- running -----------------------------------------------------------------------------------------------
 def _image(config: AcceleratorConfig, stream: Stream) -> tuple[Dram, int]:
     """A copy of the stream's DRAM with the instructions at the top (where the cosimulation puts them)."""
-    from weft.isa.encoding import encode_insns, layout_of
+    from weft.isa.encoding import encode_insns
 
     words = np.frombuffer(encode_insns(config, stream.insns), dtype=np.uint8)
     image = Dram(stream.dram.size)
     image.data[:] = stream.dram.data
-    addr = insn_region(image.size, len(stream.insns), layout_of(config).insn_bits // 8)
+    addr = insn_region(image.size, len(stream.insns))
     image.data[addr:addr + words.size] = words
     return image, addr
 

@@ -10,7 +10,7 @@ import pytest
 
 from weft.compiler import models
 from weft.isa.encoding import decode_insns, encode_insns
-from weft.runtime.driver_fsim import FsimBackend
+from weft.runtime.register_backend import FsimBackend
 
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand

@@ -14,11 +14,10 @@ from weft.compiler.backend.te import Access as A
 from weft.compiler.backend.te import Axis, Compute, Expr, Nest, fold, split, split_single_row, tile_box, var
 from weft.compiler.backend.vthread import inject_sync
 from weft.config import PRESETS, AcceleratorConfig
-from weft.isa import MemId
-from weft.sim.bits import pack, unpack
+from weft.isa import MemId, semantics
+from weft.isa.arith import loop_indices, pack, unpack
 from weft.sim.dram import Dram
 from weft.sim.fsim import run_program
-from weft.sim.kernels import loop_indices
 
 
 def _executions(nest: Nest) -> np.ndarray:
@@ -244,7 +243,7 @@ def test_tokens_overlap_the_halves_and_balance():
     assert peaks["l2g"] >= 1 and peaks["s2g"] >= 1
     loads = insns[(insns["opcode"] == 0) & (insns["mem_id"] == int(MemId.INP))]
     assert loads["pop_next"].tolist()[:2] == [0, 0] and all(loads["pop_next"][2:])  # halves reused from tile 2
-    compute = check.unit_of(insns) == 1
+    compute = semantics.units(insns) == 1
     assert loads["push_next"].sum() == insns["pop_prev"][compute].sum()  # every l2g push is popped once
     stats = run_program(c, dram, insns)  # the simulator's race checks agree
     assert stats["tokens_left"] == dict.fromkeys(("l2g", "g2l", "g2s", "s2g"), 0)

@@ -11,7 +11,7 @@ import pytest
 
 from weft.isa.constants import AluOp, MemId, Opcode
 from weft.runtime.driver import Driver
-from weft.runtime.driver_fsim import BackendBuffer, BackendHardware, FsimBackend
+from weft.runtime.register_backend import BackendBuffer, BackendHardware, FsimBackend
 from weft.runtime.safety import LaunchError, check_launch
 from weft.sim.dram import Dram
 from weft.sim.fsim import FunctionalSimulator, SimError

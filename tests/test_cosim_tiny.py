@@ -10,7 +10,7 @@ import pytest
 from weft.config import PRESETS
 from weft.hw.regs import ErrorCode
 from weft.isa import AluOp, MemId, ProgramBuilder, encode_insns, encode_uops, uops_from
-from weft.sim.bits import pack
+from weft.isa.arith import pack
 from weft.sim.cosim import check_job, job_from_program, run_jobs, run_random
 from weft.sim.dram import Dram
 from weft.sim.fsim import FunctionalSimulator, SimError

@@ -9,7 +9,7 @@ import pytest
 import weft
 from weft.hw.regs import registers_spec
 from weft.runtime.driver import DriverDevice, RegisterMap, RunError
-from weft.runtime.driver_fsim import FIRST_ADDRESS, fsim_hardware
+from weft.runtime.register_backend import FIRST_ADDRESS, fsim_hardware
 
 from .driver_util import compiled, first_layer_image, with_insns
 

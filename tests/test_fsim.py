@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from weft.config import PRESETS, AcceleratorConfig
 from weft.isa import AluOp, ProgramBuilder, encode_insns, encode_uops, uops_from
+from weft.isa.arith import pack, unpack, wrap
 from weft.sim import kernels
 from weft.sim.bench import bench_fsim, conv_workload
-from weft.sim.bits import pack, unpack, wrap
 from weft.sim.fsim import Dram, FunctionalSimulator, insn_region, run_program
 
 ACC16 = AcceleratorConfig(name="acc16", acc_width=16)
@@ -227,7 +227,7 @@ def test_gemm_kernel_paths_match_reference(shape, force_int64, monkeypatch):
         monkeypatch.setattr(kernels, "F64_EXACT", 0)
     sim, _ = h.run()
 
-    from weft.sim.kernels import loop_indices
+    from weft.isa.arith import loop_indices
 
     uops = np.array(triples)
     args = (loops.get("iter_out", 1), loops.get("iter_in", 1))
@@ -329,7 +329,7 @@ def test_shr_negative_amount_shifts_left_and_wraps():
 def test_alu_repeated_and_overlapping_rows_follow_program_order(op, use_imm, imm, triples, iters, factors,
                                                                 seed):
     """Destinations that repeat and sources that other executions write: still sequential semantics."""
-    from weft.sim.kernels import loop_indices
+    from weft.isa.arith import loop_indices
 
     c = PRESETS["tiny"]
     uops = np.array([(d, s, 0) for d, s in triples])

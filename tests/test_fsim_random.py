@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from weft.config import PRESETS, AcceleratorConfig
 from weft.isa import AluOp, MemId, Opcode, decode_uops, encode_insns
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, row_bytes, unit_of
 from weft.sim.fsim import FunctionalSimulator, insn_region
 from weft.sim.randprog import random_program
 
@@ -46,13 +47,13 @@ class ReferenceSim:
 
     def mem(self, mem_id: int) -> tuple[int, int, np.ndarray]:
         """(row bytes, element width, SRAM) of a memory id."""
-        c = self.c
+        c, rb = self.c, row_bytes(self.c)
         return {
-            MemId.INP: (c.inp_row_bits // 8, c.inp_width, self.inp),
-            MemId.WGT: (c.wgt_row_bits // 8, c.wgt_width, self.wgt),
-            MemId.ACC: (c.acc_row_bits // 8, c.acc_width, self.acc),
-            MemId.ACC_NARROW: (c.out_row_bits // 8, c.out_width, self.acc),
-            MemId.OUT: (c.out_row_bits // 8, c.out_width, self.out),
+            MemId.INP: (rb[MemId.INP], c.inp_width, self.inp),
+            MemId.WGT: (rb[MemId.WGT], c.wgt_width, self.wgt),
+            MemId.ACC: (rb[MemId.ACC], c.acc_width, self.acc),
+            MemId.ACC_NARROW: (rb[MemId.ACC_NARROW], c.out_width, self.acc),
+            MemId.OUT: (rb[MemId.OUT], c.out_width, self.out),
         }[MemId(mem_id)]
 
     def load(self, dram: np.ndarray, r) -> None:
@@ -137,17 +138,11 @@ class ReferenceSim:
 
     def run(self, dram: np.ndarray, insns: np.ndarray) -> None:
         c = self.c
-        queues = {"l2g": 0, "g2l": 0, "g2s": 0, "s2g": 0}
-        flags = {  # unit -> flag -> queue
-            0: {"pop_next": "g2l", "push_next": "l2g"},
-            1: {"pop_prev": "l2g", "pop_next": "s2g", "push_prev": "g2l", "push_next": "g2s"},
-            2: {"pop_prev": "g2s", "push_prev": "s2g"},
-        }
+        queues = [0] * len(QUEUES)
+        flags = FLAG_QUEUE  # unit -> flag -> queue
 
         def unit(r) -> int:
-            if r["opcode"] == Opcode.STORE:
-                return 2
-            return 0 if r["opcode"] == Opcode.LOAD and r["mem_id"] in (MemId.INP, MemId.WGT) else 1
+            return int(unit_of(int(r["opcode"]), int(r["mem_id"])))
 
         streams = [[r for r in insns if unit(r) == u] for u in range(3)]
         pos = [0, 0, 0]

@@ -15,7 +15,7 @@ from weft.hw.fetch import check_insn
 from weft.hw.regs import ErrorCode
 from weft.hw.unit import TokenQueue
 from weft.isa import AluOp, MemId, Opcode, encode_insns, make_insns
-from weft.sim.bits import pack, unpack
+from weft.isa.arith import pack, unpack
 from weft.sim.kernels import alu_apply
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from weft.cli import main
 from weft.config import PRESETS
+from weft.isa.arith import pack, unpack
 from weft.sim.bench_rtl import gemm_stream
-from weft.sim.bits import pack, unpack
 from weft.sim.cosim import verilog_path
 from weft.sim.fsim import run_program
 

@@ -12,9 +12,9 @@ import pytest
 import weft
 from weft.cli import main
 from weft.isa import MemId, ProgramBuilder
+from weft.isa.semantics import UNIT_NAMES
 from weft.runtime.devices import DeviceError
 from weft.runtime.trace import activity_rows, layer_timings, trace_document
-from weft.sim.timing import UNIT_NAMES
 
 from .driver_util import RTL_SIMULATORS, compiled
 

@@ -8,14 +8,14 @@ import pytest
 from weft.config import PRESETS
 from weft.isa.constants import MemId, Opcode
 from weft.runtime.driver import Driver, DriverDevice
-from weft.runtime.driver_fsim import fsim_hardware
+from weft.runtime.register_backend import fsim_hardware
 from weft.runtime.safety import LaunchError
 
 from .driver_util import CountingBackend, compiled, first_layer_image, with_insns
 
 
 def _driver(art):
-    from weft.runtime.driver_fsim import BackendHardware
+    from weft.runtime.register_backend import BackendHardware
 
     backend = CountingBackend(art.config, 1 << 22)
     return Driver(BackendHardware(backend), art.config), backend

@@ -25,10 +25,11 @@ from weft.hw.datapath import GEMM_LATENCY
 from weft.hw.dma import MAX_BURST, BurstReader, Load2D, Store2D
 from weft.hw.regs import COUNTERS
 from weft.isa import MemId, ProgramBuilder
+from weft.isa.semantics import UNIT_NAMES
 from weft.sim.dram import Dram
 from weft.sim.dram_timing import TIMINGS, DramTiming
 from weft.sim.fsim import INSN_KINDS, FunctionalSimulator
-from weft.sim.timing import TRACE_DTYPE, UNIT_NAMES, Microarch, TimingError, TimingModel, trace_events
+from weft.sim.timing import TRACE_DTYPE, Microarch, TimingError, TimingModel, trace_events
 from weft.sim.timing_calibrate import conv_stream, directed_streams, model_stream, random_streams
 
 TINY, DEFAULT = PRESETS["tiny"], PRESETS["default"]

@@ -10,9 +10,9 @@ import pytest
 import weft
 from weft.cli import main
 from weft.compiler import models
+from weft.isa.semantics import UNIT_NAMES
 from weft.runtime import InferenceSession
 from weft.runtime.trace import layer_timings, write_trace
-from weft.sim.timing import UNIT_NAMES
 
 from .test_frontend_util import rand
 

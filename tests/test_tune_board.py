@@ -117,7 +117,7 @@ def test_board_refuses_a_bitstream_of_another_config(setup, standin, tmp_path):
 def test_board_refuses_hardware_reporting_another_hash(setup, standin, tmp_path, monkeypatch):
     """The manifest agrees but the loaded accelerator's CONFIG_HASH registers do not (a stale download)."""
     cfg = setup[0]
-    from weft.runtime.driver_fsim import FsimBackend
+    from weft.runtime.register_backend import FsimBackend
 
     real = FsimBackend.read_reg
     hash_lo = next(r.offset for r in register_map(cfg) if r.name == "CONFIG_HASH_LO")

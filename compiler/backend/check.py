@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weft.errors import WeftError
+from weft.isa import semantics
+from weft.isa.arith import loop_indices
 from weft.isa.asm import format_insn
-from weft.isa.constants import MemId, Opcode, Unit
-from weft.sim.kernels import loop_indices
+from weft.isa.constants import Opcode, Unit
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, UNIT_NAMES
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -30,13 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["StreamError", "check_hazards", "check_stream", "check_tokens"]
 
 LOAD, COMPUTE, STORE = int(Unit.LOAD), int(Unit.COMPUTE), int(Unit.STORE)
-_UNITS = ("load", "compute", "store")
-_QUEUES = ("l2g", "g2l", "g2s", "s2g")
-_FLAGS = {  # unit -> flag -> queue index
-    LOAD: {"pop_next": 1, "push_next": 0},
-    COMPUTE: {"pop_prev": 0, "pop_next": 3, "push_prev": 1, "push_next": 2},
-    STORE: {"pop_prev": 2, "push_prev": 3},
-}
 
 
 class StreamError(WeftError):
@@ -47,14 +42,6 @@ class StreamError(WeftError):
         super().__init__(f"layer '{layer}': instruction {index}: {message}")
 
 
-def unit_of(insns: np.ndarray) -> np.ndarray:
-    op, mem = insns["opcode"], insns["mem_id"]
-    units = np.full(len(insns), COMPUTE, dtype=np.int64)
-    units[(op == Opcode.LOAD) & np.isin(mem, [int(MemId.INP), int(MemId.WGT)])] = LOAD
-    units[op == Opcode.STORE] = STORE
-    return units
-
-
 def check_tokens(layer: str, insns: np.ndarray, config: AcceleratorConfig) -> dict[str, int]:
     """Run the token protocol of `insns` abstractly; returns the peak occupancy of each queue."""
     n = len(insns)
@@ -63,21 +50,21 @@ def check_tokens(layer: str, insns: np.ndarray, config: AcceleratorConfig) -> di
     finishes = np.flatnonzero(insns["opcode"] == Opcode.FINISH)
     if finishes.size != 1:
         raise StreamError(layer, int(finishes[0]), "FINISH must appear once, last")
-    units = unit_of(insns)
+    illegal = semantics.first_illegal(semantics.legality_checks(insns, config.uop_rows))
+    if illegal is not None:
+        raise StreamError(layer, *illegal)
+    units = semantics.units(insns)
     pops: list[tuple[int, ...]] = []
     pushes: list[tuple[int, ...]] = []
     for i in range(n):
-        table = _FLAGS[int(units[i])]
-        for flag in ("pop_prev", "pop_next", "push_prev", "push_next"):
-            if insns[flag][i] and flag not in table:
-                raise StreamError(layer, i, f"flag {flag} is illegal for the {_UNITS[units[i]]} unit")
+        table = FLAG_QUEUE[int(units[i])]
         pops.append(tuple(q for f, q in table.items() if f.startswith("pop") and insns[f][i]))
         pushes.append(tuple(q for f, q in table.items() if f.startswith("push") and insns[f][i]))
     streams = [np.flatnonzero(units == u).tolist() for u in range(3)]
     lengths = [len(s) for s in streams]
     unit_list = units.tolist()
     depth, cmd_depth = config.token_queue_depth, config.cmd_queue_depth
-    tokens: list[deque[np.ndarray]] = [deque() for _ in _QUEUES]
+    tokens: list[deque[np.ndarray]] = [deque() for _ in QUEUES]
     clocks = [np.full(3, -1, dtype=np.int64) for _ in range(3)]
     pos, dispatched, fetched = [0, 0, 0], [0, 0, 0], 0
     peak = [0, 0, 0, 0]
@@ -98,17 +85,17 @@ def check_tokens(layer: str, insns: np.ndarray, config: AcceleratorConfig) -> di
                     for other in (LOAD, STORE):
                         if lengths[other] and clocks[u][other] < lengths[other] - 1:
                             j = streams[other][-1]
-                            raise StreamError(layer, i, f"FINISH is not ordered after the {_UNITS[other]} unit's "
+                            raise StreamError(layer, i, f"FINISH is not ordered after the {UNIT_NAMES[other]} unit's "
                                                         f"last instruction {j} ({format_insn(insns[j])})")
-                    left = {name: len(tokens[q]) for q, name in enumerate(_QUEUES) if tokens[q]}
+                    left = {name: len(tokens[q]) for q, name in enumerate(QUEUES) if tokens[q]}
                     if left:
                         raise StreamError(layer, i, f"unbalanced tokens: {left} pushed and never popped")
                     unpopped = [k for k in range(3) if k != u and pos[k] < lengths[k]]
                     if unpopped:
                         k = unpopped[0]
-                        raise StreamError(layer, streams[k][pos[k]], f"the {_UNITS[k]} unit has not run this "
+                        raise StreamError(layer, streams[k][pos[k]], f"the {UNIT_NAMES[k]} unit has not run this "
                                                                      "instruction when FINISH does")
-                    return dict(zip(_QUEUES, peak, strict=True))
+                    return dict(zip(QUEUES, peak, strict=True))
                 for q in pushes[i]:
                     tokens[q].append(clocks[u].copy())
                     peak[q] = max(peak[q], len(tokens[q]))
@@ -121,7 +108,7 @@ def check_tokens(layer: str, insns: np.ndarray, config: AcceleratorConfig) -> di
             for u in (LOAD, COMPUTE, STORE):
                 if pos[u] < lengths[u]:
                     i = streams[u][pos[u]]
-                    blocked.append(f"{_UNITS[u]} at instruction {i} ({format_insn(insns[i])})")
+                    blocked.append(f"{UNIT_NAMES[u]} at instruction {i} ({format_insn(insns[i])})")
             first = min(streams[u][pos[u]] for u in range(3) if pos[u] < lengths[u])
             raise StreamError(layer, first, "deadlock: " + "; ".join(blocked))
 

@@ -29,7 +29,9 @@ from weft.compiler.errors import CompileError
 from weft.compiler.ir import Graph, Node
 from weft.compiler.layout import act_block
 from weft.compiler.partition import ACCEL_OPS, send_to_host
+from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
+from weft.isa.semantics import QUEUES
 from weft.isa.spec import intrinsic
 
 if TYPE_CHECKING:
@@ -198,7 +200,6 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     the default); `nonneg` says the layer's input is proven >= 0. Used by :func:`generate` and by the
     tuner's measurer, which lowers single layers with candidate schedules."""
     geom = layer_geometry(node, graph, c)
-    rb = memory.row_bytes(c)
     steps = _steps(node)
     kind = geom.kind
     in_mem = "inp" if kind == "conv" else "out"
@@ -257,9 +258,9 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     return {
         "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),
         "inputs": [x for x in node.inputs if x in values], "output": node.outputs[0],
-        "insn_addr": insn_addr, "insn_count": len(insns), "insn_bytes": rb["insn"],
+        "insn_addr": insn_addr, "insn_count": len(insns), "insn_bytes": INSN_BYTES,
         "uop_addr": uop_addr, "uop_count": int(stream.uop_count), "tasks": len(lowering.tasks()),
-        "stages": lowering.stages(), "tokens_peak": {k: figures[k] for k in ("l2g", "g2l", "g2s", "s2g")},
+        "stages": lowering.stages(), "tokens_peak": {k: figures[k] for k in QUEUES},
         "checked_executions": figures["executions"], "instructions_by_role": kinds,
     }
 

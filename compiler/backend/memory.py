@@ -16,20 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weft.isa.encoding import layout_of
-from weft.sim.bits import pack
+from weft.isa.arith import pack
+from weft.isa.constants import INSN_BYTES
+from weft.isa.semantics import named_row_bytes, row_bytes
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["DramPlan", "row_bytes"]
-
-
-def row_bytes(config: AcceleratorConfig) -> dict[str, int]:
-    """Bytes of one DRAM element of each memory."""
-    c = config
-    return {"uop": c.uop_bits // 8, "inp": c.inp_row_bits // 8, "wgt": c.wgt_row_bits // 8,
-            "acc": c.acc_row_bits // 8, "out": c.out_row_bits // 8, "insn": layout_of(c).insn_bits // 8}
+__all__ = ["DramPlan"]
 
 
 @dataclass
@@ -44,7 +38,7 @@ class DramPlan:
 
     @property
     def align(self) -> int:
-        return max(64, *row_bytes(self.config).values())
+        return max(64, INSN_BYTES, *row_bytes(self.config).values())
 
     def alloc(self, name: str, nbytes: int) -> int:
         """A zero-initialized region of `nbytes` bytes; returns its byte address."""
@@ -69,7 +63,7 @@ class DramPlan:
 
     def element(self, addr: int, memory: str) -> int:
         """The byte address `addr` in rows of `memory` (exact: regions are aligned)."""
-        size = row_bytes(self.config)[memory]
+        size = named_row_bytes(self.config)[memory]
         if addr % size:
             raise ValueError(f"address 0x{addr:x} is not a whole number of {memory} rows of {size} bytes")
         return addr // size

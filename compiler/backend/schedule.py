@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from weft.isa.semantics import named_row_bytes
+
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
@@ -144,8 +146,7 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     single = 1 if tile_rows == 1 else 0  # a spare row for one-row reductions
     vec_rows = g.vectors * s.tile_oc * g.ro
     acc = tile_rows * (2 if g.residual else 1) + vec_rows + single
-    rb = {"inp": c.inp_row_bits // 8, "wgt": c.wgt_row_bits // 8, "acc": c.acc_row_bits // 8,
-          "out": c.out_row_bits // 8}
+    rb = named_row_bytes(c)
     out_bytes = g.nb * g.ocb * g.groups * g.ho * g.wo * g.ro * rb["out"]
     planes = s.tile_n * s.tile_oc  # one 2-D transfer per output plane (fewer when they merge)
     alu_execs = tasks * tile_rows * (g.alu_steps + (1 if g.residual else 0))

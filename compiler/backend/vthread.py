@@ -27,23 +27,16 @@ import numpy as np
 
 from weft.compiler.backend.program import Insn
 from weft.isa.constants import Opcode, Unit
+from weft.isa.semantics import QUEUE_BETWEEN
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["QUEUE_FLAGS", "inject_sync", "interleave"]
+__all__ = ["inject_sync", "interleave"]
 
 LOAD, COMPUTE, STORE = int(Unit.LOAD), int(Unit.COMPUTE), int(Unit.STORE)
-#: queue -> (producer unit, its push flag, consumer unit, its pop flag)
-QUEUE_FLAGS = {
-    "l2g": (LOAD, "push_next", COMPUTE, "pop_prev"),
-    "g2l": (COMPUTE, "push_prev", LOAD, "pop_next"),
-    "g2s": (COMPUTE, "push_next", STORE, "pop_prev"),
-    "s2g": (STORE, "push_prev", COMPUTE, "pop_next"),
-}
-# Who writes and who reads each shared SRAM, and the queue each kind of wait uses.
+# Who writes and who reads each shared SRAM.
 _SHARED = {"inp": (LOAD, COMPUTE), "wgt": (LOAD, COMPUTE), "out": (COMPUTE, STORE)}
-_QUEUE_OF = {(LOAD, COMPUTE): "l2g", (COMPUTE, LOAD): "g2l", (COMPUTE, STORE): "g2s", (STORE, COMPUTE): "s2g"}
 
 
 def _rows(config: AcceleratorConfig, sram: str) -> int:
@@ -83,11 +76,10 @@ def inject_sync(insns: Sequence[Insn], config: AcceleratorConfig) -> None:
         for producer, index in sorted(need.items()):
             if producer == u or index <= clock[u][producer]:
                 continue  # same unit (in order) or already known through other tokens
-            queue = _QUEUE_OF[(producer, u)]
-            _, push_flag, _, pop_flag = QUEUE_FLAGS[queue]
+            queue = QUEUE_BETWEEN[(producer, u)]
             source = streams[producer][index]
-            insns[source].fields[push_flag] = 1
-            insn.fields[pop_flag] = 1
+            insns[source].fields[queue.push] = 1
+            insn.fields[queue.pop] = 1
             np.maximum(clock[u], clock_at[source], out=clock[u])
         clock[u][u] = k
         clock_at.append(clock[u].copy())

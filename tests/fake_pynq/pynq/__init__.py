@@ -67,7 +67,7 @@ class Overlay:
 
             self.backend = RtlBackend(config, size, simulator=os.environ.get("WEFT_PYNQ_SIMULATOR", "verilator"))
         else:
-            from weft.runtime.driver_fsim import FsimBackend
+            from weft.runtime.register_backend import FsimBackend
 
             self.backend = FsimBackend(config, size)
         self._next = _FIRST

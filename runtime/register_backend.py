@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from weft.hw.regs import COUNTERS, HW_VERSION, ErrorCode, register_map
-from weft.isa.encoding import decode_insns, layout_of
+from weft.isa.constants import INSN_BYTES
+from weft.isa.encoding import decode_insns
 from weft.sim.dram import Dram
 from weft.sim.fsim import DeadlockError, FunctionalSimulator, SimError
 
@@ -160,14 +161,13 @@ class FsimBackend:
         c = self.config
         cycles = stats.get("cycles")
         if cycles is None and self.timing is not None:
-            insn_bytes = layout_of(c).insn_bits // 8
-            insns = decode_insns(c, self.dram.read(addr, count * insn_bytes))
+            insns = decode_insns(c, self.dram.read(addr, count * INSN_BYTES))
             cycles = int(self.timing.simulate(insns, addr).cycles)
         bus = c.bus_width // 8
         moved = sum(stats["bytes"].values())
         stored = stats["bytes"]["out"]
         self.values.update(done=1, cycles=cycles or 0, insns=count,
-                           mac_active=stats["macs"] // (c.batch * c.block_in * c.block_out),
+                           mac_active=stats["macs"] // c.macs_per_cycle,
                            alu_active=stats["alu_execs"], rd_beats=-(-(moved - stored) // bus),
                            wr_beats=-(-stored // bus))
 

@@ -1,0 +1,93 @@
+"""The ISA's integer arithmetic, shared by the simulators, the compiler and the runtime (numpy only).
+
+Bit-packed rows, how SRAM tiles look in DRAM: element ``j`` of a row occupies bits ``[j*w, (j+1)*w)`` of
+the row, little-endian, as signed two's complement (so int4 weights sit two to a byte, low nibble first).
+Byte-wide and wider elements are plain little-endian integers, which numpy views without copying.
+
+Two's complement wrap-around at the accumulator width, the ALU ops (SHR's signed shift amount included)
+and the row indices a GEMM/ALU loop visits, as the ISA spec's ``loop``, ``alu`` and ``gemm`` semantics
+define them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from weft.isa.constants import AluOp
+
+__all__ = ["alu_op", "int_dtype", "loop_indices", "pack", "shift", "unpack", "wrap"]
+
+_WIDE = {8: np.dtype(np.int8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
+
+
+def int_dtype(width: int) -> np.dtype:
+    """The narrowest numpy signed integer dtype that holds `width`-bit values."""
+    for bits, dtype in _WIDE.items():
+        if width <= bits:
+            return dtype
+    raise ValueError(f"no integer dtype for {width}-bit values")
+
+
+def unpack(raw: np.ndarray, width: int) -> np.ndarray:
+    """Bytes (..., nbytes) to signed `width`-bit integers (..., nbytes * 8 // width)."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if width in _WIDE:
+        return raw.view(_WIDE[width])
+    per = 8 // width
+    mask, sign = (1 << width) - 1, 1 << (width - 1)
+    shifts = (np.arange(per, dtype=np.uint8) * width).astype(np.uint8)
+    fields = ((raw[..., None] >> shifts) & mask).astype(np.int8)
+    return ((fields ^ sign) - sign).reshape(*raw.shape[:-1], raw.shape[-1] * per)
+
+
+def pack(values: np.ndarray, width: int) -> np.ndarray:
+    """Signed integers (..., n) to bytes (..., n * width // 8); values must already fit `width` bits."""
+    values = np.asarray(values)
+    if width in _WIDE:
+        return np.ascontiguousarray(values.astype(_WIDE[width])).view(np.uint8)
+    per = 8 // width
+    if values.shape[-1] % per:
+        raise ValueError(f"{values.shape[-1]} elements of {width} bits do not fill whole bytes")
+    fields = (values.astype(np.int16) & ((1 << width) - 1)).astype(np.uint8)
+    fields = fields.reshape(*values.shape[:-1], values.shape[-1] // per, per)
+    shifts = (np.arange(per, dtype=np.uint8) * width).astype(np.uint8)
+    return np.bitwise_or.reduce(fields << shifts, axis=-1).astype(np.uint8)
+
+
+def wrap(values: np.ndarray, width: int) -> np.ndarray:
+    """int64 values reduced modulo 2**width into the signed `width`-bit range (two's complement wrap)."""
+    if width in _WIDE:
+        return values.astype(_WIDE[width]).astype(np.int64)
+    half = 1 << (width - 1)
+    return ((values + half) & ((1 << width) - 1)) - half
+
+
+def loop_indices(base: np.ndarray, n_out: int, n_in: int, f_out: int, f_in: int) -> np.ndarray:
+    """Row index of every execution, in execution order: ``base[k] + i*f_out + j*f_in`` for i, j, k."""
+    offsets = (np.arange(n_out, dtype=np.int64)[:, None] * f_out
+               + np.arange(n_in, dtype=np.int64)[None, :] * f_in).reshape(-1)
+    return (offsets[:, None] + base[None, :]).reshape(-1)
+
+
+def shift(values: np.ndarray, amount: np.ndarray | int, acc_width: int) -> np.ndarray:
+    """SHR: arithmetic right shift by the operand's low log2(acc_width)+1 bits read as signed; a negative
+    amount shifts left (wrapping at acc_width)."""
+    bits = acc_width.bit_length()  # log2(acc_width) + 1
+    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+    amount = ((np.asarray(amount, dtype=np.int64) & mask) ^ sign) - sign
+    right = values >> np.maximum(amount, 0)
+    left = wrap(values << np.maximum(-amount, 0), acc_width)
+    return np.where(amount >= 0, right, left)
+
+
+def alu_op(op: int, a: np.ndarray, b: np.ndarray | int, acc_width: int) -> np.ndarray:
+    """One ALU op (AluOp) on int64 accumulator values `a` and operands `b`, wrapped at acc_width."""
+    if op == AluOp.MIN:
+        return np.minimum(a, b)
+    if op == AluOp.MAX:
+        return np.maximum(a, b)
+    if op == AluOp.ADD:
+        return wrap(a + b, acc_width)
+    if op == AluOp.SHR:
+        return shift(a, b, acc_width)
+    return wrap(a * b, acc_width)  # MUL: |a|, |b| < 2^31, so the int64 product is exact
