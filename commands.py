@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from weft.config import load_config
+from weft.errors import UsageError, read_input
 
 __all__ = ["BENCHES"]
 
@@ -81,7 +82,7 @@ def run_asm(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     name = "standard input" if args.input == "-" else args.input
-    data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+    data = sys.stdin.buffer.read() if args.input == "-" else read_input(args.input, "input")
     if args.disassemble:
         text = disassemble(decode_insns(config, check_words(data, name, layout_of(config).insn_bits // 8)))
         if args.output:
@@ -132,12 +133,12 @@ def run_bench(args: argparse.Namespace) -> int:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name and err.name.startswith("weft"):
-            raise ValueError(f"benchmark '{args.name}' is not available in this build ({err.name} missing)") \
+            raise UsageError(f"benchmark '{args.name}' is not available in this build ({err.name} missing)") \
                 from None
         raise
     func = getattr(module, func_name, None)
     if func is None:  # the module exists, but this benchmark lands with a later issue
-        raise ValueError(f"benchmark '{args.name}' is not available in this build ({module_name}.{func_name} missing)")
+        raise UsageError(f"benchmark '{args.name}' is not available in this build ({module_name}.{func_name} missing)")
     options: dict[str, object] = {}
     if args.path:
         options["path"] = args.path
@@ -154,7 +155,7 @@ def run_bench(args: argparse.Namespace) -> int:
     unknown = [k for k in options if k not in accepted]
     if unknown:
         what = "folder argument" if unknown[0] == "path" else f"--{unknown[0]} option"
-        raise ValueError(f"benchmark '{args.name}' takes no {what}")
+        raise UsageError(f"benchmark '{args.name}' takes no {what}")
     figures = func(args.config, **options)
     print_json(figures)
     if args.output:

@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from weft.errors import UsageError
+
 __all__ = ["add_compile_arguments", "add_inspect_arguments", "run_compile", "run_inspect"]
 
 
@@ -54,7 +56,7 @@ def run_compile(args: argparse.Namespace) -> int:
             print(f"{p['name']:<18} {p['doc']}")
         return 0
     if not args.model:
-        raise ValueError("give the ONNX model to compile")
+        raise UsageError("give the ONNX model to compile")
     from weft.compiler.calibrate import load_calibration
     from weft.compiler.driver import compile_model
     from weft.compiler.partition import layer_summary

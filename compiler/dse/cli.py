@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from weft.errors import UsageError, read_input
+
 __all__ = ["add_dse_arguments", "run_dse"]
 
 
@@ -37,13 +39,13 @@ def run_dse(args: argparse.Namespace) -> int:
     from weft.config import load_config
     from weft.progress import Progress
 
-    model = Path(args.model).read_bytes()
+    model = read_input(args.model, "model")
     base = load_config(args.config)
     valid, skipped = expand_grid(base, parse_sweep(args.sweep))
     for knobs, reason in skipped:
         print(f"skipped {knobs}: {reason}", file=sys.stderr)
     if not valid:
-        raise ValueError("every point of the sweep breaks a config rule; nothing to run")
+        raise UsageError("every point of the sweep breaks a config rule; nothing to run")
     area = args.area == "synth"
     with Progress(len(valid), "dse") as bar:
         rows = run_sweep(model, valid, area=area, family=args.family, seed=args.seed, workers=args.workers,
