@@ -18,8 +18,8 @@ class WeftError(Exception):
 
 
 class UsageError(WeftError, ValueError):
-    """An option or argument that is not accepted: a value out of range, an unknown name, options that do
-    not go together. The message names the option."""
+    """An option or argument weft cannot work with: a value out of range, an unknown name, options that do
+    not go together, a config too small for what was asked of it. The message names the culprit."""
 
 
 class InputFileError(WeftError):
