@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from weft.config import load_config
-from weft.errors import UsageError, read_input
+from weft.errors import UsageError, read_input, user_file
 
 __all__ = ["BENCHES"]
 
@@ -62,7 +62,8 @@ def run_isa(args: argparse.Namespace) -> int:
     else:
         text = markdown(config)
     if args.output:
-        Path(args.output).write_text(text)
+        with user_file(args.output, "output"):
+            Path(args.output).write_text(text)
     else:
         sys.stdout.write(text)
     return 0
@@ -86,7 +87,8 @@ def run_asm(args: argparse.Namespace) -> int:
     if args.disassemble:
         text = disassemble(decode_insns(config, check_words(data, name, layout_of(config).insn_bits // 8)))
         if args.output:
-            Path(args.output).write_text(text)
+            with user_file(args.output, "output"):
+                Path(args.output).write_text(text)
         else:
             sys.stdout.write(text)
         return 0
@@ -96,7 +98,8 @@ def run_asm(args: argparse.Namespace) -> int:
         raise AsmFileError(f"{name}: {err}") from None
     words = encode_insns(config, insns)
     if args.output:
-        Path(args.output).write_bytes(words)
+        with user_file(args.output, "output"):
+            Path(args.output).write_bytes(words)
     else:
         sys.stdout.write(words.hex() + "\n")
     return 0
@@ -159,5 +162,6 @@ def run_bench(args: argparse.Namespace) -> int:
     figures = func(args.config, **options)
     print_json(figures)
     if args.output:
-        Path(args.output).write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        with user_file(args.output, "output"):
+            Path(args.output).write_text(json.dumps(figures, indent=2, default=str) + "\n")
     return 0

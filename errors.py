@@ -8,9 +8,11 @@ them as such; :func:`is_user_error` still decides by ``WeftError`` alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["InputFileError", "UsageError", "WeftError", "is_user_error", "read_input"]
+__all__ = ["UsageError", "UserFileError", "WeftError", "is_user_error", "read_input", "user_file"]
 
 
 class WeftError(Exception):
@@ -22,22 +24,30 @@ class UsageError(WeftError, ValueError):
     not go together, a config too small for what was asked of it. The message names the culprit."""
 
 
-class InputFileError(WeftError):
-    """A file the user named that cannot be read: missing, a folder, not permitted. ``path`` names it; the
-    ``OSError`` is the cause."""
+class UserFileError(WeftError):
+    """A file the user named that cannot be read or written: missing, a folder, not permitted. ``path``
+    names it, `what` says which of the command's files it is; the ``OSError`` is the cause."""
 
     def __init__(self, path: str | Path, what: str, err: OSError):
         self.path = str(path)
         super().__init__(f"{what} {self.path}: {err.strerror or err}")
 
 
-def read_input(path: str | Path, what: str) -> bytes:
-    """The bytes of the user-named file `path` (`what` says which input it is, e.g. "model"); a file that
-    cannot be read raises :class:`InputFileError`."""
+@contextmanager
+def user_file(path: str | Path, what: str) -> Iterator[None]:
+    """Reads or writes of the user-named file `path` inside the block: an ``OSError`` there becomes a
+    :class:`UserFileError` naming it. Keep the block to that one file, or another file's fault is blamed
+    on it."""
     try:
-        return Path(path).read_bytes()
+        yield
     except OSError as err:
-        raise InputFileError(path, what, err) from err
+        raise UserFileError(path, what, err) from err
+
+
+def read_input(path: str | Path, what: str) -> bytes:
+    """The bytes of the user-named file `path` (`what` says which input it is, e.g. "model")."""
+    with user_file(path, what):
+        return Path(path).read_bytes()
 
 
 def is_user_error(err: BaseException) -> bool:

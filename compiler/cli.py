@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from weft.errors import UsageError
+from weft.errors import UsageError, user_file
 
 __all__ = ["add_compile_arguments", "add_inspect_arguments", "run_compile", "run_inspect"]
 
@@ -70,7 +70,8 @@ def run_compile(args: argparse.Namespace) -> int:
                                  tuning_log=args.tuning_log)
     for w in caught:
         print(f"weft compile: warning: {w.message}", file=sys.stderr)
-    artifact.save(output)
+    with user_file(output, "output"):
+        artifact.save(output)
     rows = layer_summary(artifact.graph)
     macs = sum(r["macs"] for r in rows)
     accel = sum(r["macs"] for r in rows if r["target"] == "accel")

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weft.errors import UsageError
+from weft.errors import UsageError, user_file
 from weft.runtime.bitstreams import add_bitstream_arguments, run_bitstream
 from weft.runtime.deploy import add_deploy_arguments, run_deploy
 
@@ -133,9 +133,11 @@ def run_run(args: argparse.Namespace) -> int:
         if args.output:
             buf = io.BytesIO()
             np.savez(buf, **dict(zip(names, outputs, strict=True)))
-            write_atomic(Path(args.output), buf.getvalue())
+            with user_file(args.output, "output"):
+                write_atomic(Path(args.output), buf.getvalue())
         if args.stats:
-            write_atomic(Path(args.stats), json.dumps(stats, indent=2, default=str).encode())
+            with user_file(args.stats, "stats file"):
+                write_atomic(Path(args.stats), json.dumps(stats, indent=2, default=str).encode())
         if args.trace:
             from weft.runtime.trace import write_trace
 

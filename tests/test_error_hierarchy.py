@@ -19,7 +19,7 @@ from weft.compiler.llvm.emit import EmitError
 from weft.compiler.llvm.schedule import ScheduleError
 from weft.compiler.tune.measure_board import BoardTimeout
 from weft.config import ConfigError
-from weft.errors import InputFileError, UsageError, WeftError, is_user_error
+from weft.errors import UsageError, UserFileError, WeftError, is_user_error
 from weft.isa.asm import AsmError
 from weft.isa.encoding import EncodeError
 from weft.runtime.bounded import LimitError
@@ -137,7 +137,7 @@ def test_value_errors_users_catch_are_weft_errors_too(cls):
 def test_an_unreadable_file_names_it_and_keeps_the_cause(tmp_path):
     from weft.errors import read_input
 
-    with pytest.raises(InputFileError, match=r"^model .*nope\.onnx: No such file or directory$") as info:
+    with pytest.raises(UserFileError, match=r"^model .*nope\.onnx: No such file or directory$") as info:
         read_input(tmp_path / "nope.onnx", "model")
     assert info.value.path == str(tmp_path / "nope.onnx")
     assert isinstance(info.value.__cause__, FileNotFoundError)

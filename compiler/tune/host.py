@@ -42,7 +42,7 @@ from weft.compiler.llvm.nn import (
     tile_score,
 )
 from weft.compiler.llvm.target import Target, host_target
-from weft.compiler.tune.log import TuningLog
+from weft.compiler.tune.log import LogError, TuningLog
 from weft.errors import UsageError
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ def tuned_schedules(log: TuningLog | str | Path, threads: int, target: Target | 
     if not isinstance(log, TuningLog):
         path = Path(log)
         if not path.is_file():
-            raise FileNotFoundError(f"tuning log '{path}' does not exist")
+            raise LogError(f"tuning log '{path}' does not exist")
         log = TuningLog(path)
     target = target or host_target()
     key = host_key(threads, target)

@@ -187,7 +187,7 @@ def best_schedules(log: TuningLog | str | Path, geoms: Iterable[LayerGeom], conf
     if not isinstance(log, TuningLog):
         path = Path(log)
         if not path.is_file():
-            raise FileNotFoundError(f"tuning log '{path}' does not exist")
+            raise LogError(f"tuning log '{path}' does not exist")
         log = TuningLog(path)
     out = {}
     for g in geoms:
