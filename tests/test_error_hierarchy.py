@@ -120,6 +120,20 @@ def test_a_bad_option_is_one_line(capsys):
     _one_line(capsys, "cosim", "--count")
 
 
+def test_an_unwritable_output_is_one_line(tmp_path, capsys):
+    out = tmp_path / "missing" / "spec.h"
+    assert main(["isa", "--format", "c", "-o", str(out)]) == 2
+    _one_line(capsys, "isa", f"output {out}")
+
+
+def test_a_device_option_the_device_needs_is_named():
+    from weft.config import PRESETS
+    from weft.runtime.devices import DeviceError, create_device
+
+    with pytest.raises(DeviceError, match="device 'remote' needs the option 'target'"):
+        create_device("remote", PRESETS["tiny"])
+
+
 # ---- what counts as the user's fault ---------------------------------------------------------------------
 @pytest.mark.parametrize("err", [ValueError("x"), KeyError("x"), OSError("x"), FileNotFoundError("x"),
                                  TypeError("x"), IndexError("x"), RuntimeError("x")])
