@@ -141,7 +141,8 @@ def run_run(args: argparse.Namespace) -> int:
         if args.trace:
             from weft.runtime.trace import write_trace
 
-            info = write_trace(sess.artifact, args.trace, getattr(sess.device, "trace_layers", None))
+            with user_file(args.trace, "trace"):
+                info = write_trace(sess.artifact, args.trace, getattr(sess.device, "trace_layers", None))
             print(f"trace: {args.trace} ({info['cycles']} cycles, {info['source']})")
     finally:
         close = getattr(sess.device, "close", None)

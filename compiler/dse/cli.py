@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from weft.errors import UsageError, read_input
+from weft.errors import UsageError, read_input, user_file
 
 __all__ = ["add_dse_arguments", "run_dse"]
 
@@ -56,8 +56,10 @@ def run_dse(args: argparse.Namespace) -> int:
     for i, r in enumerate(rows):
         r["pareto"] = i in front
     stem = Path(args.output)
-    csv_path = write_csv(rows, stem.with_suffix(".csv"))
-    png_path = plot_pareto(rows, x, stem.with_suffix(".png"), title=f"weft dse: {Path(args.model).name}")
+    with user_file(stem.with_suffix(".csv"), "output"):
+        csv_path = write_csv(rows, stem.with_suffix(".csv"))
+    with user_file(stem.with_suffix(".png"), "output"):
+        png_path = plot_pareto(rows, x, stem.with_suffix(".png"), title=f"weft dse: {Path(args.model).name}")
     for r in rows:
         figures = r.get("error") or f"{r['cycles']} cycles, {r['latency_us']:.1f} us" + (
             f", {r[x]:g} {x}, fits: {r.get('fits') or 'none'}" if area else "")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weft.compiler.backend.schedule import LayerGeom, Schedule
-from weft.errors import WeftError, read_input
+from weft.errors import WeftError, read_input, user_file
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -115,12 +115,13 @@ class TuningLog:
     def add(self, rec: dict[str, Any]) -> None:
         self.records.append(rec)
         if self.path is not None:
-            if self._torn_at is not None:  # an append after the torn bytes would tear the new record too
-                with self.path.open("r+b") as f:
-                    f.truncate(self._torn_at)
-                self._torn_at = None
-            with self.path.open("a") as f:
-                f.write(json.dumps(rec, sort_keys=True) + "\n")
+            with user_file(self.path, "tuning log"):
+                if self._torn_at is not None:  # an append after the torn bytes would tear the new record too
+                    with self.path.open("r+b") as f:
+                        f.truncate(self._torn_at)
+                    self._torn_at = None
+                with self.path.open("a") as f:
+                    f.write(json.dumps(rec, sort_keys=True) + "\n")
 
     def measured(self, workload: str, config_hash: str,
                  parse: Callable[[Mapping[str, Any]], Hashable] = Schedule.from_dict) -> dict[Any, int | None]:
