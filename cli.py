@@ -70,9 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as err:  # every user-facing failure: one clear line and a non-zero exit
+    except Exception as err:
         from weft.errors import is_user_error
 
+        # A user's mistake is one line naming the culprit; anything else is a bug in weft, whose traceback
+        # (and exit status 1) is what a report of it needs.
         if args.traceback or not is_user_error(err):
             raise
         print(f"weft {args.command}: error: {err}", file=sys.stderr)

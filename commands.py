@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from weft.config import load_config
+from weft.errors import UsageError, read_input, user_file
 
 __all__ = ["BENCHES"]
 
@@ -61,7 +62,8 @@ def run_isa(args: argparse.Namespace) -> int:
     else:
         text = markdown(config)
     if args.output:
-        Path(args.output).write_text(text)
+        with user_file(args.output, "output"):
+            Path(args.output).write_text(text)
     else:
         sys.stdout.write(text)
     return 0
@@ -81,11 +83,12 @@ def run_asm(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     name = "standard input" if args.input == "-" else args.input
-    data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()
+    data = sys.stdin.buffer.read() if args.input == "-" else read_input(args.input, "input")
     if args.disassemble:
         text = disassemble(decode_insns(config, check_words(data, name, INSN_BYTES)))
         if args.output:
-            Path(args.output).write_text(text)
+            with user_file(args.output, "output"):
+                Path(args.output).write_text(text)
         else:
             sys.stdout.write(text)
         return 0
@@ -95,7 +98,8 @@ def run_asm(args: argparse.Namespace) -> int:
         raise AsmFileError(f"{name}: {err}") from None
     words = encode_insns(config, insns)
     if args.output:
-        Path(args.output).write_bytes(words)
+        with user_file(args.output, "output"):
+            Path(args.output).write_bytes(words)
     else:
         sys.stdout.write(words.hex() + "\n")
     return 0
@@ -145,9 +149,10 @@ def run_bench(args: argparse.Namespace) -> int:
     unknown = [k for k in options if k not in accepted]
     if unknown:
         what = "folder argument" if unknown[0] == "path" else f"--{unknown[0]} option"
-        raise ValueError(f"benchmark '{args.name}' takes no {what}")
+        raise UsageError(f"benchmark '{args.name}' takes no {what}")
     figures = func(args.config, **options)
     print_json(figures)
     if args.output:
-        Path(args.output).write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        with user_file(args.output, "output"):
+            Path(args.output).write_text(json.dumps(figures, indent=2, default=str) + "\n")
     return 0

@@ -20,6 +20,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from weft.errors import WeftError, read_input
+
 __all__ = [
     "PRESETS",
     "AcceleratorConfig",
@@ -28,7 +30,7 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(WeftError, ValueError):
     """A config that breaks a rule. The message names the field and the rule."""
 
     def __init__(self, field_name: str, message: str):
@@ -429,8 +431,8 @@ def load_config(spec: str | Path | AcceleratorConfig | Mapping[str, Any] | None 
             "config", f"'{text}' is neither a preset ({', '.join(PRESETS)}) nor a readable JSON file"
         )
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        data = json.loads(read_input(path, "config file"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError("config", f"{path}: not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise ConfigError("config", f"{path}: expected a JSON object")

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.errors import UsageError
+
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
@@ -60,7 +62,7 @@ def run_demo(config: AcceleratorConfig, seed: int = 0, model: str = "resnet18", 
     from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
-        raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
+        raise UsageError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
     c = config
     started = time.perf_counter()
     print(f"weft demo: {model} on config '{c.name}' ({c.batch}x{c.block_in}x{c.block_out} GEMM, int{c.inp_width} x "

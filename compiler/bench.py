@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from weft.errors import UsageError
+
 __all__ = ["bench_compile", "bench_latency", "replay_jobs"]
 
 
@@ -30,7 +32,7 @@ def _model_and_inputs(model: str, calibration_batches: int, seed: int) -> tuple[
     from weft.compiler import models
 
     if model not in models.MODELS:
-        raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
+        raise UsageError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
     onnx_model = models.MODELS[model]()
     inp = onnx_model.graph.input[0]
     shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
@@ -151,7 +153,7 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
     convs = [n.name for n in on.graph.nodes if n.op == "qconv2d" and n.attrs.get("target") == "accel"]
     chosen = [name for name in convs if layers is None or name in set(layers)]
     if layers is not None and len(chosen) != len(set(layers)):
-        raise ValueError(f"layers {sorted(set(layers) - set(chosen))} are not accelerator convolutions of "
+        raise UsageError(f"layers {sorted(set(layers) - set(chosen))} are not accelerator convolutions of "
                          f"{model} (they are: {', '.join(convs)})")
     source = f"rtl:{rtl}" if rtl else "timing model" if timing_model() is not None else None
     variants: dict[str, dict[str, Any]] = {}

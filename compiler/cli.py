@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from weft.errors import UsageError, user_file
+
 __all__ = ["add_compile_arguments", "add_inspect_arguments", "run_compile", "run_inspect"]
 
 
@@ -54,7 +56,7 @@ def run_compile(args: argparse.Namespace) -> int:
             print(f"{p['name']:<18} {p['doc']}")
         return 0
     if not args.model:
-        raise ValueError("give the ONNX model to compile")
+        raise UsageError("give the ONNX model to compile")
     from weft.compiler.calibrate import load_calibration
     from weft.compiler.driver import compile_model
     from weft.compiler.partition import layer_summary
@@ -68,7 +70,8 @@ def run_compile(args: argparse.Namespace) -> int:
                                  tuning_log=args.tuning_log)
     for w in caught:
         print(f"weft compile: warning: {w.message}", file=sys.stderr)
-    artifact.save(output)
+    with user_file(output, "output"):
+        artifact.save(output)
     rows = layer_summary(artifact.graph)
     macs = sum(r["macs"] for r in rows)
     accel = sum(r["macs"] for r in rows if r["target"] == "accel")

@@ -23,6 +23,7 @@ from weft.compiler.onnx_import import declared_inputs, import_onnx, load_model
 from weft.compiler.pipeline import TARGETS, Pass, build_pipeline, run_pipeline
 from weft.compiler.qdq import model_scales
 from weft.config import AcceleratorConfig, load_config
+from weft.errors import UsageError, read_input
 from weft.runtime.artifact import Artifact
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def _source(model: Any) -> tuple[onnx.ModelProto, dict[str, Any]]:
     if isinstance(model, (str, Path)):
         path = Path(model)
         if path.is_file():
-            data = path.read_bytes()
+            data = read_input(path, "model")
             source = {"name": path.name, "sha256": hashlib.sha256(data).hexdigest()}
             return load_model(data, str(path), path.parent), source
         return load_model(path), {"name": path.name}
@@ -62,7 +63,7 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
     this config (`schedules` still wins for the layers it names).
     """
     if target not in TARGETS:
-        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
+        raise UsageError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
     cfg = load_config(config)  # type: ignore[arg-type]
     proto, source = _source(model)
     if isinstance(calibration, (str, Path)):

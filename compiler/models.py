@@ -30,6 +30,8 @@ import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
 
+from weft.errors import UsageError
+
 __all__ = [
     "DEFAULT_OPSET",
     "MIN_OPSET",
@@ -66,11 +68,11 @@ def max_opset() -> int:
 
 def _check_args(opset: int, batch: int, num_classes: int = 1) -> None:
     if not MIN_OPSET <= opset <= max_opset():
-        raise ValueError(f"opset {opset} is outside the supported range {MIN_OPSET}..{max_opset()}")
+        raise UsageError(f"opset {opset} is outside the supported range {MIN_OPSET}..{max_opset()}")
     if batch < 1:
-        raise ValueError(f"batch must be at least 1, got {batch}")
+        raise UsageError(f"batch must be at least 1, got {batch}")
     if num_classes < 1:
-        raise ValueError(f"num_classes must be at least 1, got {num_classes}")
+        raise UsageError(f"num_classes must be at least 1, got {num_classes}")
 
 
 # ---- graph builder ---------------------------------------------------------------------------------
@@ -543,7 +545,7 @@ def digits_data(seed: int = 0, test_fraction: float = 0.2) -> tuple[np.ndarray, 
     from sklearn.datasets import load_digits
 
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction}")
+        raise UsageError(f"test_fraction must lie strictly between 0 and 1, got {test_fraction}")
     digits = load_digits()
     images = (digits.images / 16.0).astype(np.float32)[:, None]
     labels = digits.target.astype(np.int64)
@@ -603,7 +605,7 @@ def train_digits_cnn(seed: int = 0, epochs: int = 15, batch: int = 1, opset: int
     Gemm -> [batch, 10] "logits"."""
     _check_args(opset, batch)
     if epochs < 1 or batch_size < 1:
-        raise ValueError(f"epochs and batch_size must be at least 1, got {epochs} and {batch_size}")
+        raise UsageError(f"epochs and batch_size must be at least 1, got {epochs} and {batch_size}")
     x_train, y_train, _, _ = digits_data()
     rng = np.random.default_rng(seed)
     params = _digits_init(rng)
@@ -742,7 +744,7 @@ def save(model: onnx.ModelProto, path: str | Path) -> Path:
 def build(name: str, path: str | Path, **options: object) -> onnx.ModelProto:
     """Build the registered model ``name`` with ``options`` and save it to ``path``: ``build("resnet18", p)``."""
     if name not in MODELS:
-        raise ValueError(f"unknown model '{name}'; known models: {', '.join(MODELS)}")
+        raise UsageError(f"unknown model '{name}'; known models: {', '.join(MODELS)}")
     model = MODELS[name](**options)
     save(model, path)
     return model

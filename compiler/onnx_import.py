@@ -29,6 +29,7 @@ from weft.compiler.errors import ModelError, UnsupportedError
 from weft.compiler.float_tensor import RESIZE_MODES
 from weft.compiler.ir import Graph, Node, Value
 from weft.compiler.limits import shape_problem
+from weft.errors import read_input
 
 __all__ = ["MIN_OPSET", "SUPPORTED_OPS", "declared_inputs", "import_onnx", "load_model"]
 
@@ -57,7 +58,7 @@ def load_model(source: str | Path | bytes | onnx.ModelProto, what: str | None = 
         what, folder = str(path), path.parent
         if not path.is_file():
             raise ModelError(f"{path}: no such model file")
-        data = path.read_bytes()
+        data = read_input(path, "model")
     if not data:
         raise ModelError(f"{what}: the file is empty")
     model = onnx.ModelProto()

@@ -22,6 +22,7 @@ from weft.compiler.partition import partition
 from weft.compiler.qdq import absorb_fake_quant
 from weft.compiler.quantize import fuse_clamps, quantize
 from weft.compiler.verify import verify
+from weft.errors import UsageError
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -75,11 +76,11 @@ def build_pipeline(target: str, config: AcceleratorConfig,
     """The passes for `target`: "accel" quantizes for `config` (calibration batches required unless the
     model is `prequantized`: its QDQ scales then serve), "cpu" keeps the float graph for the host."""
     if target not in TARGETS:
-        raise ValueError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
+        raise UsageError(f"target must be one of {', '.join(TARGETS)}, got '{target}'")
     pipeline = float_passes()
     if target == "accel":
         if calibration is None and not prequantized:
-            raise ValueError("the accel target needs calibration batches")
+            raise UsageError("the accel target needs calibration batches")
         # The model's own fake quants leave the float graph before fusion; their scales stay in the meta.
         pipeline.insert(2, _p("absorb_fake_quant", absorb_fake_quant(config.inp_width),
                               "a pre-quantized model's fake quants become Identity or Clip; their scales stay"))

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from weft.errors import UsageError
+
 __all__ = ["bench_zoo", "format_table", "light_models_dir", "model_files", "with_logits_output", "with_random_weights",
            "zoo_row"]
 
@@ -49,10 +51,10 @@ def model_files(folder: str | Path | None = None) -> list[Path]:
     """The ``.onnx`` files of `folder` (default: the onnx wheel's light models), sorted by name."""
     root = Path(folder) if folder is not None else light_models_dir()
     if not root.is_dir():
-        raise ValueError(f"'{root}' is not a folder")
+        raise UsageError(f"'{root}' is not a folder")
     files = sorted(root.glob("*.onnx"))
     if not files:
-        raise ValueError(f"'{root}' holds no .onnx files")
+        raise UsageError(f"'{root}' holds no .onnx files")
     return files
 
 
@@ -246,7 +248,7 @@ def bench_zoo(config: str, path: str | None = None, model: str | None = None, se
     if model:
         files = [f for f in files if model in f.stem]
         if not files:
-            raise ValueError(f"no model in the folder matches '{model}'")
+            raise UsageError(f"no model in the folder matches '{model}'")
     rows = []
     for f in files:
         start = time.perf_counter()

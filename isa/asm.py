@@ -45,7 +45,7 @@ def check_words(data: bytes, name: str, insn_bytes: int) -> bytes:
     return data
 
 
-class AsmError(ValueError):
+class AsmError(WeftError, ValueError):
     """A line that does not assemble; names the line number."""
 
     def __init__(self, line: int, message: str):

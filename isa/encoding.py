@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from weft.errors import WeftError
 from weft.isa.constants import INSN_BYTES, Opcode
 from weft.isa.layout import FORMAT_OF_OPCODE, INSN_FIELD_NAMES, Format, IsaLayout
 
@@ -35,7 +36,7 @@ INSN_DTYPE = np.dtype([(name, np.int64) for name in INSN_FIELD_NAMES])
 UOP_DTYPE = np.dtype([("dst", np.int64), ("src", np.int64), ("wgt", np.int64)])
 
 
-class EncodeError(ValueError):
+class EncodeError(WeftError, ValueError):
     """A field value that does not fit its format; names the instruction index and the field."""
 
     def __init__(self, index: int, field: str, message: str):

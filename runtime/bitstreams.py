@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weft.errors import WeftError
+from weft.errors import WeftError, user_file
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -189,7 +189,8 @@ def write_project(board_name: str, config: AcceleratorConfig, out: str | Path, *
     """Write the project of `config` on a board under `out`; returns its folder."""
     board = board_of(board_name)
     folder = Path(out) / project_name(board, config.hash)
-    folder.mkdir(parents=True, exist_ok=True)
+    with user_file(out, "output folder"):
+        folder.mkdir(parents=True, exist_ok=True)
     if verilog is None:
         from weft.hw.top import generate_verilog
 

@@ -14,12 +14,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from weft.errors import WeftError
+
 __all__ = ["LimitError", "check_zip", "read_npz"]
 
 _CHUNK = 1 << 20
 
 
-class LimitError(ValueError):
+class LimitError(WeftError, ValueError):
     """A body that is over a limit or malformed; the message is one line, safe to send to the client."""
 
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weft.errors import UsageError, user_file
 from weft.runtime.bitstreams import add_bitstream_arguments, run_bitstream
 from weft.runtime.deploy import add_deploy_arguments, run_deploy
 
@@ -105,11 +106,11 @@ def run_run(args: argparse.Namespace) -> int:
         feeds: dict[str, np.ndarray] = {}
         for name, path in args.input:
             if name not in inputs:
-                raise ValueError(f"--input names '{name}', which is not a model input (inputs: {', '.join(inputs)})")
+                raise UsageError(f"--input names '{name}', which is not a model input (inputs: {', '.join(inputs)})")
             try:
                 feeds[name] = np.load(path, allow_pickle=False)
             except (ValueError, OSError) as err:
-                raise ValueError(f"--input {name}: {path} is not a readable .npy file ({err})") from None
+                raise UsageError(f"--input {name}: {path} is not a readable .npy file ({err})") from None
         rng = np.random.default_rng(args.seed)
         for name, arg in inputs.items():
             if name not in feeds:
@@ -132,13 +133,16 @@ def run_run(args: argparse.Namespace) -> int:
         if args.output:
             buf = io.BytesIO()
             np.savez(buf, **dict(zip(names, outputs, strict=True)))
-            write_atomic(Path(args.output), buf.getvalue())
+            with user_file(args.output, "output"):
+                write_atomic(Path(args.output), buf.getvalue())
         if args.stats:
-            write_atomic(Path(args.stats), json.dumps(stats, indent=2, default=str).encode())
+            with user_file(args.stats, "stats file"):
+                write_atomic(Path(args.stats), json.dumps(stats, indent=2, default=str).encode())
         if args.trace:
             from weft.runtime.trace import write_trace
 
-            info = write_trace(sess.artifact, args.trace, getattr(sess.device, "trace_layers", None))
+            with user_file(args.trace, "trace"):
+                info = write_trace(sess.artifact, args.trace, getattr(sess.device, "trace_layers", None))
             print(f"trace: {args.trace} ({info['cycles']} cycles, {info['source']})")
     finally:
         close = getattr(sess.device, "close", None)

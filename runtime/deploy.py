@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from weft.errors import WeftError
+from weft.errors import WeftError, user_file
 
 __all__ = ["BLOCKED", "MARKER", "DeployError", "add_deploy_arguments", "board_modules", "deploy", "run_deploy"]
 
@@ -160,7 +160,8 @@ def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_
     target = out / "weft"
     _check_replaceable(out, target)
     files = board_modules()
-    out.mkdir(parents=True, exist_ok=True)
+    with user_file(out, "output folder"):
+        out.mkdir(parents=True, exist_ok=True)
     # first: a deploy that fails halfway can be run again over what it left
     (out / MARKER).write_text("written by weft deploy; the next deploy overwrites its files in this folder\n")
     _install_runtime(files, target)

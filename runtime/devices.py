@@ -98,8 +98,8 @@ def create_device(name: str, config: AcceleratorConfig, **options: Any) -> Devic
 
 
 def _check_options(name: str, factory: Callable[..., Device], options: Mapping[str, Any]) -> None:
-    """Refuse an option the device's factory does not take, naming it (factories that pass options on
-    through **kwargs check them themselves)."""
+    """Refuse an option the device's factory does not take, or the lack of one it needs, naming it
+    (factories that pass options on through **kwargs check them themselves)."""
     import inspect
 
     params = inspect.signature(factory).parameters
@@ -109,6 +109,10 @@ def _check_options(name: str, factory: Callable[..., Device], options: Mapping[s
     if unknown:
         accepted = [p for p in params if p != "config"]
         raise DeviceError(f"device '{name}' has no option '{unknown[0]}' (options: {', '.join(accepted) or 'none'})")
+    missing = [p.name for p in params.values()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is p.empty and p.name not in options]
+    if missing:
+        raise DeviceError(f"device '{name}' needs the option '{missing[0]}'")
 
 
 register_device("ref", RefDevice)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.errors import read_input
 from weft.runtime.devices import Device, DeviceError, register_device
 from weft.runtime.driver import DriverDevice
 from weft.runtime.safety import check_config_hash
@@ -109,7 +110,7 @@ class PynqDevice(Device):
         if manifest.get("config_hash") is not None:
             check_config_hash(config.hash, manifest["config_hash"], where=f"bitstream {bitstream} (its manifest)")
         if isinstance(spec, (str, Path)):
-            data = json.loads(Path(spec).read_text())
+            data = json.loads(read_input(spec, "register spec"))
             spec = data.get("registers", data) if "registers" in data and isinstance(data["registers"], dict) else data
         self.board = DriverDevice(config, PynqHardware(bitstream, ip_name=ip_name), spec=spec, timeout_s=timeout_s,
                                   name=self.name)

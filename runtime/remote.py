@@ -246,7 +246,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, body, headers)
         except _HttpError as err:
             self._error(err.code, str(err))
-        except (WeftError, ValueError) as err:  # the client's input: LimitError, ArtifactError, FeedError
+        except WeftError as err:  # the client's input: LimitError, ArtifactError, FeedError
             self._error(400, f"{type(err).__name__}: {err}")
         except OSError:
             raise  # the connection is gone: nobody to answer

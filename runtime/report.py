@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from weft.errors import user_file
 from weft.runtime.artifact import write_atomic
 
 __all__ = ["add_report_arguments", "layer_table", "plot_roofline", "run_report"]
@@ -132,10 +133,13 @@ def run_report(args: argparse.Namespace) -> int:
         writer = csv.DictWriter(buf, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-        write_atomic(Path(args.csv), buf.getvalue().encode())
+        with user_file(args.csv, "CSV file"):
+            write_atomic(Path(args.csv), buf.getvalue().encode())
     if args.json:
-        write_atomic(Path(args.json), json.dumps(rows, indent=2).encode())
+        with user_file(args.json, "JSON file"):
+            write_atomic(Path(args.json), json.dumps(rows, indent=2).encode())
     if args.roofline:
-        plot_roofline(rows, config, args.roofline)
+        with user_file(args.roofline, "plot"):
+            plot_roofline(rows, config, args.roofline)
         print(f"roofline: {args.roofline}")
     return 0

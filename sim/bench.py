@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from weft.config import AcceleratorConfig, load_config
+from weft.errors import UsageError
 from weft.isa import MemId, ProgramBuilder, encode_insns, encode_uops, uops_from
 from weft.isa.arith import pack, wrap
 from weft.isa.constants import INSN_BYTES
@@ -52,7 +53,7 @@ def _tile_size(c: AcceleratorConfig, size: int, icb: int, ocb: int) -> int:
         if ((t + 2) ** 2 * icb <= c.inp_rows // 2 and t * t * ocb <= c.acc_rows // 2
                 and 2 * uops <= c.uop_rows and t * ocb < c.acc_rows):
             return t
-    raise ValueError(f"config '{c.name}': no tile of the {size}x{size} image fits the buffers")
+    raise UsageError(f"config '{c.name}': no tile of the {size}x{size} image fits the buffers")
 
 
 def _auto_channels(c: AcceleratorConfig) -> int:
@@ -74,14 +75,14 @@ def conv_workload(config: AcceleratorConfig, size: int = 56, channels: int | Non
     load, compute and store tile by tile (same result, no overlap).
     """
     if buffers not in (1, 2):
-        raise ValueError(f"buffers must be 1 or 2, got {buffers}")
+        raise UsageError(f"buffers must be 1 or 2, got {buffers}")
     c = config
     channels = channels or _auto_channels(c)
     if channels % c.block_in or channels % c.block_out:
-        raise ValueError(f"{channels} channels are not a multiple of block_in and block_out")
+        raise UsageError(f"{channels} channels are not a multiple of block_in and block_out")
     icb, ocb, batch = channels // c.block_in, channels // c.block_out, c.batch
     if 9 * icb * ocb > c.wgt_rows or icb > 15:
-        raise ValueError(f"config '{c.name}': {channels} channels do not fit the weight buffer")
+        raise UsageError(f"config '{c.name}': {channels} channels do not fit the weight buffer")
     t = _tile_size(c, size, icb, ocb)
     rng = np.random.default_rng(seed)
     x = rng.integers(-(1 << (c.inp_width - 1)), 1 << (c.inp_width - 1), (batch, size, size, channels))
@@ -179,7 +180,7 @@ def bench_fsim(config: str | AcceleratorConfig = "default", seconds: float = 2.0
     return JSON-ready figures: ``macs_per_s`` (median run; ``best_macs_per_s`` for the fastest), the
     workload, the config. The first run's output is checked against numpy; a mismatch raises."""
     if model is not None:
-        raise ValueError("the fsim benchmark runs a fixed conv workload; it takes no model")
+        raise UsageError("the fsim benchmark runs a fixed conv workload; it takes no model")
     c = load_config(config)
     work = conv_workload(c, size=size, channels=channels)
     work.dram.write(work.insn_addr, encode_insns(c, work.insns))

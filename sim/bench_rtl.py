@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from weft.config import AcceleratorConfig, load_config
+from weft.errors import UsageError
 from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
 from weft.isa.arith import pack
 from weft.isa.constants import INSN_BYTES
@@ -184,11 +185,11 @@ def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: s
     from weft.sim.timing_calibrate import calibration_figures
 
     if options:
-        raise ValueError(f"bench rtl takes no option {', '.join(sorted(options))}")
+        raise UsageError(f"bench rtl takes no option {', '.join(sorted(options))}")
     if repeat < 1:
-        raise ValueError(f"repeat must be at least 1, got {repeat}")
+        raise UsageError(f"repeat must be at least 1, got {repeat}")
     if not simulator_available("verilator"):
-        raise ValueError("verilator is not installed: the RTL benchmark needs it")
+        raise UsageError("verilator is not installed: the RTL benchmark needs it")
     config = load_config(config_name)
     figures: dict[str, Any] = {"dram_model": {"name": timing, **TIMINGS[timing].to_dict()}}
     speed = load_config(speed_config)

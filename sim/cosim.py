@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from weft.errors import WeftError
+from weft.errors import UsageError, WeftError
 from weft.isa.asm import format_insn
 from weft.isa.constants import MemId, Opcode
 from weft.isa.encoding import encode_insns
@@ -61,7 +61,7 @@ class CosimError(WeftError):
 
 def simulator_available(sim: str) -> bool:
     if sim not in SIMULATORS:
-        raise ValueError(f"unknown simulator '{sim}' (known: {', '.join(SIMULATORS)})")
+        raise UsageError(f"unknown simulator '{sim}' (known: {', '.join(SIMULATORS)})")
     return shutil.which(SIMULATORS[sim]) is not None
 
 
@@ -222,7 +222,7 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
     from weft.sim.dram_timing import TIMINGS
 
     if timing not in TIMINGS:
-        raise ValueError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
+        raise UsageError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
     build_dir = build(config, sim, build_root)
 
     size = 1 << max(12, (max(job.dram.size for job in jobs) - 1).bit_length())

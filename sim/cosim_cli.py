@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from weft.commands import add_config_option
+from weft.errors import UsageError
 
 __all__ = ["add_cosim_arguments", "run_cosim"]
 
@@ -27,7 +28,7 @@ def run_cosim(args: argparse.Namespace) -> int:
     from weft.sim.cosim import run_random
 
     if args.count < 1:
-        raise ValueError(f"--count must be at least 1, got {args.count}")
+        raise UsageError(f"--count must be at least 1, got {args.count}")
     config = load_config(args.config)
     seeds = list(range(args.seed, args.seed + args.count))
     with Progress(len(seeds), f"cosim {config.name} on {args.sim}") as bar:

@@ -29,6 +29,7 @@ from weft.compiler.errors import CompileError
 from weft.compiler.ir import Graph, Node
 from weft.compiler.layout import act_block
 from weft.compiler.partition import ACCEL_OPS, send_to_host
+from weft.errors import UsageError
 from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
 from weft.isa.semantics import QUEUES
@@ -158,9 +159,9 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     if unknown:
         node = next((n for n in graph.nodes if n.name == unknown[0] and n.op in ACCEL_OPS), None)
         if node is not None:  # the partition sent it to the host
-            raise ValueError(f"schedules given for '{node.name}', which runs on the host: "
+            raise UsageError(f"schedules given for '{node.name}', which runs on the host: "
                              f"{node.attrs.get('host_reason', 'the partition put it there')}")
-        raise ValueError(f"schedules given for '{unknown[0]}', which is not an accelerator layer of the model")
+        raise UsageError(f"schedules given for '{unknown[0]}', which is not an accelerator layer of the model")
     plan = memory.DramPlan(c)
     values: dict[str, dict[str, Any]] = {}
     for node in accel:

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from weft.errors import UsageError, read_input, user_file
+
 __all__ = ["add_dse_arguments", "run_dse"]
 
 
@@ -37,13 +39,13 @@ def run_dse(args: argparse.Namespace) -> int:
     from weft.config import load_config
     from weft.progress import Progress
 
-    model = Path(args.model).read_bytes()
+    model = read_input(args.model, "model")
     base = load_config(args.config)
     valid, skipped = expand_grid(base, parse_sweep(args.sweep))
     for knobs, reason in skipped:
         print(f"skipped {knobs}: {reason}", file=sys.stderr)
     if not valid:
-        raise ValueError("every point of the sweep breaks a config rule; nothing to run")
+        raise UsageError("every point of the sweep breaks a config rule; nothing to run")
     area = args.area == "synth"
     with Progress(len(valid), "dse") as bar:
         rows = run_sweep(model, valid, area=area, family=args.family, seed=args.seed, workers=args.workers,
@@ -54,8 +56,10 @@ def run_dse(args: argparse.Namespace) -> int:
     for i, r in enumerate(rows):
         r["pareto"] = i in front
     stem = Path(args.output)
-    csv_path = write_csv(rows, stem.with_suffix(".csv"))
-    png_path = plot_pareto(rows, x, stem.with_suffix(".png"), title=f"weft dse: {Path(args.model).name}")
+    with user_file(stem.with_suffix(".csv"), "output"):
+        csv_path = write_csv(rows, stem.with_suffix(".csv"))
+    with user_file(stem.with_suffix(".png"), "output"):
+        png_path = plot_pareto(rows, x, stem.with_suffix(".png"), title=f"weft dse: {Path(args.model).name}")
     for r in rows:
         figures = r.get("error") or f"{r['cycles']} cycles, {r['latency_us']:.1f} us" + (
             f", {r[x]:g} {x}, fits: {r.get('fits') or 'none'}" if area else "")

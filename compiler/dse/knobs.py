@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from weft.config import AcceleratorConfig, ConfigError
+from weft.errors import UsageError
 
 __all__ = ["KNOBS", "expand_grid", "parse_sweep"]
 
@@ -42,15 +43,15 @@ def parse_sweep(specs: Sequence[str]) -> dict[str, list[float]]:
         name, sep, values = spec.partition("=")
         name = name.strip()
         if not sep or not values.strip():
-            raise ValueError(f"--sweep '{spec}': expected KNOB=V1,V2,...")
+            raise UsageError(f"--sweep '{spec}': expected KNOB=V1,V2,...")
         if name not in KNOBS:
-            raise ValueError(f"--sweep '{spec}': unknown knob '{name}' (knobs: {', '.join(KNOBS)})")
+            raise UsageError(f"--sweep '{spec}': unknown knob '{name}' (knobs: {', '.join(KNOBS)})")
         if name in sweep:
-            raise ValueError(f"--sweep '{spec}': knob '{name}' is swept twice")
+            raise UsageError(f"--sweep '{spec}': knob '{name}' is swept twice")
         try:
             sweep[name] = [float(v) for v in values.split(",")]
         except ValueError:
-            raise ValueError(f"--sweep '{spec}': values must be numbers") from None
+            raise UsageError(f"--sweep '{spec}': values must be numbers") from None
     return sweep
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from weft.config import AcceleratorConfig
+from weft.errors import UsageError
 
 __all__ = ["evaluate_point", "run_sweep"]
 
@@ -69,7 +70,7 @@ def _dask(jobs: list[tuple], address: str) -> Iterator[dict[str, Any]]:
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
-        raise ValueError("--scheduler needs dask[distributed] (pip install 'weft[dse]')") from None
+        raise UsageError("--scheduler needs dask[distributed] (pip install 'weft[dse]')") from None
     with Client(address) as client:
         futures = [client.submit(evaluate_point, *args, pure=False, **kwargs) for args, kwargs in jobs]
         for future in as_completed(futures):

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from weft.errors import UsageError
+
 __all__ = ["bench_cpu", "bench_cpu_tune", "call_times", "measure_peak", "peak_kernel"]
 
 #: the issue's goal: weft's latency at most this many times onnxruntime's
@@ -157,7 +159,7 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
     from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
-        raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
+        raise UsageError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
     threads = threads or default_threads()
     repeat = max(1, repeat)
     onnx_model = models.MODELS[model]()
@@ -227,7 +229,7 @@ def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threa
     from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
-        raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
+        raise UsageError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
     threads = threads or default_threads()
     onnx_model = models.MODELS[model]()
     artifact = compile_model(onnx_model, target="cpu", config=config)

@@ -33,6 +33,7 @@ from weft.compiler.llvm.expr import (
     substitute,
 )
 from weft.compiler.llvm.lower import Barrier, For, If, Seq, Stmt, Store
+from weft.errors import WeftError
 
 __all__ = ["Emitter", "ir_type"]
 
@@ -61,8 +62,9 @@ class Val:
     dtype: str
 
 
-class EmitError(ValueError):
-    pass
+class EmitError(WeftError, ValueError):
+    """Code the target cannot run, from the schedule asked for: GPU thread bindings or a shared-memory
+    barrier in code for a CPU, a vectorized loop whose lanes all store to one element."""
 
 
 class Emitter:
@@ -98,7 +100,7 @@ class Emitter:
                 raise EmitError("a barrier (GPU shared memory) in code for a CPU")
             self.barrier()
         else:
-            raise EmitError(f"unknown statement {type(s).__name__}")
+            raise TypeError(f"unknown statement {type(s).__name__}")
 
     def loop(self, s: For, begin: ir.Value | None = None, end: ir.Value | None = None) -> None:
         kind = s.kind
@@ -115,7 +117,7 @@ class Emitter:
             return
         if kind == "vectorize" and begin is None:
             if self.vec is not None:
-                raise EmitError(f"nested vectorized loops ('{self.vec[0].name}', '{s.var.name}')")
+                raise RuntimeError(f"nested vectorized loops ('{self.vec[0].name}', '{s.var.name}')")
             self.vec = (s.var, s.extent)
             try:
                 self.stmt(s.body)
@@ -145,7 +147,7 @@ class Emitter:
     def branch(self, s: If) -> None:
         cond = self.expr(s.cond)
         if cond.lanes != 1:
-            raise EmitError(f"condition {s.cond!r} differs between vector lanes")
+            raise RuntimeError(f"condition {s.cond!r} differs between vector lanes")
         b = self.b
         then = b.append_basic_block("then")
         after = b.append_basic_block("endif")
@@ -196,7 +198,7 @@ class Emitter:
         if v.lanes == lanes:
             return v
         if v.lanes != 1:
-            raise EmitError(f"cannot mix vectors of {v.lanes} and {lanes} lanes")
+            raise RuntimeError(f"cannot mix vectors of {v.lanes} and {lanes} lanes")
         vt = ir.VectorType(v.value.type, lanes)
         if isinstance(v.value, ir.Constant):
             return Val(ir.Constant(vt, [v.value.constant] * lanes), lanes, v.dtype)
@@ -215,7 +217,7 @@ class Emitter:
             try:
                 return Val(self.env[e], 1, e.dtype)
             except KeyError:
-                raise EmitError(f"variable '{e.name}' is used outside its loop") from None
+                raise RuntimeError(f"variable '{e.name}' is used outside its loop") from None
         if isinstance(e, Load):
             return self.load(e)
         if isinstance(e, Bin):
@@ -229,7 +231,7 @@ class Emitter:
             return self.cast(e)
         if isinstance(e, Call):
             return self.call(e)
-        raise EmitError(f"cannot emit {type(e).__name__}")
+        raise TypeError(f"cannot emit {type(e).__name__}")
 
     def load(self, e: Load) -> Val:
         buf = e.buffer

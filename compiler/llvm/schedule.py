@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from weft.compiler.llvm.expr import Buffer, Expr, Var, const, substitute
+from weft.errors import WeftError
 
 __all__ = ["KINDS", "THREAD_TAGS", "Axis", "CacheRead", "Schedule", "ScheduleError"]
 
@@ -25,7 +26,7 @@ THREAD_TAGS = ("blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x", "threadI
 KINDS = ("serial", "unroll", "vectorize", "parallel", *THREAD_TAGS)
 
 
-class ScheduleError(ValueError):
+class ScheduleError(WeftError, ValueError):
     """A primitive applied where it cannot be: names the stage, the axis and what was expected."""
 
 

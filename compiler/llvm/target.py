@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from weft.errors import UsageError
+
 __all__ = ["AARCH64", "ARMV7", "NVPTX", "TARGETS", "Target", "host_target", "resolve_target"]
 
 
@@ -85,4 +87,4 @@ def resolve_target(target: str | Target) -> Target:
     try:
         return TARGETS[target]
     except KeyError:
-        raise ValueError(f"unknown target '{target}' (known: host, {', '.join(TARGETS)})") from None
+        raise UsageError(f"unknown target '{target}' (known: host, {', '.join(TARGETS)})") from None

@@ -27,6 +27,7 @@ from weft.compiler.tune.log import TuningLog, task_record, workload_key
 from weft.compiler.tune.measure import Layer, TimingMeasurer, layers_of
 from weft.compiler.tune.parallel import PoolMeasurer
 from weft.compiler.tune.tuner import Transfer, tune_layer
+from weft.errors import UsageError
 from weft.progress import Progress
 
 __all__ = ["SEARCHES", "bench_tune"]
@@ -143,7 +144,7 @@ def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int 
         wanted = layers.split(",")
         unknown = sorted(set(wanted) - {x.geom.name for x in chosen})
         if unknown:
-            raise ValueError(f"'{unknown[0]}' is not a conv layer of {model} on the accelerator")
+            raise UsageError(f"'{unknown[0]}' is not a conv layer of {model} on the accelerator")
         chosen = [x for x in chosen if x.geom.name in wanted]
     distinct: dict[str, Layer] = {}
     for x in chosen:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from weft.errors import UsageError
 from weft.runtime.cli import parse_device_option
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.show is not None:
         paths = list(args.show) + ([args.model] if args.model else [])
         if not paths:
-            raise ValueError("--show needs at least one log")
+            raise UsageError("--show needs at least one log")
         log = TuningLog.merge(paths)
         if args.merge_into:
             log.write(args.merge_into)
@@ -68,9 +69,9 @@ def run_tune(args: argparse.Namespace) -> int:
         print_json(log.summary(config_hash))
         return 0
     if not args.model:
-        raise ValueError("give a model to tune (or --show LOG)")
+        raise UsageError("give a model to tune (or --show LOG)")
     if not args.output:
-        raise ValueError("give the log to write with -o LOG")
+        raise UsageError("give the log to write with -o LOG")
     from weft.compiler.driver import compile_model
     from weft.compiler.errors import CalibrationWarning
 
@@ -79,7 +80,7 @@ def run_tune(args: argparse.Namespace) -> int:
         from weft.runtime.cpu_device import default_threads
 
         if args.measure != "timing" or args.jobs is not None:  # CPU time is measured here, one kernel at a time
-            raise ValueError("--target cpu times kernels on this CPU, one at a time: no --measure or --jobs")
+            raise UsageError("--target cpu times kernels on this CPU, one at a time: no --measure or --jobs")
         graph = compile_model(args.model, target="cpu", config=args.config).graph
         results = tune_host(graph, args.threads or default_threads(), trials=args.trials, tuner=args.tuner,
                             log=TuningLog(args.output), seed=args.seed, batch=args.batch,
@@ -98,7 +99,7 @@ def run_tune(args: argparse.Namespace) -> int:
         wanted = args.layers.split(",")
         unknown = sorted(set(wanted) - {x.geom.name for x in layers})
         if unknown:
-            raise ValueError(f"'{unknown[0]}' is not an accelerator layer of the model")
+            raise UsageError(f"'{unknown[0]}' is not an accelerator layer of the model")
         layers = [x for x in layers if x.geom.name in wanted]
     measurer = _measurer(args, cfg)
     try:
@@ -118,12 +119,12 @@ def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:
     from weft.runtime.cpu_device import default_threads
 
     if args.jobs is not None and (args.jobs < 1 or args.measure != "timing"):
-        raise ValueError(f"--jobs must be at least 1 and is for --measure timing (got {args.jobs} with "
+        raise UsageError(f"--jobs must be at least 1 and is for --measure timing (got {args.jobs} with "
                          f"--measure {args.measure})")
 
     if args.measure != "board":
         if args.device_option or args.repeat != 1:
-            raise ValueError(f"--device-option and --repeat are for --measure board, not --measure {args.measure}")
+            raise UsageError(f"--device-option and --repeat are for --measure board, not --measure {args.measure}")
         if args.measure == "rtl":
             return RtlMeasurer(cfg)
         jobs = args.jobs if args.jobs is not None else default_threads()
@@ -136,6 +137,6 @@ def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:
 
     options = dict(args.device_option)
     if "bitstream" not in options:
-        raise ValueError("--measure board needs the bitstream: --device-option bitstream=PATH (on a PYNQ board, "
+        raise UsageError("--measure board needs the bitstream: --device-option bitstream=PATH (on a PYNQ board, "
                          "or with the stand-in tests/fake_pynq on PYTHONPATH)")
     return BoardMeasurer(cfg, repeat=args.repeat, **options)

@@ -42,8 +42,9 @@ from weft.compiler.llvm.nn import (
     tile_score,
 )
 from weft.compiler.llvm.target import Target, host_target
-from weft.compiler.tune.log import TuningLog
+from weft.compiler.tune.log import LogError, TuningLog
 from weft.compiler.tune.space import IndexedPoints
+from weft.errors import UsageError
 
 if TYPE_CHECKING:
     import random
@@ -155,7 +156,7 @@ class HostConvTask:
 
     def __init__(self, name: str, workload: ConvWorkload, threads: int, target: Target | None = None) -> None:
         if threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
+            raise UsageError(f"threads must be at least 1, got {threads}")
         self.machine = target or host_target()
         self.subject = HostConv(name, workload, int(threads))
         self.name = name
@@ -219,11 +220,11 @@ class CpuTimeMeasurer:
                  quiet: float = 1.25, attempts: int = 4, cold_bytes: int = 64 << 20,
                  cache_dir: str | Path | None = None) -> None:
         if repeat < 1 or attempts < 1:
-            raise ValueError(f"repeat and attempts must be at least 1, got {repeat} and {attempts}")
+            raise UsageError(f"repeat and attempts must be at least 1, got {repeat} and {attempts}")
         if statistic not in STATISTICS:
-            raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, got '{statistic}'")
+            raise UsageError(f"statistic must be one of {', '.join(STATISTICS)}, got '{statistic}'")
         if quiet and quiet < 1:
-            raise ValueError(f"quiet must be 0 (no probe) or at least 1, got {quiet}")
+            raise UsageError(f"quiet must be 0 (no probe) or at least 1, got {quiet}")
         self.repeat, self.warmup, self.min_sample_s, self.cache_dir = repeat, warmup, min_sample_s, cache_dir
         self.statistic, self.quiet, self.attempts, self.cold_bytes = statistic, quiet, attempts, cold_bytes
         self.busy_retries = self.busy = 0
@@ -351,7 +352,7 @@ def tuned_schedules(log: TuningLog | str | Path, threads: int, target: Target | 
     if not isinstance(log, TuningLog):
         path = Path(log)
         if not path.is_file():
-            raise FileNotFoundError(f"tuning log '{path}' does not exist")
+            raise LogError(f"tuning log '{path}' does not exist")
         log = TuningLog(path)
     target = target or host_target()
     key = host_key(threads, target)
@@ -391,7 +392,7 @@ def tune_host(graph: Graph, threads: int, *, trials: int, log: TuningLog | None 
     if layers is not None:
         unknown = sorted(set(layers) - {t.name for t in tasks})
         if unknown:
-            raise ValueError(f"'{unknown[0]}' is not a convolution of the model on the host "
+            raise UsageError(f"'{unknown[0]}' is not a convolution of the model on the host "
                              f"(convolutions: {', '.join(t.name for t in tasks)})")
         tasks = [t for t in tasks if t.name in layers]
     return tune_tasks(tasks, measurer or CpuTimeMeasurer(), trials=trials, tuner=tuner,  # type: ignore[arg-type]

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weft.compiler.backend.schedule import LayerGeom, Schedule
+from weft.errors import WeftError, read_input, user_file
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["TornLogWarning", "TuningLog", "best_schedules", "record", "task_record", "workload_key"]
+__all__ = ["LogError", "TornLogWarning", "TuningLog", "best_schedules", "record", "task_record", "workload_key"]
 
 
 def workload_key(geom: LayerGeom) -> str:
@@ -56,6 +57,11 @@ def task_record(workload: str, target: str, layer: str, schedule: dict[str, Any]
     return rec
 
 
+class LogError(WeftError, ValueError):
+    """A tuning log that cannot be read: a damaged line or a record without its fields; names the file and
+    the line."""
+
+
 class TornLogWarning(UserWarning):
     """The last line of a tuning log is cut short (a run killed mid-write); it is skipped."""
 
@@ -64,7 +70,7 @@ def _read(path: Path) -> tuple[list[dict[str, Any]], int | None]:
     """The records of a log, and where a torn last line starts (None: the file ends cleanly). Torn: the
     last line, unparseable and without its newline. An unparseable line elsewhere is an error: records
     after it were written later, so the file was damaged, not cut short."""
-    data = path.read_bytes()
+    data = read_input(path, "tuning log")
     lines = data.splitlines(keepends=True)
     last = max((k for k, line in enumerate(lines) if line.strip()), default=-1)
     out: list[dict[str, Any]] = []
@@ -80,10 +86,10 @@ def _read(path: Path) -> tuple[list[dict[str, Any]], int | None]:
             if k == last and not raw.endswith(b"\n"):  # records are written newline last: cut mid-write
                 warnings.warn(f"{path}:{k + 1}: skipping a torn last line ({why})", TornLogWarning, stacklevel=3)
                 return out, start
-            raise ValueError(f"{path}:{k + 1}: not a JSON record ({why})") from None
+            raise LogError(f"{path}:{k + 1}: not a JSON record ({why})") from None
         missing = [key for key in ("workload", "config", "schedule", "cycles") if key not in rec]
         if missing:
-            raise ValueError(f"{path}:{k + 1}: tuning record lacks '{missing[0]}'")
+            raise LogError(f"{path}:{k + 1}: tuning record lacks '{missing[0]}'")
         out.append(rec)
     return out, None
 
@@ -109,12 +115,13 @@ class TuningLog:
     def add(self, rec: dict[str, Any]) -> None:
         self.records.append(rec)
         if self.path is not None:
-            if self._torn_at is not None:  # an append after the torn bytes would tear the new record too
-                with self.path.open("r+b") as f:
-                    f.truncate(self._torn_at)
-                self._torn_at = None
-            with self.path.open("a") as f:
-                f.write(json.dumps(rec, sort_keys=True) + "\n")
+            with user_file(self.path, "tuning log"):
+                if self._torn_at is not None:  # an append after the torn bytes would tear the new record too
+                    with self.path.open("r+b") as f:
+                        f.truncate(self._torn_at)
+                    self._torn_at = None
+                with self.path.open("a") as f:
+                    f.write(json.dumps(rec, sort_keys=True) + "\n")
 
     def measured(self, workload: str, config_hash: str,
                  parse: Callable[[Mapping[str, Any]], Hashable] = Schedule.from_dict) -> dict[Any, int | None]:
@@ -181,7 +188,7 @@ def best_schedules(log: TuningLog | str | Path, geoms: Iterable[LayerGeom], conf
     if not isinstance(log, TuningLog):
         path = Path(log)
         if not path.is_file():
-            raise FileNotFoundError(f"tuning log '{path}' does not exist")
+            raise LogError(f"tuning log '{path}' does not exist")
         log = TuningLog(path)
     out = {}
     for g in geoms:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from weft.compiler.tune.measure import Layer, lower
+from weft.errors import UsageError, WeftError
 
 if TYPE_CHECKING:
     from weft.compiler.backend.schedule import Schedule
@@ -35,7 +36,7 @@ __all__ = ["BoardMeasurer", "BoardTimeout"]
 MIN_BUFFER_BYTES = 1 << 16
 
 
-class BoardTimeout(ValueError):
+class BoardTimeout(WeftError, ValueError):
     """The accelerator did not finish a layer's program; ``report`` is the driver's watchdog report (status,
     counters, the stuck units). The driver has reset the accelerator (downloaded the bitstream again)."""
 
@@ -69,9 +70,9 @@ class BoardMeasurer:
         from weft.runtime.pynq_device import PynqDevice
 
         if repeat < 1:
-            raise ValueError(f"repeat must be at least 1, got {repeat}")
+            raise UsageError(f"repeat must be at least 1, got {repeat}")
         if device_options.get("bitstream") is None:
-            raise ValueError("the board measurer needs the bitstream: bitstream=PATH (the .bit, its "
+            raise UsageError("the board measurer needs the bitstream: bitstream=PATH (the .bit, its "
                              "manifest.json beside it)")
         self.config, self.repeat = config, repeat
         # The registry's factory checks the option names against the device's and refuses others.
@@ -80,7 +81,7 @@ class BoardMeasurer:
         except ModuleNotFoundError as err:
             if err.name != "pynq":
                 raise
-            raise ValueError("the board measurer runs on a PYNQ board (the pynq package is not installed here); "
+            raise UsageError("the board measurer runs on a PYNQ board (the pynq package is not installed here); "
                              "without one, put the stand-in tests/fake_pynq on PYTHONPATH") from err
         assert isinstance(device, PynqDevice)
         self.device = device

@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from weft.compiler.backend.codegen import BackendError
+from weft.errors import UsageError
 
 __all__ = ["PoolMeasurer"]
 
@@ -69,7 +70,7 @@ class PoolMeasurer:
 
     def __init__(self, factory: Callable[[], Any], jobs: int) -> None:
         if jobs < 1:
-            raise ValueError(f"jobs must be at least 1, got {jobs}")
+            raise UsageError(f"jobs must be at least 1, got {jobs}")
         self.factory, self.jobs = factory, jobs
         self.local = factory()
         self.name = self.local.name

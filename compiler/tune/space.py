@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import numpy as np
 
 from weft.compiler.backend.schedule import ORDERS, LayerGeom, Schedule, cost, space, usage
+from weft.errors import UsageError
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -55,7 +56,7 @@ class SearchSpace(IndexedPoints[Schedule]):
     def __post_init__(self) -> None:
         self.points = list(space(self.geom, self.config))
         if not self.points:
-            raise ValueError(f"layer '{self.geom.name}': no schedule fits the buffers of config '{self.config.name}'")
+            raise UsageError(f"layer '{self.geom.name}': no schedule fits the buffers of config '{self.config.name}'")
         self._index = {s: i for i, s in enumerate(self.points)}
 
     def sample(self, rng: random.Random) -> Schedule:

@@ -29,6 +29,7 @@ from weft.compiler.backend.codegen import BackendError
 from weft.compiler.tune.cost_model import XGBCostModel
 from weft.compiler.tune.log import TuningLog, task_record
 from weft.compiler.tune.task import AccelTask, Space, TuningTask, default_of
+from weft.errors import UsageError
 from weft.progress import Progress
 
 if TYPE_CHECKING:
@@ -122,9 +123,9 @@ def tune_task(task: TuningTask, measurer: Measurer, *, trials: int, tuner: str =
     untuned one; the benchmark turns it off to compare the searches alone. `transfer` (xgb only) trains
     the cost model on other workloads' measurements too."""
     if tuner not in TUNERS:
-        raise ValueError(f"tuner must be one of {', '.join(TUNERS)}, got '{tuner}'")
+        raise UsageError(f"tuner must be one of {', '.join(TUNERS)}, got '{tuner}'")
     if trials < 1:
-        raise ValueError(f"trials must be at least 1, got {trials}")
+        raise UsageError(f"trials must be at least 1, got {trials}")
     log = log if log is not None else TuningLog()
     sp = task.space
     rng = random.Random(seed)
