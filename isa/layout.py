@@ -8,6 +8,7 @@ width is written down twice.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
@@ -180,24 +181,67 @@ class IsaLayout:
 
     @staticmethod
     def check_fits(config: AcceleratorConfig) -> None:
-        """Raise ConfigError when a derived field no longer fits the instruction or micro-op word."""
+        """Raise ConfigError when a derived field no longer fits the instruction or micro-op word; the
+        message names the fields and, for each buffer, the largest size that would fit."""
         from weft.config import ConfigError
 
+        problem = IsaLayout._overflow(config)
+        if problem is None:
+            return
+        if _SUGGESTING.get():  # a trial point of the search below: the caller only needs to know it fails
+            raise ConfigError("buffer sizes", problem)
+        token = _SUGGESTING.set(True)
+        try:
+            fits = [f"{name}={size}" for name, size in IsaLayout._fitting_sizes(config)]
+        finally:
+            _SUGGESTING.reset(token)
+        hint = (f"sizes that fit, changing one buffer: {', '.join(fits)}" if fits
+                else "no single buffer change fits: shrink several, or narrow block_in / block_out")
+        raise ConfigError("buffer sizes", f"{problem}; {hint}")
+
+    @staticmethod
+    def _overflow(config: AcceleratorConfig) -> str | None:
+        """What does not fit, naming the fields and the buffers their widths come from; None when all fit."""
         layout = IsaLayout(config)
         for fmt in layout.formats.values():
             if fmt.used_bits > fmt.bits:
-                widest = max(fmt.fields, key=lambda f: f.width)
-                raise ConfigError(
-                    "buffer sizes",
-                    f"the {fmt.name.upper()} instruction needs {fmt.used_bits} bits but the instruction "
-                    f"word has {fmt.bits} (its widest field is {widest.name}, {widest.width} bits); "
-                    "shrink a buffer",
-                )
+                widest = sorted(fmt.fields, key=lambda f: -f.width)[:3]
+                return (f"the {fmt.name.upper()} instruction needs {fmt.used_bits} bits but the instruction word "
+                        f"has {fmt.bits} (widest fields: {', '.join(f'{f.name} {f.width}' for f in widest)} bits; "
+                        f"buffers: {_buffer_sizes(config)})")
         if layout.uop.used_bits > layout.uop.bits:
-            raise ConfigError(
-                "buffer sizes",
-                f"a micro-op needs {layout.uop.used_bits} bits, more than {layout.uop.bits}",
-            )
+            return (f"a micro-op needs {layout.uop.used_bits} bits, more than {layout.uop.bits} "
+                    f"(buffers: {_buffer_sizes(config)})")
+        return None
+
+    @staticmethod
+    def _fitting_sizes(config: AcceleratorConfig) -> list[tuple[str, int]]:
+        """For each buffer, the largest power-of-two size below today's that makes the config fit."""
+        from weft.config import ConfigError
+
+        found = []
+        for name in _BUFFERS:
+            size = getattr(config, name) // 2
+            while size >= 1:
+                try:
+                    config.replace(**{name: size}, out_buff_bytes=None)
+                except ConfigError as err:
+                    if err.field != "buffer sizes":
+                        break  # smaller than one row, or another rule: this buffer cannot help
+                    size //= 2
+                    continue
+                found.append((name, size))
+                break
+        return found
+
+
+#: The buffers whose depths set field widths, and the flag that keeps a fit search from recursing.
+_BUFFERS = ("uop_buff_bytes", "inp_buff_bytes", "wgt_buff_bytes", "acc_buff_bytes")
+_SUGGESTING: ContextVar[bool] = ContextVar("weft_isa_fit_search", default=False)
+
+
+def _buffer_sizes(config: AcceleratorConfig) -> str:
+    return ", ".join(f"{name}={getattr(config, name)}" for name in _BUFFERS)
 
 
 #: Every field name any instruction format uses, in a stable order (the columns of a decoded program).

@@ -48,3 +48,19 @@ def test_describe_output_with_an_extra_key_is_refused() -> None:
     data = {**PRESETS["tiny"].describe(), "surprise": 1}
     with pytest.raises(ConfigError, match="surprise"):
         AcceleratorConfig.from_dict(data)
+
+
+def test_an_impossible_design_point_names_the_buffers_and_the_sizes_that_fit() -> None:
+    with pytest.raises(ConfigError) as caught:
+        AcceleratorConfig.from_dict({"block_in": 8, "block_out": 8})
+    message = str(caught.value)
+    assert "GEMM instruction needs 131 bits" in message and "uop_end 13" in message
+    assert "uop_buff_bytes=32768" in message  # today's sizes
+    suggested = message.split("sizes that fit, changing one buffer: ")[1]
+    fits = dict(item.split("=") for item in suggested.split(", "))
+    assert set(fits) == {"uop_buff_bytes", "inp_buff_bytes", "wgt_buff_bytes", "acc_buff_bytes"}
+    for name, size in fits.items():  # each suggestion fits, and twice it does not
+        config = AcceleratorConfig.from_dict({"block_in": 8, "block_out": 8, name: int(size)})
+        assert getattr(config, name) == int(size)
+        with pytest.raises(ConfigError, match="buffer sizes"):
+            AcceleratorConfig.from_dict({"block_in": 8, "block_out": 8, name: 2 * int(size)})
