@@ -137,7 +137,7 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
     from weft.compiler.backend import generate
     from weft.compiler.driver import compile_model
     from weft.config import load_config
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
     from weft.runtime.fsim_device import timing_model
 
     del repeat  # one run per variant: cycles are deterministic

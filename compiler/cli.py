@@ -105,7 +105,7 @@ def _why(row: dict[str, Any], target: str) -> str:
 
 def run_inspect(args: argparse.Namespace) -> int:
     from weft.compiler.partition import layer_summary
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
     artifact = Artifact.load(args.artifact)
     rows = layer_summary(artifact.graph)

@@ -3,7 +3,7 @@
     art = weft.compile("resnet18.onnx", target="accel", config="default", calibration=samples)
     art.save("resnet18.weft")
 
-A pre-quantized model (QDQ or QOperator format, see :mod:`weft.compiler.qdq`) brings its own activation
+A pre-quantized model (QDQ or QOperator format, see :mod:`weft.core.qdq`) brings its own activation
 scales and needs no calibration data. Otherwise, without calibration data the accel target calibrates on
 :data:`~weft.compiler.calibrate.DEFAULT_SAMPLES` batches of seeded standard-normal inputs and warns
 (:class:`CalibrationWarning`): fine for a smoke test, not for accuracy.
@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weft.compiler.calibrate import DEFAULT_SAMPLES, load_calibration, random_batches, sample_shapes, split_batches
-from weft.compiler.errors import CalibrationWarning
 from weft.compiler.onnx_import import declared_inputs, import_onnx, load_model
 from weft.compiler.pipeline import TARGETS, Pass, build_pipeline, run_pipeline
-from weft.compiler.qdq import model_scales
 from weft.config import AcceleratorConfig, load_config
-from weft.runtime.artifact import Artifact
+from weft.core.artifact import Artifact
+from weft.core.errors import CalibrationWarning
+from weft.core.qdq import model_scales
 
 if TYPE_CHECKING:
     import onnx
 
-    from weft.compiler.ir import Graph
+    from weft.core.ir import Graph
 
 __all__ = ["compile_model"]
 

@@ -91,8 +91,8 @@ def run_run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
+    from weft.core.files import write_atomic
     from weft.progress import Progress
-    from weft.runtime.artifact import write_atomic
     from weft.runtime.session import InferenceSession
 
     options = dict(args.device_option)

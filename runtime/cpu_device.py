@@ -20,7 +20,7 @@ from weft.runtime.devices import Device, DeviceError, register_device
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["CpuDevice", "CudaDevice", "default_threads"]
 
@@ -72,7 +72,7 @@ class CpuDevice(Device):
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-        from weft.runtime.reference import check_feeds
+        from weft.core.walker import check_feeds
 
         if self.plan is None or self.artifact is None:
             raise DeviceError("load an artifact before running")
@@ -109,7 +109,7 @@ class CudaDevice(Device):
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-        from weft.runtime.reference import check_feeds
+        from weft.core.walker import check_feeds
 
         if self.plan is None or self.artifact is None:
             raise DeviceError("load an artifact before running")

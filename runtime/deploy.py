@@ -43,7 +43,7 @@ class DeployError(WeftError):
 BLOCKED = ("onnx", "onnxruntime", "llvmlite", "xgboost", "amaranth", "cocotb", "cocotbext", "scipy", "torch")
 #: What the board imports; the file list is what these pull in.
 ENTRY_MODULES = ("weft.runtime", "weft.runtime.pynq_device", "weft.runtime.driver", "weft.runtime.bitstreams",
-                 "weft.runtime.remote", "weft.runtime.walker", "weft.runtime.host", "weft.runtime.dram_runner")
+                 "weft.runtime.remote", "weft.core.walker", "weft.core.host", "weft.runtime.dram_runner")
 
 _BLOCKER = """
 import importlib.abc, sys
@@ -151,7 +151,7 @@ def _notebook() -> dict[str, Any]:
 def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_root: str | Path | None = None
            ) -> dict[str, Any]:
     """Write the deploy folder; returns what went in it."""
-    from weft.runtime.artifact import load_artifact
+    from weft.core.artifact import load_artifact
     from weft.runtime.bitstreams import BitstreamError, board_of, lookup
 
     board_of(board)

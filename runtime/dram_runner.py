@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from weft.compiler.ir import Node, numpy_dtype
-from weft.runtime.artifact_schema import ArtifactError
+from weft.core.artifact_schema import ArtifactError
+from weft.core.ir import Node, numpy_dtype
 from weft.runtime.devices import DeviceError
 from weft.sim.bits import pack, unpack
 from weft.sim.dram import Dram
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["SECTION", "AcceleratorImage", "DramRunner", "LayerHooks", "OnLayer", "ProgramRunner", "one_blas_thread"]
 
@@ -115,7 +115,7 @@ class LayerHooks(Protocol):
 
 
 class DramRunner:
-    """The :class:`~weft.runtime.walker.AcceleratorRunner` of a device whose accelerator works on one DRAM
+    """The :class:`~weft.core.walker.AcceleratorRunner` of a device whose accelerator works on one DRAM
     image: `programs` runs each layer's program, `hooks.on_layer` is called around it, and `cycles(layer)`
     gives a layer's cycles when the program runner does not count them (the timing model on fsim)."""
 

@@ -35,7 +35,7 @@ from weft.runtime.devices import DeviceError
 from weft.runtime.remote_device import TOKEN_ENV, RemoteDevice, npz_bytes
 
 if TYPE_CHECKING:
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["MAX_BODY", "RemoteDevice", "RemoteServer", "is_loopback", "main", "make_server"]
 
@@ -114,7 +114,7 @@ class RemoteServer:
             self.inflight -= nbytes
 
     def load(self, data: bytes | bytearray) -> dict[str, Any]:
-        from weft.runtime.artifact import Artifact
+        from weft.core.artifact import Artifact
 
         budget = min(MAX_ARTIFACT_BYTES, ARTIFACT_RATIO * len(data) + ARTIFACT_SLACK)
         check_zip(data, "the artifact", max_bytes=budget)

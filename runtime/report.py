@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from weft.runtime.artifact import write_atomic
+from weft.core.files import write_atomic
 
 __all__ = ["add_report_arguments", "layer_table", "plot_roofline", "run_report"]
 

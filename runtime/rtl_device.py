@@ -25,12 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from weft.runtime.devices import Device, DeviceError, register_device
+from weft.runtime.devices import Device, DeviceError, register_device, run_loaded
 from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer, ProgramRunner
 from weft.runtime.driver import Driver, DriverPrograms
 from weft.runtime.driver_fsim import FIRST_ADDRESS, BackendHardware
 from weft.runtime.trace import RtlLayer
-from weft.runtime.walker import run_loaded
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
     from weft.sim.dram import Dram
 
 __all__ = ["RtlBackend", "RtlDevice", "rtl_hardware"]

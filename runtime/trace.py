@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.core.artifact import Artifact
+from weft.core.files import write_atomic
 from weft.isa.encoding import decode_insns
 from weft.isa.program import insn_kind
-from weft.runtime.artifact import Artifact, write_atomic
 from weft.runtime.devices import DeviceError
 
 if TYPE_CHECKING:

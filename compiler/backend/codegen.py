@@ -25,16 +25,16 @@ from weft.compiler.backend.schedule import LayerGeom, Schedule, ranked
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
 from weft.compiler.backend.vthread import inject_sync
-from weft.compiler.errors import CompileError
-from weft.compiler.ir import Graph, Node
-from weft.compiler.layout import act_block
-from weft.compiler.partition import ACCEL_OPS, send_to_host
+from weft.compiler.partition import send_to_host
+from weft.core.errors import CompileError
+from weft.core.ir import ACCEL_OPS, Graph, Node
+from weft.core.layout import act_block
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
 from weft.isa.spec import intrinsic
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["SECTION", "BackendError", "generate", "layer_geometry", "lower_layer", "nonnegative_values", "value_bytes"]
 

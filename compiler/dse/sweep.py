@@ -25,7 +25,7 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
     error instead of figures, so one bad point never sinks a sweep.
     """
     from weft.compiler.driver import compile_model
-    from weft.compiler.errors import CalibrationWarning
+    from weft.core.errors import CalibrationWarning
     from weft.runtime.trace import layer_timings
 
     cfg = AcceleratorConfig.from_dict(config)

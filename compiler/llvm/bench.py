@@ -89,11 +89,11 @@ def peak_kernel(threads: int) -> tuple[Callable[[], None], int]:
 
 
 def _bench_conv(threads: int, repeat: int) -> dict[str, Any]:
-    from weft.compiler.float_ops import conv2d
     from weft.compiler.llvm import nn
     from weft.compiler.llvm.jit import build
     from weft.compiler.llvm.layout import Layout
     from weft.compiler.llvm.target import host_target
+    from weft.core.float_ops import conv2d
 
     target = host_target()
     b = target.lanes(4)

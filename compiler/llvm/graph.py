@@ -25,9 +25,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_ops import macs_of
-from weft.compiler.ir import Graph, numpy_dtype
 from weft.compiler.llvm.codegen_cpu import render_module
 from weft.compiler.llvm.expr import dtype_of_numpy, np_dtype
 from weft.compiler.llvm.host_float import FLOAT_HANDLERS, plan_halos
@@ -37,6 +34,9 @@ from weft.compiler.llvm.hostplan import HostPlan, Planner, Step, Tensor
 from weft.compiler.llvm.jit import CompiledKernel, compile_ir
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.target import Target, host_target
+from weft.core.errors import UnsupportedError
+from weft.core.float_ops import macs_of
+from weft.core.ir import Graph, numpy_dtype
 
 if TYPE_CHECKING:
     from weft.compiler.llvm.nn import ConvSchedule

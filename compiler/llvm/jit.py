@@ -164,7 +164,7 @@ def _cached(cache_dir: str | Path | None, key: str, emit: Callable[[], bytes]) -
 
 
 def _write(path: Path, data: bytes) -> None:
-    from weft.runtime.artifact import write_atomic
+    from weft.core.files import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)  # a temporary file renamed over the old: a reader never sees half a file

@@ -106,7 +106,7 @@ def _whole_model(proto: Any, cfg: Any, schedules: dict[str, Schedule]) -> tuple[
     """Accelerator cycles of the whole model (timing model, every layer) with the default and the tuned
     schedules."""
     from weft.compiler.driver import compile_model
-    from weft.compiler.errors import CalibrationWarning
+    from weft.core.errors import CalibrationWarning
     from weft.runtime.fsim_device import FsimDevice
 
     out = []
@@ -129,8 +129,8 @@ def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int 
     JSON-lines tuning log) keeps them, so a second run (more seeds, more layers) measures only what is new."""
     from weft.compiler import models
     from weft.compiler.driver import compile_model
-    from weft.compiler.errors import CalibrationWarning
     from weft.config import load_config
+    from weft.core.errors import CalibrationWarning
 
     cfg = load_config(config)
     if repeat is not None:

@@ -72,7 +72,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if not args.output:
         raise ValueError("give the log to write with -o LOG")
     from weft.compiler.driver import compile_model
-    from weft.compiler.errors import CalibrationWarning
+    from weft.core.errors import CalibrationWarning
 
     if args.target == "cpu":
         from weft.compiler.tune.host import tune_host

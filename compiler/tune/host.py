@@ -47,8 +47,8 @@ from weft.compiler.tune.log import TuningLog
 if TYPE_CHECKING:
     import random
 
-    from weft.compiler.ir import Graph
     from weft.compiler.tune.tuner import LayerResult
+    from weft.core.ir import Graph
 
 __all__ = ["ConvSpace", "CpuTimeMeasurer", "HostConv", "HostConvTask", "conv_features", "host_key", "host_tasks",
            "tune_host", "tuned_schedules"]

@@ -170,7 +170,7 @@ class TuningLog:
 
     def write(self, path: str | Path) -> None:
         """The records to `path`, atomically: a failure leaves the old file as it was."""
-        from weft.runtime.artifact import write_atomic
+        from weft.core.files import write_atomic
 
         write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records).encode())
 

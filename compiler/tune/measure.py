@@ -29,8 +29,8 @@ from weft.compiler.backend.te import tensorize
 from weft.isa.encoding import decode_insns
 
 if TYPE_CHECKING:
-    from weft.compiler.ir import Graph, Node
     from weft.config import AcceleratorConfig
+    from weft.core.ir import Graph, Node
 
 __all__ = ["Layer", "LoweredLayer", "Measurer", "RtlMeasurer", "TimingMeasurer", "layers_of", "lower"]
 

@@ -3,7 +3,7 @@
 A manifest is data from a file: every key the loader, the graph reader and the accelerator runtime read
 is checked here for presence, type and range, names are kept to plain path components, and sizes are
 bounded (DRAM to the 32-bit AXI address space, every array to :data:`MAX_ELEMENTS`), so a corrupt or
-hostile artifact ends in one :class:`~weft.runtime.artifact.ArtifactError` naming the key instead of a
+hostile artifact ends in one :class:`~weft.core.artifact.ArtifactError` naming the key instead of a
 traceback or a huge allocation deep in the runtime.
 """
 
@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from weft.compiler.ir import DTYPES
-from weft.compiler.limits import MAX_ELEMENTS
+from weft.core.ir import DTYPES
+from weft.core.limits import MAX_ELEMENTS
 from weft.errors import WeftError
 from weft.isa.constants import AXI_ADDR_BITS
 
