@@ -23,14 +23,14 @@ import numpy as np
 
 from weft.isa.encoding import decode_insns
 from weft.runtime.devices import Device, DeviceError, register_device, run_loaded
-from weft.runtime.dram_runner import SECTION, AcceleratorImage, DramRunner, OnLayer
+from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer
 from weft.sim.fsim import FunctionalSimulator
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.core.artifact import Artifact
 
-__all__ = ["SECTION", "FsimDevice", "ProgramTimer", "new_timing_model", "timing_model"]
+__all__ = ["FsimDevice", "ProgramTimer", "new_timing_model", "timing_model"]
 
 
 def timing_model() -> Any | None:
@@ -64,7 +64,7 @@ class ProgramTimer:
     def cycles(self, layer: Mapping[str, Any]) -> int:
         name = layer["name"]
         if name not in self._cycles:
-            insns = decode_insns(self.image.config, self.image.program_words(layer))
+            insns = decode_insns(self.image.config, self.image.program_words(name))
             self._cycles[name] = int(self.model.simulate(insns, layer["insn_addr"]).cycles)
         return self._cycles[name]
 

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.core.accel_section import accel_section
 from weft.core.artifact import Artifact
+from weft.core.artifact_schema import ACCEL_SECTION
 from weft.core.files import write_atomic
 from weft.isa.encoding import decode_insns
 from weft.isa.program import insn_kind
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LayerTiming", "RtlLayer", "activity_rows", "layer_timings", "trace_document", "write_trace"]
 
-SECTION = "accel"
 #: Track id of the per-layer slices, after the unit tracks (0..2).
 _LAYER_TID = 3
 
@@ -134,21 +135,17 @@ def layer_timings(artifact: Artifact) -> list[LayerTiming]:
     """Time every accelerator layer of `artifact`, in program order, on its own config."""
     from weft.sim.timing import TimingModel
 
-    if SECTION not in artifact.sections:
-        raise DeviceError("the artifact has no instruction streams (section 'accel'): a trace needs an "
+    section = accel_section(artifact)
+    if section is None:
+        raise DeviceError(f"the artifact has no instruction streams (section '{ACCEL_SECTION}'): a trace needs an "
                           "artifact compiled for the accelerator")
-    section = artifact.sections[SECTION]
-    meta = section.meta
-    const = section.array("const")
     model = TimingModel(artifact.config)
     ops = {node.name: node.op for node in artifact.graph.nodes}
     out: list[LayerTiming] = []
     offset = 0
-    for layer in meta["layers"]:
-        start = layer["insn_addr"] - meta["const_base"]
-        words = const[start:start + layer["insn_count"] * layer["insn_bytes"]]
-        report = model.simulate(decode_insns(artifact.config, words), layer["insn_addr"])
-        out.append(LayerTiming(layer["name"], ops.get(layer["name"], "?"), offset, report))
+    for layer in section.layers:
+        report = model.simulate(decode_insns(artifact.config, section.program_words(layer)), layer.insn_addr)
+        out.append(LayerTiming(layer.name, ops.get(layer.name, "?"), offset, report))
         offset += int(report.cycles)
     return out
 
