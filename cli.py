@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 __all__ = ["COMMANDS", "main"]
 
@@ -32,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("weft.compiler.cli", "print the partitioned graph of a .weft artifact"),
     "deploy": ("weft.runtime.cli", "write what a board needs to run an artifact"),
     "bitstream": ("weft.runtime.cli", "generate board projects and list bitstreams"),
-    "tune": ("weft.compiler.tune.cli", "tune schedules of a model's accelerator layers"),
+    "tune": ("weft.tools.tune_cli", "tune schedules of a model's accelerator layers"),
     "synth": ("weft.hw.cli", "synthesize the design with Yosys and report area"),
     "dse": ("weft.compiler.dse.cli", "sweep configs: cycles and area, CSV and Pareto plot"),
     "report": ("weft.runtime.report", "per-layer table and roofline plot"),
@@ -64,11 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.set_defaults(_module=module)
         add_arguments(cmd)
     return parser
-
-
-def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
-    sys.stdout.write("\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from weft.cli_common import add_config_option, print_json
 from weft.config import load_config
 
 __all__ = ["BENCHES"]
@@ -17,20 +18,13 @@ __all__ = ["BENCHES"]
 BENCHES: dict[str, str] = {
     "fsim": "weft.sim.bench:bench_fsim",
     "rtl": "weft.sim.bench_rtl:bench_rtl",
-    "compile": "weft.compiler.bench:bench_compile",
-    "latency": "weft.compiler.bench:bench_latency",
-    "cpu": "weft.compiler.llvm.bench:bench_cpu",
-    "cpu-tune": "weft.compiler.llvm.bench:bench_cpu_tune",
-    "tune": "weft.compiler.tune.bench:bench_tune",
-    "zoo": "weft.compiler.zoo:bench_zoo",
+    "compile": "weft.tools.bench_accel:bench_compile",
+    "latency": "weft.tools.bench_accel:bench_latency",
+    "cpu": "weft.tools.bench_cpu:bench_cpu",
+    "cpu-tune": "weft.tools.bench_cpu:bench_cpu_tune",
+    "tune": "weft.tools.bench_tune:bench_tune",
+    "zoo": "weft.tools.zoo:bench_zoo",
 }
-
-
-def add_config_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", default="default",
-        help="preset name (default, tiny, rect, zcu104, int4w) or a JSON file (weft or VTA format)",
-    )
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +32,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_config(args: argparse.Namespace) -> int:
-    from weft.cli import print_json
-
     print_json(load_config(args.config).describe())
     return 0
 
@@ -125,8 +117,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from weft.cli import print_json
-
     module_name, func_name = BENCHES[args.name].split(":")
     try:
         module = importlib.import_module(module_name)

@@ -25,7 +25,7 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
-    from weft.commands import add_config_option
+    from weft.cli_common import add_config_option
 
     parser.add_argument("model", nargs="?", help="the ONNX model file")
     parser.add_argument("-o", "--output", help="the .weft file to write (default: MODEL with .weft)")
@@ -120,7 +120,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         "scales": artifact.graph.meta.get("quantization", {}).get("source"), "layers": rows,
     }
     if args.json:
-        from weft.cli import print_json
+        from weft.cli_common import print_json
 
         print_json(summary)
         return 0

@@ -8,10 +8,10 @@ import pytest
 
 import weft
 from weft.compiler import models
-from weft.compiler.bench import replay_jobs
 from weft.runtime.driver import Driver
 from weft.runtime.rtl_device import rtl_hardware
 from weft.sim.cosim import simulator_available
+from weft.tools.bench_accel import replay_jobs
 
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand

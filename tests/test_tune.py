@@ -201,7 +201,7 @@ def test_compile_command_takes_a_tuning_log(setup, tmp_path, capsys):
 
 
 def test_bench_tune_compares_tuners_and_never_loses_to_the_default(setup):
-    from weft.compiler.tune.bench import bench_tune
+    from weft.tools.bench_tune import bench_tune
 
     _, _, layer = setup
     out = bench_tune("tiny", model="small_resnet", trials=4, seeds=1, layers=layer.geom.name, batch=2)

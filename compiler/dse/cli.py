@@ -10,7 +10,7 @@ __all__ = ["add_dse_arguments", "run_dse"]
 
 
 def add_dse_arguments(parser: argparse.ArgumentParser) -> None:
-    from weft.commands import add_config_option
+    from weft.cli_common import add_config_option
     from weft.compiler.dse.knobs import KNOBS
 
     parser.add_argument("model", help="an ONNX model")

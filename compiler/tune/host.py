@@ -208,7 +208,7 @@ class CpuTimeMeasurer:
 
     A core taken by another process for seconds slows every sample alike, and worse, unevenly across
     schedules (a parallel split that balances on two free cores need not on one). So a probe (the FMA
-    peak kernel, :func:`~weft.compiler.llvm.bench.peak_kernel`: as much work per thread on any number of
+    peak kernel, :func:`~weft.compiler.llvm.peak.peak_kernel`: as much work per thread on any number of
     threads) runs on the same threads before and after each measurement: when its median call takes more
     than `quiet` times the fastest call of the one-thread probe, the threads did not each have a core,
     and the measurement is taken again after a back-off, up to `attempts` times in all, keeping the
@@ -327,14 +327,14 @@ class CpuTimeMeasurer:
         the one-thread probe's fastest); always False with ``quiet=0``."""
         if not self.quiet:
             return False
-        from weft.compiler.llvm.bench import _times, peak_kernel
+        from weft.compiler.llvm.peak import call_times, peak_kernel
 
         for t in {1, threads}:
             if t not in self._probes:
                 self._probes[t] = peak_kernel(t)[0]
         if self._fastest == math.inf:
-            self._fastest = min(_times(self._probes[1], 40))
-        calls = _times(self._probes[threads], 5, warmup=0)
+            self._fastest = min(call_times(self._probes[1], 40))
+        calls = call_times(self._probes[threads], 5, warmup=0)
         if threads == 1:
             self._fastest = min(self._fastest, *calls)
         return statistics.median(calls) > self.quiet * self._fastest

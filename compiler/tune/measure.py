@@ -8,7 +8,7 @@ never needs more, so a board measurer (run the layer's program, read the cycle c
   (:mod:`weft.sim.timing`): fast, and the figures the compiler's other tools report.
 * :class:`RtlMeasurer` runs the same program on the RTL through the cosimulation (:mod:`weft.sim.cosim`,
   the same DRAM timing): the RTL's cycle counter, exact but slow (small layers). The board measurer
-  (:mod:`weft.compiler.tune.measure_board`) implements the same protocol.
+  (:mod:`weft.tools.board_measurer`) implements the same protocol.
 
 A layer is lowered on a DRAM plan of its own: activations where the whole model puts them, but its
 constants (weights, micro-ops, instructions) right after them instead of after every earlier layer's, so

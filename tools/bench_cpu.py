@@ -18,83 +18,24 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-__all__ = ["bench_cpu", "bench_cpu_tune", "measure_peak", "peak_kernel"]
+from weft.compiler.llvm import nn
+from weft.compiler.llvm.jit import build
+from weft.compiler.llvm.layout import Layout
+from weft.compiler.llvm.peak import call_times, measure_peak
+from weft.compiler.llvm.target import host_target
+from weft.core.float_ops import conv2d
+
+__all__ = ["bench_cpu", "bench_cpu_tune"]
 
 #: the issue's goal: weft's latency at most this many times onnxruntime's
 GOAL_RATIO = 1.5
 
 
-def _times(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _median_seconds(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> float:
-    return statistics.median(_times(fn, repeat, warmup))
-
-
-def measure_peak(threads: int, samples: int = 200) -> float:
-    """GFLOP/s of a register-only FMA loop on `threads` threads (the machine's practical peak)."""
-    run, flops = peak_kernel(threads)
-    # the best of many short calls, like the best run of an operator: other processes can only slow a
-    # call down, and a short one often slips between their time slices
-    best = min(_times(run, samples, 2))
-    return flops / best / 1e9
-
-
-def peak_kernel(threads: int) -> tuple[Callable[[], None], int]:
-    """A call of independent fused multiply-adds on registers on `threads` threads (one load per 14 FMAs,
-    about 0.25 ms), and its FLOPs: the machine's practical peak, or a probe of how busy it is."""
-    from weft.compiler.llvm.expr import Buffer
-    from weft.compiler.llvm.jit import build
-    from weft.compiler.llvm.target import host_target
-    from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
-
-    target = host_target()
-    lanes = target.lanes(4)
-    chains = max(2, target.vector_registers // 2 - 2)  # independent accumulators: enough to hide latency
-    iters = 16384  # about 0.25 ms per call: the call overhead stays below 2%
-    x = Buffer("x", (8, lanes))
-    w = Buffer("w", (chains, lanes))
-    r = reduce_axis(iters, "r")
-    # per iteration one vector load shared by `chains` FMAs whose other operand stays in a register
-    out = compute("out", (threads * 4, chains, lanes), lambda t, j, c: reduce_sum(x[r % 8, c] * w[j, c], [r]))
-    t, j, c = out.axes
-    out.reorder(t, r, j, c)
-    out.cache_write()
-    out.vectorize(c)
-    out.unroll(j)
-    out.parallel(t)
-    fn = build(Kernel("fma_peak", [x, w], [out.out], [out]))
-    a = np.full((8, lanes), 1e-3, np.float32)
-    b = np.full((chains, lanes), 1e-3, np.float32)
-    y = np.empty((threads * 4, chains, lanes), np.float32)
-    flops = 2 * threads * 4 * chains * lanes * iters
-
-    def run() -> None:
-        fn(a, b, y, nthreads=threads)
-
-    return run, flops
-
-
 def _bench_conv(threads: int, repeat: int) -> dict[str, Any]:
-    from weft.compiler.llvm import nn
-    from weft.compiler.llvm.jit import build
-    from weft.compiler.llvm.layout import Layout
-    from weft.compiler.llvm.target import host_target
-    from weft.core.float_ops import conv2d
-
     target = host_target()
     b = target.lanes(4)
     spec = nn.ConvSpec(1, 64, 58, 58, 64, 3, 3, (1, 1), b, b)  # 56x56 padded by 1
@@ -108,7 +49,7 @@ def _bench_conv(threads: int, repeat: int) -> dict[str, Any]:
     fn(xb, wb, bias.reshape(-1, b), y, nthreads=threads)
     want = np.maximum(conv2d(x, w, bias, (1, 1), (0, 0, 0, 0)), 0)
     err = float(np.abs(Layout(b).from_numpy(y) - want).max() / np.abs(want).max())
-    times = _times(lambda: fn(xb, wb, bias.reshape(-1, b), y, nthreads=threads), repeat)
+    times = call_times(lambda: fn(xb, wb, bias.reshape(-1, b), y, nthreads=threads), repeat)
     return _op_figures("1x64x56x56 -> 64, 3x3, pad 1", spec.flops, times, err)
 
 
@@ -119,10 +60,6 @@ def _op_figures(shape: str, flops: int, times: list[float], err: float) -> dict[
 
 
 def _bench_matmul(threads: int, repeat: int) -> dict[str, Any]:
-    from weft.compiler.llvm import nn
-    from weft.compiler.llvm.jit import build
-    from weft.compiler.llvm.target import host_target
-
     target = host_target()
     n = 512
     bo = target.lanes(4)
@@ -135,7 +72,7 @@ def _bench_matmul(threads: int, repeat: int) -> dict[str, Any]:
     fn(a, wp, zero, y, nthreads=threads)
     want = a @ w.T
     err = float(np.abs(y.reshape(n, n) - want).max() / np.abs(want).max())
-    times = _times(lambda: fn(a, wp, zero, y, nthreads=threads), repeat)
+    times = call_times(lambda: fn(a, wp, zero, y, nthreads=threads), repeat)
     return _op_figures("512x512 @ 512x512", 2 * n**3, times, err)
 
 
@@ -179,7 +116,7 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
     for _ in range(rounds):  # blocks, alternating: each runtime in its steady state, load hits both alike
         for runner, times in ((lambda: sess.run(None, x), weft_t), (lambda: ort_sess.run(None, x), ort_t)):
             time.sleep(0.05)  # let the other runtime's spinning threads park
-            times += _times(runner, max(1, repeat // rounds), warmup=2)
+            times += call_times(runner, max(1, repeat // rounds), warmup=2)
     weft_ms, ort_ms = statistics.median(weft_t) * 1e3, statistics.median(ort_t) * 1e3
     best_ratio = min(weft_t) / min(ort_t)
     stats = sess.stats or {}
@@ -278,7 +215,7 @@ def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threa
             while measurer.is_busy(threads) and time.perf_counter() - start < 2.0:
                 time.sleep(0.1)
             waited += time.perf_counter() - start
-            times[name] += _times(fn, max(1, repeat // rounds), warmup=2)
+            times[name] += call_times(fn, max(1, repeat // rounds), warmup=2)
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     best_ms = {k: min(v) * 1e3 for k, v in times.items()}
     return {

@@ -16,7 +16,7 @@ __all__ = ["add_tune_arguments", "run_tune"]
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
-    from weft.commands import add_config_option
+    from weft.cli_common import add_config_option
 
     parser.add_argument("model", nargs="?", help="ONNX model to tune (omit with --show)")
     add_config_option(parser)
@@ -53,7 +53,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 def run_tune(args: argparse.Namespace) -> int:
     import warnings
 
-    from weft.cli import print_json
+    from weft.cli_common import print_json
     from weft.compiler.tune.log import TuningLog
     from weft.config import load_config
 
@@ -132,7 +132,7 @@ def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:
         from weft.compiler.tune.parallel import PoolMeasurer
 
         return PoolMeasurer(lambda: TimingMeasurer(cfg), jobs)
-    from weft.compiler.tune.measure_board import BoardMeasurer
+    from weft.tools.board_measurer import BoardMeasurer
 
     options = dict(args.device_option)
     if "bitstream" not in options:
