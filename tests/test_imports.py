@@ -21,7 +21,7 @@ BLOCKER = textwrap.dedent("""
 
 def test_core_packages_import_with_numpy_alone():
     code = BLOCKER + textwrap.dedent("""
-        import weft, weft.config, weft.isa, weft.sim, weft.runtime
+        import weft, weft.config, weft.isa, weft.sim, weft.core, weft.runtime
         import weft.sim.fsim
         from weft.config import PRESETS
         from weft.isa import encode_insns, assemble
