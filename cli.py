@@ -14,6 +14,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from weft.errors import is_user_error
+
 __all__ = ["COMMANDS", "main"]
 
 #: name -> (module, one-line help). A module that does not exist yet is left out of `weft --help`.
@@ -78,8 +80,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as err:  # every user-facing failure: one clear line and a non-zero exit
-        from weft.errors import is_user_error
-
         if args.traceback or not is_user_error(err):
             raise
         print(f"weft {args.command}: error: {err}", file=sys.stderr)

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from weft.cli_common import add_config_option, print_json
 from weft.config import load_config
+from weft.isa import assemble, c_header, decode_insns, disassemble, encode_insns, isa_spec, markdown
+from weft.isa.asm import AsmError, AsmFileError, check_words, read_source
+from weft.isa.encoding import layout_of
 
 __all__ = ["BENCHES"]
 
@@ -43,8 +46,6 @@ def add_isa_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_isa(args: argparse.Namespace) -> int:
-    from weft.isa import c_header, isa_spec, markdown
-
     config = load_config(args.config)
     if args.format == "json":
         text = json.dumps(isa_spec(config), indent=2) + "\n"
@@ -67,10 +68,6 @@ def add_asm_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_asm(args: argparse.Namespace) -> int:
-    from weft.isa import assemble, decode_insns, disassemble, encode_insns
-    from weft.isa.asm import AsmError, AsmFileError, check_words, read_source
-    from weft.isa.encoding import layout_of
-
     config = load_config(args.config)
     name = "standard input" if args.input == "-" else args.input
     data = sys.stdin.buffer.read() if args.input == "-" else Path(args.input).read_bytes()

@@ -59,7 +59,7 @@ def run_demo(config: AcceleratorConfig, seed: int = 0, model: str = "resnet18", 
     # optional dependencies: the compiler and the float comparison need onnx and onnxruntime
     import onnxruntime as ort
 
-    from weft.compiler import models
+    from weft.compiler import models  # optional dependency: onnx
     from weft.compiler.driver import compile_model
 
     if model not in models.MODELS:

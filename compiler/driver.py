@@ -17,9 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weft.compiler.backend import generate
 from weft.compiler.calibrate import DEFAULT_SAMPLES, load_calibration, random_batches, sample_shapes, split_batches
 from weft.compiler.onnx_import import declared_inputs, import_onnx, load_model
 from weft.compiler.pipeline import TARGETS, Pass, build_pipeline, run_pipeline
+from weft.compiler.tune.log import best_schedules
+from weft.compiler.tune.measure import layers_of
 from weft.config import AcceleratorConfig, load_config
 from weft.core.artifact import Artifact
 from weft.core.errors import CalibrationWarning
@@ -96,12 +99,7 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
         meta["calibration"] = calibration_info
     artifact = Artifact(graph, cfg, target, meta=meta)
     if target == "accel" and codegen:
-        from weft.compiler.backend import generate
-
         if tuning_log is not None:
-            from weft.compiler.tune.log import best_schedules
-            from weft.compiler.tune.measure import layers_of
-
             tuned = best_schedules(tuning_log, [layer.geom for layer in layers_of(graph, cfg)], cfg)
             schedules = {**tuned, **dict(schedules or {})}
             artifact.meta["tuning_log"] = {"path": str(tuning_log), "tuned_layers": sorted(tuned)}

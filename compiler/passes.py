@@ -9,7 +9,7 @@ import numpy as np
 
 from weft.core.errors import CompileError, ModelError, UnsupportedError
 from weft.core.float_ops import FLOAT_OPS
-from weft.core.ir import Graph, Node, Value
+from weft.core.ir import Graph, Node, Value, numpy_dtype
 from weft.core.limits import shape_problem
 
 __all__ = ["fold_constants", "infer_shapes", "remove_dead", "remove_identity", "resolve_auto_pad"]
@@ -115,8 +115,6 @@ def fold_constants(graph: Graph) -> Graph:
 
 
 def _np(dtype: str) -> np.dtype:
-    from weft.core.ir import numpy_dtype
-
     return numpy_dtype(dtype)
 
 

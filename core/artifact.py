@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from weft import __version__
 from weft.config import AcceleratorConfig, ConfigError
 from weft.core.artifact_schema import ArtifactError, check_manifest, check_shape
 from weft.core.errors import GraphError
@@ -139,8 +140,6 @@ class Artifact:
             sections[name] = {"meta": section.meta, "files": sorted(section.files)}
             for fname, data in section.files.items():
                 files[f"sections/{name}/{fname}"] = data
-        from weft import __version__
-
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "weft_version": __version__,
             "target": self.target, "config": self.config.to_dict(), "config_hash": self.config.hash,

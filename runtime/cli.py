@@ -12,8 +12,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weft.core.files import write_atomic
+from weft.progress import Progress
 from weft.runtime.bitstreams import add_bitstream_arguments, run_bitstream
 from weft.runtime.deploy import add_deploy_arguments, run_deploy
+from weft.runtime.session import InferenceSession
+from weft.runtime.trace import write_trace
 
 if TYPE_CHECKING:
     from weft.progress import Progress
@@ -91,10 +95,6 @@ def run_run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from weft.core.files import write_atomic
-    from weft.progress import Progress
-    from weft.runtime.session import InferenceSession
-
     options = dict(args.device_option)
     if args.trace and args.device == "rtl":
         options["trace"] = True
@@ -136,8 +136,6 @@ def run_run(args: argparse.Namespace) -> int:
         if args.stats:
             write_atomic(Path(args.stats), json.dumps(stats, indent=2, default=str).encode())
         if args.trace:
-            from weft.runtime.trace import write_trace
-
             info = write_trace(sess.artifact, args.trace, getattr(sess.device, "trace_layers", None))
             print(f"trace: {args.trace} ({info['cycles']} cycles, {info['source']})")
     finally:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.core.walker import check_feeds
 from weft.runtime.devices import Device, DeviceError, register_device
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class CpuDevice(Device):
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
         try:
+            # The runtime's one way into the compiler, made lazily: host code needs llvmlite, optional on a board.
             from weft.compiler.llvm.graph import plan_graph
         except ImportError as err:
             raise DeviceError(f"device 'cpu' needs llvmlite ({err}); install weft[compiler]") from None
@@ -72,8 +74,6 @@ class CpuDevice(Device):
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-        from weft.core.walker import check_feeds
-
         if self.plan is None or self.artifact is None:
             raise DeviceError("load an artifact before running")
         arrays = check_feeds(self.artifact.graph, feeds)
@@ -98,6 +98,7 @@ class CudaDevice(Device):
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
         try:
+            # The runtime's one way into the compiler, made lazily: host code needs llvmlite, optional on a board.
             from weft.compiler.llvm.cuda import CudaError, plan_cuda
         except ImportError as err:
             raise DeviceError(f"device 'cuda' needs llvmlite ({err}); install weft[compiler]") from None
@@ -109,8 +110,6 @@ class CudaDevice(Device):
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-        from weft.core.walker import check_feeds
-
         if self.plan is None or self.artifact is None:
             raise DeviceError("load an artifact before running")
         outputs, layers = self.plan.run(check_feeds(self.artifact.graph, feeds))

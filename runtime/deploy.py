@@ -26,7 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from weft.core.artifact import load_artifact
 from weft.errors import WeftError
+from weft.hw.regs import registers_spec
+from weft.isa import isa_spec
+from weft.runtime.bitstreams import BitstreamError, board_of, lookup
 
 __all__ = ["BLOCKED", "MARKER", "DeployError", "add_deploy_arguments", "board_modules", "deploy", "run_deploy"]
 
@@ -151,9 +155,6 @@ def _notebook() -> dict[str, Any]:
 def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_root: str | Path | None = None
            ) -> dict[str, Any]:
     """Write the deploy folder; returns what went in it."""
-    from weft.core.artifact import load_artifact
-    from weft.runtime.bitstreams import BitstreamError, board_of, lookup
-
     board_of(board)
     art = load_artifact(artifact_path)
     out = Path(out)
@@ -165,8 +166,6 @@ def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_
     (out / MARKER).write_text("written by weft deploy; the next deploy overwrites its files in this folder\n")
     _install_runtime(files, target)
     shutil.copyfile(artifact_path, out / "model.weft")
-    from weft.hw.regs import registers_spec
-    from weft.isa import isa_spec
 
     spec = isa_spec(art.config, registers=registers_spec(art.config))  # what `weft rtl` writes
     (out / "weft_spec.json").write_text(json.dumps(spec, indent=1))

@@ -29,6 +29,9 @@ from weft.core.files import write_atomic
 from weft.isa.encoding import decode_insns
 from weft.isa.program import insn_kind
 from weft.runtime.devices import DeviceError
+from weft.runtime.safety import unit_of
+from weft.sim.fsim import INSN_KINDS
+from weft.sim.timing import TRACE_DTYPE, UNIT_NAMES, TimingModel, trace_events
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -85,10 +88,6 @@ def activity_rows(config: AcceleratorConfig, insns: np.ndarray, intervals: dict[
     and is ready when the stall that ended as it was taken began (else when it started). So ``end - start
     - 1`` summed over a unit is its busy counter, and ``start - ready`` its stall counter, to the cycle.
     """
-    from weft.runtime.safety import unit_of
-    from weft.sim.fsim import INSN_KINDS
-    from weft.sim.timing import TRACE_DTYPE, UNIT_NAMES
-
     runs = intervals["run"]
     if len(runs) != 1:
         raise DeviceError(f"the RTL trace holds {len(runs)} runs where one was expected")
@@ -133,8 +132,6 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def layer_timings(artifact: Artifact) -> list[LayerTiming]:
     """Time every accelerator layer of `artifact`, in program order, on its own config."""
-    from weft.sim.timing import TimingModel
-
     section = accel_section(artifact)
     if section is None:
         raise DeviceError(f"the artifact has no instruction streams (section '{ACCEL_SECTION}'): a trace needs an "
@@ -169,8 +166,6 @@ def _busy_counter(trace: np.ndarray, offset: int, us: float, pid: int) -> list[d
 def trace_document(artifact: Artifact, layers: list[RtlLayer] | None = None) -> dict[str, Any]:
     """The Chrome trace-event JSON object (``traceEvents`` in microseconds at the config's clock): of the
     RTL's `layers` when given (``RtlDevice.trace_layers``), else of the timing model's."""
-    from weft.sim.timing import trace_events
-
     config = artifact.config
     us = 1.0 / config.clock_mhz
     events: list[dict[str, Any]] = []

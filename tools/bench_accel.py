@@ -70,7 +70,7 @@ def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibra
     # optional dependencies: onnx (the models, the compiler's importer) and onnxruntime
     import onnxruntime as ort
 
-    from weft.compiler.driver import compile_model
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     cfg = load_config(config)
     onnx_model, calibration, x = _model_and_inputs(model, calibration_batches, seed)

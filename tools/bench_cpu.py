@@ -27,7 +27,12 @@ from weft.compiler.llvm.jit import build
 from weft.compiler.llvm.layout import Layout
 from weft.compiler.llvm.peak import call_times, measure_peak
 from weft.compiler.llvm.target import host_target
+from weft.compiler.tune.host import CpuTimeMeasurer, host_tasks, tuned_schedules
+from weft.compiler.tune.log import TuningLog
+from weft.compiler.tune.tuner import tune_tasks
 from weft.core.float_ops import conv2d
+from weft.runtime.cpu_device import default_threads
+from weft.runtime.session import InferenceSession
 
 __all__ = ["bench_cpu", "bench_cpu_tune"]
 
@@ -91,10 +96,8 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
               seed: int = 0) -> dict[str, Any]:
     """Latency of `model` (batch 1) on weft's "cpu" device and on onnxruntime, same threads; then the
     conv and matmul operator figures against the measured peak. Times are medians in milliseconds."""
-    from weft.compiler import models
+    from weft.compiler import models  # optional dependency: onnx
     from weft.compiler.driver import compile_model
-    from weft.runtime.cpu_device import default_threads
-    from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
         raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
@@ -158,13 +161,8 @@ def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threa
     fastest; for the model, six rounds of (untuned, tuned, onnxruntime) blocks of runs, each block
     started when the measurer's probe finds the machine quiet (or after 2 s of waiting), reporting
     medians and best runs in milliseconds."""
-    from weft.compiler import models
+    from weft.compiler import models  # optional dependency: onnx
     from weft.compiler.driver import compile_model
-    from weft.compiler.tune.host import CpuTimeMeasurer, host_tasks, tuned_schedules
-    from weft.compiler.tune.log import TuningLog
-    from weft.compiler.tune.tuner import tune_tasks
-    from weft.runtime.cpu_device import default_threads
-    from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
         raise ValueError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")

@@ -16,6 +16,7 @@ from weft.config import AcceleratorConfig
 from weft.core.accel_section import accel_section
 from weft.core.artifact import Artifact
 from weft.core.errors import CalibrationWarning, CompileError
+from weft.hw.synth import BOARDS, default_cache, fits, synthesize
 from weft.isa.encoding import decode_insns
 from weft.sim.timing import TimingModel
 
@@ -59,8 +60,6 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
     row.update(cycles=cycles, latency_us=cycles / cfg.clock_mhz, layers=len(layers),
                host_fallbacks=len(artifact.graph.meta.get("fallbacks", {})))
     if area:
-        from weft.hw.synth import BOARDS, default_cache, fits, synthesize
-
         try:
             synth = synthesize(cfg, family=family, cache=default_cache())
         except Exception as err:

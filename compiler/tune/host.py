@@ -43,6 +43,7 @@ from weft.compiler.llvm.nn import (
 )
 from weft.compiler.llvm.target import Target, host_target
 from weft.compiler.tune.log import TuningLog
+from weft.compiler.tune.tuner import tune_tasks
 
 if TYPE_CHECKING:
     import random
@@ -243,7 +244,7 @@ class CpuTimeMeasurer:
         self._expected: dict[str, np.ndarray] = {}
 
     def _compile(self, subject: HostConv, schedule: ConvSchedule) -> Any:
-        from weft.compiler.llvm.jit import build
+        from weft.compiler.llvm.jit import build  # optional dependency: llvmlite
 
         target = host_target()
         try:
@@ -327,7 +328,7 @@ class CpuTimeMeasurer:
         the one-thread probe's fastest); always False with ``quiet=0``."""
         if not self.quiet:
             return False
-        from weft.compiler.llvm.peak import call_times, peak_kernel
+        from weft.compiler.llvm.peak import call_times, peak_kernel  # optional dependency: llvmlite
 
         for t in {1, threads}:
             if t not in self._probes:
@@ -342,7 +343,7 @@ class CpuTimeMeasurer:
 
 def host_tasks(graph: Graph, threads: int, target: Target | None = None) -> list[HostConvTask]:
     """The convolutions of a float graph (as the "cpu" device plans it), in graph order, one task each."""
-    from weft.compiler.llvm.graph import plan_steps
+    from weft.compiler.llvm.graph import plan_steps  # optional dependency: llvmlite
 
     target = target or host_target()
     plan = plan_steps(graph, target)
@@ -393,8 +394,6 @@ def tune_host(graph: Graph, threads: int, *, trials: int, log: TuningLog | None 
     """Tune the convolutions of a float graph on this CPU with `threads` threads (each distinct workload
     once; `layers` keeps only those conv nodes; `transfer` as in :func:`tune_tasks`). Measurements are
     taken one at a time, in this process: parallel measurements would time each other."""
-    from weft.compiler.tune.tuner import tune_tasks
-
     tasks = host_tasks(graph, threads)
     if layers is not None:
         unknown = sorted(set(layers) - {t.name for t in tasks})

@@ -27,6 +27,8 @@ from weft.compiler.backend import codegen, memory
 from weft.compiler.backend.schedule import LayerGeom, Schedule
 from weft.compiler.backend.te import tensorize
 from weft.isa.encoding import decode_insns
+from weft.sim.cosim import Job, run_jobs
+from weft.sim.timing import TimingModel
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -97,8 +99,6 @@ class TimingMeasurer:
     name = "timing"
 
     def __init__(self, config: AcceleratorConfig) -> None:
-        from weft.sim.timing import TimingModel
-
         self.config = config
         self.model = TimingModel(config)
 
@@ -118,8 +118,6 @@ class RtlMeasurer:
         self.config, self.sim, self.timing = config, sim, timing
 
     def measure(self, layer: Layer, schedule: Schedule) -> int:
-        from weft.sim.cosim import Job, run_jobs
-
         low = lower(layer, schedule, self.config)
         image = low.plan.image(0)
         job = Job(dram=image, insn_addr=low.insn_addr, insn_count=len(low.insns), label=layer.geom.name)
