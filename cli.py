@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+
+from weft.errors import is_user_error
 
 __all__ = ["COMMANDS", "main"]
 
@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("weft.compiler.cli", "print the partitioned graph of a .weft artifact"),
     "deploy": ("weft.runtime.cli", "write what a board needs to run an artifact"),
     "bitstream": ("weft.runtime.cli", "generate board projects and list bitstreams"),
-    "tune": ("weft.compiler.tune.cli", "tune schedules of a model's accelerator layers"),
+    "tune": ("weft.tools.tune_cli", "tune schedules of a model's accelerator layers"),
     "synth": ("weft.hw.cli", "synthesize the design with Yosys and report area"),
     "dse": ("weft.compiler.dse.cli", "sweep configs: cycles and area, CSV and Pareto plot"),
     "report": ("weft.runtime.report", "per-layer table and roofline plot"),
@@ -52,11 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
-    sys.stdout.write("\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -71,8 +66,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as err:
-        from weft.errors import is_user_error
-
         # A user's mistake is one line naming the culprit; anything else is a bug in weft, whose traceback
         # (and exit status 1) is what a report of it needs.
         if args.traceback or not is_user_error(err):

@@ -9,8 +9,12 @@ import json
 import sys
 from pathlib import Path
 
+from weft.cli_common import add_config_option, print_json
 from weft.config import load_config
 from weft.errors import UsageError, read_input, user_file
+from weft.isa import assemble, c_header, decode_insns, disassemble, encode_insns, isa_spec, markdown
+from weft.isa.asm import AsmError, AsmFileError, check_words, read_source
+from weft.isa.constants import INSN_BYTES
 
 __all__ = ["BENCHES"]
 
@@ -18,20 +22,13 @@ __all__ = ["BENCHES"]
 BENCHES: dict[str, str] = {
     "fsim": "weft.sim.bench:bench_fsim",
     "rtl": "weft.sim.bench_rtl:bench_rtl",
-    "compile": "weft.compiler.bench:bench_compile",
-    "latency": "weft.compiler.bench:bench_latency",
-    "cpu": "weft.compiler.llvm.bench:bench_cpu",
-    "cpu-tune": "weft.compiler.llvm.bench:bench_cpu_tune",
-    "tune": "weft.compiler.tune.bench:bench_tune",
-    "zoo": "weft.compiler.zoo:bench_zoo",
+    "compile": "weft.tools.bench_accel:bench_compile",
+    "latency": "weft.tools.bench_accel:bench_latency",
+    "cpu": "weft.tools.bench_cpu:bench_cpu",
+    "cpu-tune": "weft.tools.bench_cpu:bench_cpu_tune",
+    "tune": "weft.tools.bench_tune:bench_tune",
+    "zoo": "weft.tools.zoo:bench_zoo",
 }
-
-
-def add_config_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", default="default",
-        help="preset name (default, tiny, rect, zcu104, int4w) or a JSON file (weft or VTA format)",
-    )
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +36,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_config(args: argparse.Namespace) -> int:
-    from weft.cli import print_json
-
     print_json(load_config(args.config).describe())
     return 0
 
@@ -52,8 +47,6 @@ def add_isa_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_isa(args: argparse.Namespace) -> int:
-    from weft.isa import c_header, isa_spec, markdown
-
     config = load_config(args.config)
     if args.format == "json":
         text = json.dumps(isa_spec(config), indent=2) + "\n"
@@ -77,10 +70,6 @@ def add_asm_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_asm(args: argparse.Namespace) -> int:
-    from weft.isa import assemble, decode_insns, disassemble, encode_insns
-    from weft.isa.asm import AsmError, AsmFileError, check_words, read_source
-    from weft.isa.constants import INSN_BYTES
-
     config = load_config(args.config)
     name = "standard input" if args.input == "-" else args.input
     data = sys.stdin.buffer.read() if args.input == "-" else read_input(args.input, "input")
@@ -129,8 +118,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from weft.cli import print_json
-
     module_name, func_name = BENCHES[args.name].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     options: dict[str, object] = {}

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.core.accel_section import accel_section
 from weft.errors import UsageError
+from weft.runtime.fsim_device import timing_model
+from weft.runtime.session import InferenceSession
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -54,12 +57,11 @@ def _table(layers: list[dict[str, Any]], peak: int) -> list[str]:
 def run_demo(config: AcceleratorConfig, seed: int = 0, model: str = "resnet18", calibration_batches: int = 2) -> int:
     """Build, compile, run and report `model` (a name of :data:`weft.compiler.models.MODELS`) on `config`.
     Returns 0 when fsim and the reference agree to the bit on every accelerator layer."""
+    # optional dependencies: the compiler and the float comparison need onnx and onnxruntime
     import onnxruntime as ort
 
-    from weft.compiler import models
+    from weft.compiler import models  # optional dependency: onnx
     from weft.compiler.driver import compile_model
-    from weft.runtime.fsim_device import timing_model
-    from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
         raise UsageError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
@@ -81,11 +83,12 @@ def run_demo(config: AcceleratorConfig, seed: int = 0, model: str = "resnet18", 
         warnings.simplefilter("ignore")
         artifact = compile_model(str(onnx_path), config=c, calibration=calibration)
     compile_s = time.perf_counter() - start
-    backend = artifact.sections["accel"].meta
+    backend = accel_section(artifact)
+    assert backend is not None and backend.compile_seconds is not None
     art_path = artifact.save(OUT_DIR / f"{model}.{c.name}.weft")
-    n_insns = sum(layer["insn_count"] for layer in backend["layers"])
-    print(f"compiled in {compile_s:.1f} s (back end {backend['compile_seconds']:.1f} s): {len(backend['layers'])} "
-          f"accelerator programs, {n_insns:,} instructions, DRAM image {backend['dram_bytes'] / 2**20:.1f} MiB -> "
+    n_insns = sum(layer.insn_count for layer in backend.layers)
+    print(f"compiled in {compile_s:.1f} s (back end {backend.compile_seconds:.1f} s): {len(backend.layers)} "
+          f"accelerator programs, {n_insns:,} instructions, DRAM image {backend.dram_bytes / 2**20:.1f} MiB -> "
           f"{art_path}")
 
     x = {inp.name: rng.standard_normal(shape).astype(np.float32)}

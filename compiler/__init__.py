@@ -1,7 +1,8 @@
 """weft.compiler: ONNX import, graph passes, int8 quantization and packing into a .weft artifact.
 
-Only :mod:`weft.compiler.onnx_import` (and the driver that calls it) imports onnx: the IR, the passes,
-the quantization math and the layouts import with numpy alone, so the runtime can use them on a board.
+Only :mod:`weft.compiler.onnx_import` (and the driver that calls it) imports onnx: the passes and the
+quantization math import with numpy alone. What the runtime needs too (the IR, the kernels, the layouts,
+the artifact) is in :mod:`weft.core`; the compiler never imports :mod:`weft.runtime`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["compile"]
 
@@ -18,6 +19,6 @@ def compile(model: Any, target: str = "accel", config: Any = "default", calibrat
             **options: Any) -> Artifact:
     """Compile an ONNX model (path, bytes or ModelProto) into an :class:`~weft.runtime.Artifact`.
     See :func:`weft.compiler.driver.compile_model` for the options."""
-    from weft.compiler.driver import compile_model  # imports onnx
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     return compile_model(model, target=target, config=config, calibration=calibration, **options)

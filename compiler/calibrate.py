@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import QuantizationError
-from weft.compiler.ir import Graph, Node
+from weft.core.errors import QuantizationError
+from weft.core.ir import Graph, Node
+from weft.core.reference import run_reference
 
 __all__ = ["DEFAULT_SAMPLES", "calibrate", "load_calibration", "random_batches", "sample_shapes", "split_batches"]
 
@@ -119,8 +120,6 @@ def calibrate(graph: Graph, batches: Sequence[Mapping[str, np.ndarray]]) -> Grap
     """Run the float graph on each batch and record in ``meta["calibration"]``: the largest magnitude of
     every float tensor (``absmax``), and per output channel of every FusedConv its conv + bias stage
     (``acc_absmax``, used only when a worst-case accumulator bound would not fit)."""
-    from weft.runtime.reference import run_reference  # the interpreter; numpy-only
-
     absmax: dict[str, float] = {}
     acc_absmax: dict[str, np.ndarray] = {}
 

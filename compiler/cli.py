@@ -11,6 +11,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from weft.cli_common import add_config_option, print_json
+from weft.compiler.calibrate import load_calibration
+from weft.compiler.partition import layer_summary
+from weft.compiler.pipeline import build_pipeline, describe
+from weft.config import load_config
+from weft.core.artifact import Artifact
 from weft.errors import UsageError, user_file
 
 __all__ = ["add_compile_arguments", "add_inspect_arguments", "run_compile", "run_inspect"]
@@ -27,8 +33,6 @@ def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
-    from weft.commands import add_config_option
-
     parser.add_argument("model", nargs="?", help="the ONNX model file")
     parser.add_argument("-o", "--output", help="the .weft file to write (default: MODEL with .weft)")
     parser.add_argument("--target", choices=("accel", "cpu"), default="accel",
@@ -46,20 +50,14 @@ def add_compile_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_compile(args: argparse.Namespace) -> int:
-    from weft.config import load_config
-
     config = load_config(args.config)
     if args.list_passes:
-        from weft.compiler.pipeline import build_pipeline, describe
-
         for p in describe(build_pipeline(args.target, config, [] if args.target == "accel" else None)):
             print(f"{p['name']:<18} {p['doc']}")
         return 0
     if not args.model:
         raise UsageError("give the ONNX model to compile")
-    from weft.compiler.calibrate import load_calibration
-    from weft.compiler.driver import compile_model
-    from weft.compiler.partition import layer_summary
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     calibration: Any = load_calibration(args.calibration) if args.calibration else None
     output = Path(args.output) if args.output else Path(args.model).with_suffix(".weft")
@@ -107,9 +105,6 @@ def _why(row: dict[str, Any], target: str) -> str:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from weft.compiler.partition import layer_summary
-    from weft.runtime.artifact import Artifact
-
     artifact = Artifact.load(args.artifact)
     rows = layer_summary(artifact.graph)
     macs = sum(r["macs"] for r in rows)
@@ -123,8 +118,6 @@ def run_inspect(args: argparse.Namespace) -> int:
         "scales": artifact.graph.meta.get("quantization", {}).get("source"), "layers": rows,
     }
     if args.json:
-        from weft.cli import print_json
-
         print_json(summary)
         return 0
     print(f"{artifact.graph.name}: target {artifact.target}, config '{artifact.config.name}' "

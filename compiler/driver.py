@@ -3,7 +3,7 @@
     art = weft.compile("resnet18.onnx", target="accel", config="default", calibration=samples)
     art.save("resnet18.weft")
 
-A pre-quantized model (QDQ or QOperator format, see :mod:`weft.compiler.qdq`) brings its own activation
+A pre-quantized model (QDQ or QOperator format, see :mod:`weft.core.qdq`) brings its own activation
 scales and needs no calibration data. Otherwise, without calibration data the accel target calibrates on
 :data:`~weft.compiler.calibrate.DEFAULT_SAMPLES` batches of seeded standard-normal inputs and warns
 (:class:`CalibrationWarning`): fine for a smoke test, not for accuracy.
@@ -17,19 +17,22 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weft.compiler.backend import generate
 from weft.compiler.calibrate import DEFAULT_SAMPLES, load_calibration, random_batches, sample_shapes, split_batches
-from weft.compiler.errors import CalibrationWarning
 from weft.compiler.onnx_import import declared_inputs, import_onnx, load_model
 from weft.compiler.pipeline import TARGETS, Pass, build_pipeline, run_pipeline
-from weft.compiler.qdq import model_scales
+from weft.compiler.tune.log import best_schedules
+from weft.compiler.tune.measure import layers_of
 from weft.config import AcceleratorConfig, load_config
+from weft.core.artifact import Artifact
+from weft.core.errors import CalibrationWarning
+from weft.core.qdq import model_scales
 from weft.errors import UsageError, read_input
-from weft.runtime.artifact import Artifact
 
 if TYPE_CHECKING:
     import onnx
 
-    from weft.compiler.ir import Graph
+    from weft.core.ir import Graph
 
 __all__ = ["compile_model"]
 
@@ -97,12 +100,7 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
         meta["calibration"] = calibration_info
     artifact = Artifact(graph, cfg, target, meta=meta)
     if target == "accel" and codegen:
-        from weft.compiler.backend import generate
-
         if tuning_log is not None:
-            from weft.compiler.tune.log import best_schedules
-            from weft.compiler.tune.measure import layers_of
-
             tuned = best_schedules(tuning_log, [layer.geom for layer in layers_of(graph, cfg)], cfg)
             schedules = {**tuned, **dict(schedules or {})}
             artifact.meta["tuning_log"] = {"path": str(tuning_log), "tuned_layers": sorted(tuned)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from weft.compiler.ir import Graph, Node
+from weft.core.ir import Graph, Node
 
 __all__ = [
     "flatten_dense", "fold_affine", "fold_batchnorm", "fold_pad", "fuse_activation", "fuse_residual",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from weft.compiler.layout import pad_to
+from weft.core.layout import pad_to
 
 __all__ = ["SuperGroups", "dense_super_weights", "super_groups"]
 

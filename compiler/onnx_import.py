@@ -24,11 +24,11 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
-from weft.compiler import qdq
-from weft.compiler.errors import ModelError, UnsupportedError
-from weft.compiler.float_tensor import RESIZE_MODES
-from weft.compiler.ir import Graph, Node, Value
-from weft.compiler.limits import shape_problem
+from weft.core import qdq
+from weft.core.errors import ModelError, UnsupportedError
+from weft.core.float_tensor import RESIZE_MODES
+from weft.core.ir import Graph, Node, Value
+from weft.core.limits import shape_problem
 from weft.errors import read_input
 
 __all__ = ["MIN_OPSET", "SUPPORTED_OPS", "declared_inputs", "import_onnx", "load_model"]
@@ -540,7 +540,7 @@ def _plain(*keep: str, defaults: Mapping[str, Any] | None = None) -> Converter:
     return convert
 
 
-# ---- pre-quantized models (QDQ and QOperator formats; the arithmetic lives in weft.compiler.qdq) ---------
+# ---- pre-quantized models (QDQ and QOperator formats; the arithmetic lives in weft.core.qdq) ---------
 #: Ops that move or select integers without arithmetic.
 _INT_MOVES = ("Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity")
 

@@ -4,7 +4,7 @@ Integer activations get ``Value.logical`` (their NCHW/NK shape) and a packed ``s
 become ``(O/block_out, I/block_in, kh, kw, block_out, block_in)`` with zero channel padding (grouped ones
 first become their super-groups' dense block-diagonal matrices, stacked, :mod:`weft.compiler.groups`, and
 the node gets ``attrs["super_groups"]``, their count); epilogue vectors are zero-padded to the padded
-channel count. See :mod:`weft.compiler.layout`.
+channel count. See :mod:`weft.core.layout`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from weft.compiler.epilogue import pad_steps
 from weft.compiler.groups import dense_super_weights
-from weft.compiler.ir import Graph, Value
-from weft.compiler.layout import act_block, pack_weights, packed_act_shape, pad_to
+from weft.core.epilogue import pad_steps
+from weft.core.ir import Graph, Value
+from weft.core.layout import act_block, pack_weights, packed_act_shape, pad_to
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig

@@ -13,15 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from weft.compiler.ir import Graph, Node
+from weft.core.float_ops import macs_of
+from weft.core.ir import ACCEL_OPS, Graph, Node
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ACCEL_OPS", "HOST_QOPS", "layer_summary", "partition", "segments", "send_to_host"]
+__all__ = ["HOST_QOPS", "layer_summary", "partition", "segments", "send_to_host"]
 
-#: Integer layers the accelerator runs (GEMM and ALU work); the back end lowers exactly these.
-ACCEL_OPS = frozenset({"qconv2d", "qmaxpool", "qavgpool", "qalu"})
 #: Integer ops that stay on the host: the float/int edges and pure data movement.
 HOST_QOPS = frozenset({"quantize", "dequantize", "qconcat", "qreshape", "qpad"})
 _EDGES = frozenset({"quantize", "dequantize"})
@@ -93,7 +92,7 @@ def _refusal(node: Node, graph: Graph, config: AcceleratorConfig | None) -> str 
         return _host_reason(node)
     if config is None:
         return None
-    from weft.compiler.backend.admit import check_layer  # the back end imports this module
+    from weft.compiler.backend.admit import check_layer  # cycle: the back end sends layers to the host here
 
     return check_layer(node, graph, config)
 
@@ -101,8 +100,6 @@ def _refusal(node: Node, graph: Graph, config: AcceleratorConfig | None) -> str 
 def layer_summary(graph: Graph) -> list[dict]:
     """One row per node: name, op, target, why it runs on the host (None on the accelerator or for the
     cpu target), input and output shapes (logical), MACs."""
-    from weft.compiler.float_ops import macs_of
-
     rows = []
     for node in graph.nodes:
         ins = [graph.values[x].logical_shape if x else None for x in node.inputs]

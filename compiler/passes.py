@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from weft.compiler.errors import CompileError, ModelError, UnsupportedError
-from weft.compiler.float_ops import FLOAT_OPS
-from weft.compiler.ir import Graph, Node, Value
-from weft.compiler.limits import shape_problem
+from weft.core.errors import CompileError, ModelError, UnsupportedError
+from weft.core.float_ops import FLOAT_OPS
+from weft.core.ir import Graph, Node, Value, numpy_dtype
+from weft.core.limits import shape_problem
 
 __all__ = ["fold_constants", "infer_shapes", "remove_dead", "remove_identity", "resolve_auto_pad"]
 
@@ -115,8 +115,6 @@ def fold_constants(graph: Graph) -> Graph:
 
 
 def _np(dtype: str) -> np.dtype:
-    from weft.compiler.ir import numpy_dtype
-
     return numpy_dtype(dtype)
 
 

@@ -15,13 +15,13 @@ import numpy as np
 
 from weft.compiler import fusion, passes
 from weft.compiler.calibrate import calibrate
-from weft.compiler.errors import GraphError
-from weft.compiler.ir import Graph
 from weft.compiler.packing import pack_layout
 from weft.compiler.partition import partition
-from weft.compiler.qdq import absorb_fake_quant
 from weft.compiler.quantize import fuse_clamps, quantize
 from weft.compiler.verify import verify
+from weft.core.errors import GraphError
+from weft.core.ir import Graph
+from weft.core.qdq import absorb_fake_quant
 from weft.errors import UsageError
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Scheme: symmetric activations with one scale per tensor (``scale = absmax / (2**
 symmetric weights with one scale per output channel at ``wgt_width`` bits, int32 (acc_width) biases, and
 requantization as an ALU epilogue (:mod:`weft.compiler.requant`). Widths come from the config, so an
 int4-weight config quantizes weights to int4. A pre-quantized model's own activation scales
-(``meta["qdq_scales"]``, see :mod:`weft.compiler.qdq`) take the place of calibrated ones; a tied group
+(``meta["qdq_scales"]``, see :mod:`weft.core.qdq`) take the place of calibrated ones; a tied group
 with any of them takes the largest.
 
 Ops that only move or select values (max-pool, ReLU/Clip alone, concat, reshape, pad) keep their input's
@@ -16,7 +16,7 @@ Quantized ops (integer tensors named ``<float name>_q``; all in logical layout u
   the int8 activation, the weights (``int{wgt_width}`` in int8 storage; packed by ``pack_layout``), and
   optionally the residual. Attributes: ``kernel``, ``strides``, ``pads`` (top, left, bottom, right),
   ``channels`` (in per group, out), ``group`` (absent when 1; weights ``(O, C/group, kh, kw)``),
-  ``epilogue`` (see :mod:`weft.compiler.epilogue`; its first ``add`` step is the int32 bias, with the
+  ``epilogue`` (see :mod:`weft.core.epilogue`; its first ``add`` step is the int32 bias, with the
   pre-shift's rounding constant folded in), ``act`` and ``weight_scales``. The accumulator bound sums each
   output channel's own weights, so a grouped layer's bound covers exactly its group's reduction.
 * ``qmaxpool``, ``qavgpool`` (accel): int max / int sum then requantization.
@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weft.compiler.epilogue import EpilogueOverflow, Step
-from weft.compiler.errors import QuantizationError
-from weft.compiler.float_ops import pool_geometry
-from weft.compiler.ir import Graph, Node, Value, act_dtype_name, int_dtype_name, numpy_dtype
-from weft.compiler.qdq import model_scales, weft_scale
 from weft.compiler.requant import build_epilogue, clamp_steps
+from weft.core.epilogue import EpilogueOverflow, Step
+from weft.core.errors import QuantizationError
+from weft.core.float_ops import pool_geometry
+from weft.core.ir import Graph, Node, Value, act_dtype_name, int_dtype_name, numpy_dtype
+from weft.core.qdq import model_scales, weft_scale
 from weft.isa.encoding import layout_of
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ class _Quantizer:
         imm = layout_of(config).formats["alu"].field("imm")
         self.imm_range = (imm.min, imm.max)
         calibration = graph.meta.get("calibration") or {}
-        # A pre-quantized model's own activation scales (weft.compiler.qdq) win over calibrated ones.
+        # A pre-quantized model's own activation scales (weft.core.qdq) win over calibrated ones.
         self.model_scales = {x: weft_scale(e, self.act_bits) for x, e in model_scales(graph).items()}
         if not calibration and not self.model_scales:
             raise QuantizationError("the graph has no calibration ranges: run the 'calibrate' pass first")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from weft.compiler.epilogue import EpilogueOverflow, Step, bounds
+from weft.core.epilogue import EpilogueOverflow, Step, bounds
 
 __all__ = ["Rescale", "build_epilogue", "clamp_steps", "rescale_steps", "solve_rescale"]
 

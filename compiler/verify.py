@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from weft.compiler.epilogue import check_steps
-from weft.compiler.errors import GraphError
-from weft.compiler.float_ops import FLOAT_OPS
-from weft.compiler.ir import Graph, Node, Value, act_dtype_name, int_dtype_name, numpy_dtype
-from weft.compiler.layout import packed_act_shape
-from weft.compiler.partition import ACCEL_OPS, HOST_QOPS
+from weft.compiler.partition import HOST_QOPS
 from weft.config import AcceleratorConfig
+from weft.core.epilogue import check_steps
+from weft.core.errors import GraphError
+from weft.core.float_ops import FLOAT_OPS
+from weft.core.ir import ACCEL_OPS, Graph, Node, Value, act_dtype_name, int_dtype_name, numpy_dtype
+from weft.core.layout import packed_act_shape
 from weft.isa.encoding import layout_of
 
 __all__ = ["verify"]

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weft.commands import add_config_option
+from weft.cli_common import add_config_option
 from weft.config import load_config
 
 __all__ = ["RTL_FILES", "add_rtl_arguments", "add_synth_arguments", "run_rtl", "run_synth", "write_rtl"]
@@ -44,7 +44,7 @@ def add_rtl_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_rtl(args: argparse.Namespace) -> int:
-    from weft.cli import print_json
+    from weft.cli_common import print_json
 
     config = load_config(args.config)
     started = time.perf_counter()
@@ -85,7 +85,7 @@ def synth_report(config: Any, *, family: str = "xc7", board: str | None = None, 
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from weft.cli import print_json
+    from weft.cli_common import print_json
 
     report = synth_report(load_config(args.config), family=args.family, board=args.board, pnr=args.pnr,
                           cache=not args.no_cache)

@@ -1,6 +1,6 @@
 """The arithmetic of the compute unit: the GEMM core, the ALU lanes and the narrowing to the output buffer.
 
-Rows are bit vectors laid out as in DRAM (:mod:`weft.sim.bits`): element ``j`` of a row occupies bits
+Rows are bit vectors laid out as in DRAM (:mod:`weft.isa.arith`): element ``j`` of a row occupies bits
 ``[j*w, (j+1)*w)``, two's complement. The GEMM core computes every ``acc[b, o] += sum_i inp[b, i] *
 wgt[o, i]`` term of one micro-op per cycle: products are registered, then a balanced adder tree per output
 is registered, so its latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every cycle.

@@ -15,7 +15,8 @@ import numpy as np
 
 from weft.isa.constants import AluOp
 
-__all__ = ["alu_op", "int_dtype", "loop_indices", "pack", "shift", "unpack", "wrap"]
+__all__ = ["F32_EXACT", "F64_EXACT", "alu_op", "exact_dtype", "float_dtype_for", "int_dtype", "loop_indices", "pack",
+           "shift", "unpack", "wrap"]
 
 _WIDE = {8: np.dtype(np.int8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
 
@@ -91,3 +92,22 @@ def alu_op(op: int, a: np.ndarray, b: np.ndarray | int, acc_width: int) -> np.nd
     if op == AluOp.SHR:
         return shift(a, b, acc_width)
     return wrap(a * b, acc_width)  # MUL: |a|, |b| < 2^31, so the int64 product is exact
+
+
+#: Integers up to these magnitudes (and every partial sum of them) are exact in float32 / float64.
+F32_EXACT = 1 << 24
+F64_EXACT = 1 << 53
+
+
+def exact_dtype(bound: int) -> np.dtype | None:
+    """The float dtype in which integer sums of magnitude up to `bound` are exact, or None."""
+    if bound <= F32_EXACT:
+        return np.dtype(np.float32)
+    if bound <= F64_EXACT:
+        return np.dtype(np.float64)
+    return None
+
+
+def float_dtype_for(terms: int, inp_width: int, wgt_width: int) -> np.dtype | None:
+    """The float dtype in which a sum of `terms` products is exact, or None if neither is."""
+    return exact_dtype(terms << (inp_width + wgt_width - 2))  # |(-2^(a-1)) * (-2^(b-1))| per term

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weft.config import load_config
 from weft.errors import WeftError, user_file
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ def write_project(board_name: str, config: AcceleratorConfig, out: str | Path, *
     with user_file(out, "output folder"):
         folder.mkdir(parents=True, exist_ok=True)
     if verilog is None:
-        from weft.hw.top import generate_verilog
+        from weft.hw.top import generate_verilog  # optional dependency: amaranth
 
         verilog = generate_verilog(config)
     (folder / "weft_top.v").write_text(verilog)
@@ -204,8 +205,6 @@ def write_project(board_name: str, config: AcceleratorConfig, out: str | Path, *
 
 def record_build(folder: str | Path) -> dict[str, Any]:
     """Refresh a project's manifest with the names and checksums of its built ``weft.bit``/``weft.hwh``."""
-    from weft.config import load_config
-
     folder = Path(folder)
     old = read_manifest(folder / "manifest.json")
     manifest = make_manifest(board_of(old["board"]), load_config(old["config"]), vivado=old["vivado"],
@@ -257,8 +256,6 @@ def add_bitstream_arguments(parser: Any) -> None:
 
 
 def run_bitstream(args: Any) -> int:
-    from weft.config import load_config
-
     if args.action == "list":
         found = find_bitstreams(args.root)
         if not found:

@@ -12,9 +12,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from weft.core.files import write_atomic
 from weft.errors import UsageError, user_file
+from weft.progress import Progress
 from weft.runtime.bitstreams import add_bitstream_arguments, run_bitstream
 from weft.runtime.deploy import add_deploy_arguments, run_deploy
+from weft.runtime.session import InferenceSession
+from weft.runtime.trace import write_trace
 
 if TYPE_CHECKING:
     from weft.progress import Progress
@@ -92,10 +96,6 @@ def run_run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from weft.progress import Progress
-    from weft.runtime.artifact import write_atomic
-    from weft.runtime.session import InferenceSession
-
     options = dict(args.device_option)
     if args.trace and args.device == "rtl":
         options["trace"] = True
@@ -139,8 +139,6 @@ def run_run(args: argparse.Namespace) -> int:
             with user_file(args.stats, "stats file"):
                 write_atomic(Path(args.stats), json.dumps(stats, indent=2, default=str).encode())
         if args.trace:
-            from weft.runtime.trace import write_trace
-
             with user_file(args.trace, "trace"):
                 info = write_trace(sess.artifact, args.trace, getattr(sess.device, "trace_layers", None))
             print(f"trace: {args.trace} ({info['cycles']} cycles, {info['source']})")

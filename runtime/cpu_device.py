@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.core.walker import check_feeds
 from weft.runtime.devices import Device, DeviceError, register_device
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["CpuDevice", "CudaDevice", "default_threads"]
 
@@ -43,8 +44,6 @@ class _GeneratedCode(Device):
         return DeviceError(f"device '{self.name}' needs llvmlite ({err}); install weft[compiler]")
 
     def _checked_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from weft.runtime.reference import check_feeds
-
         if self.plan is None or self.artifact is None:
             raise DeviceError("load an artifact before running")
         return check_feeds(self.artifact.graph, feeds)
@@ -75,6 +74,7 @@ class CpuDevice(_GeneratedCode):
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
         try:
+            # The runtime's one way into the compiler, made lazily: host code needs llvmlite, optional on a board.
             from weft.compiler.llvm.graph import plan_graph
         except ImportError as err:
             raise self._needs_llvmlite(err) from None
@@ -108,6 +108,7 @@ class CudaDevice(_GeneratedCode):
     def load(self, artifact: Artifact) -> None:
         super().load(artifact)
         try:
+            # The runtime's one way into the compiler, made lazily: host code needs llvmlite, optional on a board.
             from weft.compiler.llvm.cuda import CudaError, plan_cuda
         except ImportError as err:
             raise self._needs_llvmlite(err) from None

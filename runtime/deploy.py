@@ -26,7 +26,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from weft.core.artifact import load_artifact
 from weft.errors import WeftError, user_file
+from weft.hw.regs import registers_spec
+from weft.isa import isa_spec
+from weft.runtime.bitstreams import BitstreamError, board_of, lookup
 
 __all__ = ["BLOCKED", "MARKER", "DeployError", "add_deploy_arguments", "board_modules", "deploy", "run_deploy"]
 
@@ -43,7 +47,7 @@ class DeployError(WeftError):
 BLOCKED = ("onnx", "onnxruntime", "llvmlite", "xgboost", "amaranth", "cocotb", "cocotbext", "scipy", "torch")
 #: What the board imports; the file list is what these pull in.
 ENTRY_MODULES = ("weft.runtime", "weft.runtime.pynq_device", "weft.runtime.driver", "weft.runtime.bitstreams",
-                 "weft.runtime.remote", "weft.runtime.walker", "weft.runtime.host", "weft.runtime.dram_runner")
+                 "weft.runtime.remote", "weft.core.walker", "weft.core.host", "weft.runtime.dram_runner")
 
 _BLOCKER = """
 import importlib.abc, sys
@@ -151,9 +155,6 @@ def _notebook() -> dict[str, Any]:
 def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_root: str | Path | None = None
            ) -> dict[str, Any]:
     """Write the deploy folder; returns what went in it."""
-    from weft.runtime.artifact import load_artifact
-    from weft.runtime.bitstreams import BitstreamError, board_of, lookup
-
     board_of(board)
     art = load_artifact(artifact_path)
     out = Path(out)
@@ -166,8 +167,6 @@ def deploy(artifact_path: str | Path, board: str, out: str | Path, *, bitstream_
     (out / MARKER).write_text("written by weft deploy; the next deploy overwrites its files in this folder\n")
     _install_runtime(files, target)
     shutil.copyfile(artifact_path, out / "model.weft")
-    from weft.hw.regs import registers_spec
-    from weft.isa import isa_spec
 
     spec = isa_spec(art.config, registers=registers_spec(art.config))  # what `weft rtl` writes
     (out / "weft_spec.json").write_text(json.dumps(spec, indent=1))

@@ -13,13 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.core.walker import AcceleratorRunner, walk_graph
 from weft.errors import WeftError
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
-__all__ = ["Device", "DeviceError", "RefDevice", "available_devices", "create_device", "register_device"]
+__all__ = ["Device", "DeviceError", "RefDevice", "available_devices", "create_device", "register_device",
+           "run_loaded"]
 
 
 class DeviceError(WeftError):
@@ -56,6 +58,16 @@ class Device:
         raise NotImplementedError
 
 
+def run_loaded(artifact: Artifact | None, feeds: Mapping[str, Any], *, runner: AcceleratorRunner | None = None,
+               keep_intermediates: bool = False
+               ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
+    """A device's ``run``: the walk of the loaded artifact's graph as (outputs, figures, intermediates)."""
+    if artifact is None:
+        raise DeviceError("load an artifact before running")
+    result = walk_graph(artifact.graph, feeds, runner=runner, keep_intermediates=keep_intermediates)
+    return result.outputs, {"cycles": result.cycles, "layers": result.layers}, result.values
+
+
 class RefDevice(Device):
     """The reference interpreter as a device: the graph walker with no accelerator runner (no cycles, the
     partition's layers as they would run)."""
@@ -64,8 +76,6 @@ class RefDevice(Device):
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-        from weft.runtime.walker import run_loaded  # the walker imports this module
-
         return run_loaded(self.artifact, feeds, keep_intermediates=keep_intermediates)
 
 

@@ -12,24 +12,23 @@ Imports numpy and light weft modules only: the board runtime uses it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from weft.compiler.ir import Node, numpy_dtype
-from weft.runtime.artifact_schema import ArtifactError
+from weft.core.accel_section import accel_section
+from weft.core.artifact_schema import ACCEL_SECTION
+from weft.core.ir import Node, numpy_dtype
+from weft.isa.arith import pack, unpack
 from weft.runtime.devices import DeviceError
-from weft.sim.bits import pack, unpack
 from weft.sim.dram import Dram
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
-__all__ = ["SECTION", "AcceleratorImage", "DramRunner", "LayerHooks", "OnLayer", "ProgramRunner", "one_blas_thread"]
-
-SECTION = "accel"
+__all__ = ["AcceleratorImage", "DramRunner", "LayerHooks", "OnLayer", "ProgramRunner", "one_blas_thread"]
 
 #: ``on_layer(layer, dram, "before" | "after")`` around each accelerator program (to replay a layer
 #: elsewhere, e.g. on the RTL, from the same DRAM image, or to follow progress).
@@ -47,37 +46,33 @@ def one_blas_thread() -> contextlib.AbstractContextManager:
 
 
 class AcceleratorImage:
-    """The ``accel`` section of `artifact` as device `device` (named in errors) reads it: ``meta``,
-    the constant bytes ``const``, and ``layers`` (each accelerator layer's program, by node name)."""
+    """The ``accel`` section of `artifact` as device `device` (named in errors) reads it: ``section`` (typed),
+    ``meta`` (its JSON), the constant bytes ``const``, and ``layers`` (each accelerator layer's record, by
+    node name: the form the ``on_layer`` hooks receive)."""
 
     def __init__(self, artifact: Artifact, config: AcceleratorConfig, device: str):
         if artifact.target != "accel":
             raise DeviceError(f"device '{device}' runs artifacts compiled for the accelerator, not target "
                               f"'{artifact.target}' (use device 'ref')")
-        if SECTION not in artifact.sections:
-            raise DeviceError("the artifact has no instruction streams (section 'accel'): recompile it with a "
-                              "weft that has the accelerator back end")
-        section = artifact.sections[SECTION]
-        self.config, self.meta = config, section.meta
-        if self.meta.get("version") != 1:
-            raise DeviceError(f"section 'accel' has version {self.meta.get('version')!r}; this device reads 1")
-        self.const = section.array("const")
-        # the manifest check bounds every key; only here is the constants' size known to compare
-        if self.meta["const_base"] + self.const.nbytes > self.meta["dram_bytes"]:
-            raise ArtifactError(f"section 'accel': {self.const.nbytes} bytes of constants at const_base "
-                                f"{self.meta['const_base']} do not fit dram_bytes {self.meta['dram_bytes']}")
-        self.layers: dict[str, dict[str, Any]] = {layer["name"]: layer for layer in self.meta["layers"]}
+        section = accel_section(artifact)
+        if section is None:
+            raise DeviceError(f"the artifact has no instruction streams (section '{ACCEL_SECTION}'): recompile it "
+                              "with a weft that has the accelerator back end")
+        self.config, self.section = config, section
+        self.meta = artifact.sections[ACCEL_SECTION].meta
+        self.const = section.const
+        self._programs = {layer.name: layer for layer in section.layers}
+        self.layers: dict[str, dict[str, Any]] = {layer.name: dict(layer.record) for layer in section.layers}
 
     def fresh_dram(self) -> Dram:
         """A DRAM holding the constants only."""
-        dram = Dram(self.meta["dram_bytes"])
-        dram.write(self.meta["const_base"], self.const)
+        dram = Dram(self.section.dram_bytes)
+        dram.write(self.section.const_base, self.const)
         return dram
 
-    def program_words(self, layer: Mapping[str, Any]) -> np.ndarray:
-        """The encoded instruction stream of `layer` (from the constants)."""
-        start = layer["insn_addr"] - self.meta["const_base"]
-        return self.const[start:start + layer["insn_count"] * layer["insn_bytes"]]
+    def program_words(self, name: str) -> np.ndarray:
+        """The encoded instruction stream of layer `name` (from the constants)."""
+        return self.section.program_words(self._programs[name])
 
     def layer(self, name: str) -> dict[str, Any]:
         layer = self.layers.get(name)
@@ -86,18 +81,18 @@ class AcceleratorImage:
         return layer
 
     def write_value(self, dram: Dram, name: str, array: np.ndarray) -> None:
-        info = self.meta["values"][name]
+        info = self.section.values[name]
         data = pack(np.asarray(array).reshape(-1, array.shape[-1]).astype(np.int64), self.config.out_width)
-        if data.size != info["bytes"]:
-            raise DeviceError(f"value '{name}' has {data.size} bytes, its DRAM buffer {info['bytes']}")
-        dram.write(info["addr"], data)
+        if data.size != info.bytes:
+            raise DeviceError(f"value '{name}' has {data.size} bytes, its DRAM buffer {info.bytes}")
+        dram.write(info.addr, data)
 
     def read_value(self, dram: Any, name: str) -> np.ndarray:
         """Value `name` unpacked from `dram` (anything with Dram's ``read(addr, nbytes)``)."""
-        info = self.meta["values"][name]
-        raw = dram.read(info["addr"], info["bytes"])
+        info = self.section.values[name]
+        raw = dram.read(info.addr, info.bytes)
         values = unpack(raw[None, :], self.config.out_width)
-        return values.reshape(tuple(info["shape"])).astype(numpy_dtype(info["dtype"]))
+        return values.reshape(info.shape).astype(numpy_dtype(info.dtype))
 
 
 class ProgramRunner(Protocol):
@@ -115,7 +110,7 @@ class LayerHooks(Protocol):
 
 
 class DramRunner:
-    """The :class:`~weft.runtime.walker.AcceleratorRunner` of a device whose accelerator works on one DRAM
+    """The :class:`~weft.core.walker.AcceleratorRunner` of a device whose accelerator works on one DRAM
     image: `programs` runs each layer's program, `hooks.on_layer` is called around it, and `cycles(layer)`
     gives a layer's cycles when the program runner does not count them (the timing model on fsim)."""
 

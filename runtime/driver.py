@@ -9,7 +9,7 @@ register spec (``registers_spec``, which ``weft rtl`` writes as JSON), never fro
 A run: the DRAM image goes into a buffer the hardware allocated at some physical address; the program's
 DRAM addresses are relocated to it; the launch checks (:mod:`weft.runtime.safety`) pass; INSN_ADDR,
 INSN_COUNT, CTRL.start; STATUS is polled until done or the watchdog's budget runs out; the image is read
-back. :class:`DriverDevice` is the graph walker (:mod:`weft.runtime.walker`) with a DRAM-image runner
+back. :class:`DriverDevice` is the graph walker (:mod:`weft.core.walker`) with a DRAM-image runner
 (:mod:`weft.runtime.dram_runner`) whose programs run through the driver (:class:`DriverPrograms`).
 
 Imports numpy and light weft modules only: this module is part of the board runtime.
@@ -29,14 +29,13 @@ from weft.isa import semantics
 from weft.isa.asm import format_insn
 from weft.isa.constants import INSN_BYTES, Opcode, Unit
 from weft.isa.encoding import decode_insns, encode_insns, layout_of
-from weft.runtime.devices import Device
+from weft.runtime.devices import Device, run_loaded
 from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer
 from weft.runtime.safety import LaunchError, check_buffers, check_config_hash, check_launch
-from weft.runtime.walker import run_loaded
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
     from weft.sim.dram import Dram
 
 __all__ = ["Buffer", "Driver", "DriverDevice", "DriverPrograms", "Hardware", "RegisterMap", "RunError", "WatchdogError"]

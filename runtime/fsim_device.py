@@ -1,7 +1,7 @@
 """The "fsim" device: accelerator layers run their instruction streams on the functional simulator, host
 layers run in numpy, all on one DRAM image.
 
-It is the graph walker (:mod:`weft.runtime.walker`) with a :class:`~weft.runtime.dram_runner.DramRunner`
+It is the graph walker (:mod:`weft.core.walker`) with a :class:`~weft.runtime.dram_runner.DramRunner`
 whose programs run on :class:`~weft.sim.fsim.FunctionalSimulator`: before an accelerator layer, inputs made
 on the host are packed into their DRAM buffers; the layer's program runs to its FINISH; a value the host
 needs next is read back from DRAM. Every run checks races between units (``check_races``), so a missing
@@ -22,16 +22,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from weft.isa.encoding import decode_insns
-from weft.runtime.devices import Device, DeviceError, register_device
-from weft.runtime.dram_runner import SECTION, AcceleratorImage, DramRunner, OnLayer
-from weft.runtime.walker import run_loaded
+from weft.runtime.devices import Device, DeviceError, register_device, run_loaded
+from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer
 from weft.sim.fsim import FunctionalSimulator
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
-__all__ = ["SECTION", "FsimDevice", "ProgramTimer", "new_timing_model", "timing_model"]
+__all__ = ["FsimDevice", "ProgramTimer", "new_timing_model", "timing_model"]
 
 
 def timing_model() -> Any | None:
@@ -65,7 +64,7 @@ class ProgramTimer:
     def cycles(self, layer: Mapping[str, Any]) -> int:
         name = layer["name"]
         if name not in self._cycles:
-            insns = decode_insns(self.image.config, self.image.program_words(layer))
+            insns = decode_insns(self.image.config, self.image.program_words(name))
             self._cycles[name] = int(self.model.simulate(insns, layer["insn_addr"]).cycles)
         return self._cycles[name]
 

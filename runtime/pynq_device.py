@@ -25,7 +25,7 @@ from weft.runtime.safety import check_config_hash
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["PynqDevice", "PynqHardware", "read_manifest"]
 

@@ -29,13 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.core.artifact import Artifact
 from weft.errors import WeftError
 from weft.runtime.bounded import check_zip, read_npz
 from weft.runtime.devices import DeviceError
 from weft.runtime.remote_device import TOKEN_ENV, RemoteDevice, npz_bytes
+from weft.runtime.session import InferenceSession
 
 if TYPE_CHECKING:
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["MAX_BODY", "RemoteDevice", "RemoteServer", "is_loopback", "main", "make_server"]
 
@@ -114,8 +116,6 @@ class RemoteServer:
             self.inflight -= nbytes
 
     def load(self, data: bytes | bytearray) -> dict[str, Any]:
-        from weft.runtime.artifact import Artifact
-
         budget = min(MAX_ARTIFACT_BYTES, ARTIFACT_RATIO * len(data) + ARTIFACT_SLACK)
         check_zip(data, "the artifact", max_bytes=budget)
         art = Artifact.from_bytes(data, "the artifact sent to the server")
@@ -304,8 +304,6 @@ def make_server(device: str = "fsim", host: str = "127.0.0.1", port: int = 0, *,
                 idle_timeout_s: float = 600.0, token: str | None = None, max_clients: int = 64,
                 conn_timeout_s: float = 20.0, **device_options: Any) -> RemoteServer:
     """A server whose sessions run on `device` (options go to the device)."""
-    from weft.runtime.session import InferenceSession
-
     return RemoteServer(lambda art: InferenceSession(art, device=device, **device_options), host, port,
                         max_requests=max_requests, idle_timeout_s=idle_timeout_s, token=token,
                         max_clients=max_clients, conn_timeout_s=conn_timeout_s)

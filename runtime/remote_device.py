@@ -22,7 +22,7 @@ from weft.runtime.devices import Device, DeviceError, register_device
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
 __all__ = ["TOKEN_ENV", "RemoteDevice", "npz_bytes"]
 

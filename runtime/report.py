@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from weft.core.files import write_atomic
 from weft.errors import user_file
-from weft.runtime.artifact import write_atomic
+from weft.runtime.session import InferenceSession
 
 __all__ = ["add_report_arguments", "layer_table", "plot_roofline", "run_report"]
 
@@ -113,8 +114,6 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     import numpy as np
-
-    from weft.runtime.session import InferenceSession
 
     sess = InferenceSession(args.artifact, device="fsim", config=args.config)
     rng = np.random.default_rng(args.seed)

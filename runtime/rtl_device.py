@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weft.isa.constants import INSN_BYTES
-from weft.runtime.devices import Device, DeviceError, register_device
+from weft.runtime.devices import Device, DeviceError, register_device, run_loaded
 from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer, ProgramRunner
 from weft.runtime.driver import Driver, DriverPrograms
 from weft.runtime.register_backend import FIRST_ADDRESS, BackendHardware
 from weft.runtime.trace import RtlLayer
-from weft.runtime.walker import run_loaded
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
     from weft.sim.dram import Dram
 
 __all__ = ["RtlBackend", "RtlDevice", "rtl_hardware"]

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.ir import onnx_type_string
 from weft.config import AcceleratorConfig, load_config
-from weft.runtime.artifact import Artifact
+from weft.core.artifact import Artifact
+from weft.core.ir import onnx_type_string
+from weft.core.walker import allowing_nonfinite
 from weft.runtime.devices import Device, DeviceError, create_device
-from weft.runtime.walker import allowing_nonfinite
 
 __all__ = ["InferenceSession", "NodeArg"]
 

@@ -22,17 +22,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.core.accel_section import accel_section
+from weft.core.artifact import Artifact
+from weft.core.artifact_schema import ACCEL_SECTION
+from weft.core.files import write_atomic
 from weft.isa.encoding import decode_insns
 from weft.isa.program import insn_kind
-from weft.runtime.artifact import Artifact, write_atomic
 from weft.runtime.devices import DeviceError
+from weft.runtime.safety import unit_of
+from weft.sim.fsim import INSN_KINDS
+from weft.sim.timing import TRACE_DTYPE, UNIT_NAMES, TimingModel, trace_events
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["LayerTiming", "RtlLayer", "activity_rows", "layer_timings", "trace_document", "write_trace"]
 
-SECTION = "accel"
 #: Track id of the per-layer slices, after the unit tracks (0..2).
 _LAYER_TID = 3
 
@@ -83,10 +88,6 @@ def activity_rows(config: AcceleratorConfig, insns: np.ndarray, intervals: dict[
     and is ready when the stall that ended as it was taken began (else when it started). So ``end - start
     - 1`` summed over a unit is its busy counter, and ``start - ready`` its stall counter, to the cycle.
     """
-    from weft.runtime.safety import unit_of
-    from weft.sim.fsim import INSN_KINDS
-    from weft.sim.timing import TRACE_DTYPE, UNIT_NAMES
-
     runs = intervals["run"]
     if len(runs) != 1:
         raise DeviceError(f"the RTL trace holds {len(runs)} runs where one was expected")
@@ -131,23 +132,17 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def layer_timings(artifact: Artifact) -> list[LayerTiming]:
     """Time every accelerator layer of `artifact`, in program order, on its own config."""
-    from weft.sim.timing import TimingModel
-
-    if SECTION not in artifact.sections:
-        raise DeviceError("the artifact has no instruction streams (section 'accel'): a trace needs an "
+    section = accel_section(artifact)
+    if section is None:
+        raise DeviceError(f"the artifact has no instruction streams (section '{ACCEL_SECTION}'): a trace needs an "
                           "artifact compiled for the accelerator")
-    section = artifact.sections[SECTION]
-    meta = section.meta
-    const = section.array("const")
     model = TimingModel(artifact.config)
     ops = {node.name: node.op for node in artifact.graph.nodes}
     out: list[LayerTiming] = []
     offset = 0
-    for layer in meta["layers"]:
-        start = layer["insn_addr"] - meta["const_base"]
-        words = const[start:start + layer["insn_count"] * layer["insn_bytes"]]
-        report = model.simulate(decode_insns(artifact.config, words), layer["insn_addr"])
-        out.append(LayerTiming(layer["name"], ops.get(layer["name"], "?"), offset, report))
+    for layer in section.layers:
+        report = model.simulate(decode_insns(artifact.config, section.program_words(layer)), layer.insn_addr)
+        out.append(LayerTiming(layer.name, ops.get(layer.name, "?"), offset, report))
         offset += int(report.cycles)
     return out
 
@@ -171,8 +166,6 @@ def _busy_counter(trace: np.ndarray, offset: int, us: float, pid: int) -> list[d
 def trace_document(artifact: Artifact, layers: list[RtlLayer] | None = None) -> dict[str, Any]:
     """The Chrome trace-event JSON object (``traceEvents`` in microseconds at the config's clock): of the
     RTL's `layers` when given (``RtlDevice.trace_layers``), else of the timing model's."""
-    from weft.sim.timing import trace_events
-
     config = artifact.config
     us = 1.0 / config.clock_mhz
     events: list[dict[str, Any]] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from weft.commands import add_config_option
+from weft.cli_common import add_config_option
 from weft.errors import UsageError
 
 __all__ = ["add_cosim_arguments", "run_cosim"]
@@ -22,7 +22,7 @@ def add_cosim_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cosim(args: argparse.Namespace) -> int:
-    from weft.cli import print_json
+    from weft.cli_common import print_json
     from weft.config import load_config
     from weft.progress import Progress
     from weft.sim.cosim import run_random

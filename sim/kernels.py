@@ -7,8 +7,8 @@ these kernels do every execution of an instruction at once and stay bit-exact:
 * GEMM only reads the accumulator row it writes, and modular addition is associative, so an instruction
   adds to each touched row the exact integer sum of its executions' products, wrapped once at the end.
   The products come from BLAS on float tiles: int8 x int8 dot products over ``block_in`` are exact in
-  float32 (and wider ones in float64; :func:`float_dtype_for` picks the one that is exact). Executions are
-  grouped by weight row (or by input row when there are fewer of those) so each group is one matmul, and
+  float32 (and wider ones in float64; :func:`weft.isa.arith.float_dtype_for` picks the one that is exact).
+  Executions are grouped by weight row (or by input row when there are fewer of those) so each group is one matmul, and
   the per-row sums are exact float64 ``bincount`` reductions (or int64 ``add.at`` past 2**53).
 * ALU executions depend on each other only through rows they write. When no execution reads (as src) a
   row that another one writes, each row evolves alone: repeated destinations are applied in rounds (the
@@ -20,34 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from weft.isa.arith import alu_op, wrap
+from weft.isa import arith
+from weft.isa.arith import alu_op, exact_dtype, wrap
 from weft.isa.constants import AluOp
 
-__all__ = ["alu_apply", "float_dtype_for", "gemm_row_sums"]
+__all__ = ["alu_apply", "gemm_row_sums"]
 
 #: Below this many executions an instruction is one batched matmul (grouping costs more than it saves).
 _SMALL = 64
 #: Executions per chunk when no grouping pays (bounds the gathered weight tiles in memory).
 _CHUNK = 4096
-
-
-#: Integers up to these magnitudes (and every partial sum of them) are exact in float32 / float64.
-F32_EXACT = 1 << 24
-F64_EXACT = 1 << 53
-
-
-def _exact_dtype(bound: int) -> np.dtype | None:
-    """The float dtype in which integer sums of magnitude up to `bound` are exact, or None."""
-    if bound <= F32_EXACT:
-        return np.dtype(np.float32)
-    if bound <= F64_EXACT:
-        return np.dtype(np.float64)
-    return None
-
-
-def float_dtype_for(terms: int, inp_width: int, wgt_width: int) -> np.dtype | None:
-    """The float dtype in which a sum of `terms` products is exact, or None if neither is."""
-    return _exact_dtype(terms << (inp_width + wgt_width - 2))  # |(-2^(a-1)) * (-2^(b-1))| per term
 
 
 def _small_keys(keys: np.ndarray, limit: int) -> np.ndarray:
@@ -176,7 +158,7 @@ def gemm_row_sums(inp: np.ndarray, wgt: np.ndarray, dst: np.ndarray, src: np.nda
     rows = np.flatnonzero(counts)
     per_row = int(counts.max())
     if dst.size > _SMALL and dst.size == per_row * rows.size:  # every row takes the same count
-        dtype = _exact_dtype(per_row * term_bound)
+        dtype = exact_dtype(per_row * term_bound)
         if dtype is not None:
             order = np.argsort(_small_keys(dst, acc_rows), kind="stable")
             sums = _dense_sums(inp, wgt, order, src, wsel, rows.size, shape, dtype)
@@ -186,7 +168,7 @@ def gemm_row_sums(inp: np.ndarray, wgt: np.ndarray, dst: np.ndarray, src: np.nda
     lut[rows] = np.arange(rows.size)
     products, order = _products(inp, wgt, src, wsel, shape, inp.shape[0], wgt.shape[0])
     slot = lut[dst[order]]
-    if per_row * term_bound <= F64_EXACT:  # float64 sums of integers stay exact
+    if per_row * term_bound <= arith.F64_EXACT:  # float64 sums of integers stay exact
         columns = np.ascontiguousarray(products.T, dtype=np.float64)
         sums = np.empty((products.shape[1], rows.size), dtype=np.float64)
         for c in range(columns.shape[0]):

@@ -11,8 +11,8 @@ import pytest
 from onnx import helper
 
 import weft
-from weft.compiler.ir import graph_to_dict
-from weft.runtime.artifact import FORMAT_VERSION, Artifact, ArtifactError
+from weft.core.artifact import FORMAT_VERSION, Artifact, ArtifactError
+from weft.core.ir import graph_to_dict
 
 from .artifact_util import members_of, rezip
 from .test_frontend_util import make_model, rand

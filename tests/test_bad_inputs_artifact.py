@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from weft.cli import main
+from weft.core.artifact import Artifact, ArtifactError
 from weft.runtime import InferenceSession
-from weft.runtime.artifact import Artifact, ArtifactError
 
 from .artifact_util import members_of, rezip
 from .driver_util import compiled

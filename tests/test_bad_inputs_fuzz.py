@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from weft.runtime.artifact import Artifact, ArtifactError
+from weft.core.artifact import Artifact, ArtifactError
 
 from .artifact_util import members_of, rezip
 from .driver_util import compiled

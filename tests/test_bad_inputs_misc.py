@@ -13,11 +13,11 @@ from onnx import helper
 
 import weft
 from weft.cli import main
-from weft.compiler.errors import ModelError
 from weft.config import AcceleratorConfig, ConfigError, load_config
+from weft.core.errors import ModelError
+from weft.core.walker import FeedError
 from weft.runtime import InferenceSession
 from weft.runtime.deploy import MARKER, DeployError, deploy
-from weft.runtime.walker import FeedError
 
 from .driver_util import compiled
 from .test_frontend_util import make_model, rand
@@ -239,6 +239,6 @@ def test_deploy_of_a_bad_artifact_writes_nothing(tmp_path):
     bad = tmp_path / "bad.weft"
     bad.write_bytes(b"PK not really")
     out = tmp_path / "out"
-    with pytest.raises(weft.runtime.artifact.ArtifactError, match=r"bad\.weft is not a weft artifact"):
+    with pytest.raises(weft.core.artifact.ArtifactError, match=r"bad\.weft is not a weft artifact"):
         deploy(bad, "pynq-z2", out)
     assert not out.exists() and bad.read_bytes() == b"PK not really"

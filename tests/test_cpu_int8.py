@@ -14,14 +14,14 @@ from onnx import helper
 
 import weft
 from weft.compiler import models
-from weft.compiler.epilogue import narrow, run_steps
-from weft.compiler.errors import CalibrationWarning
 from weft.compiler.llvm.expr import Buffer
 from weft.compiler.llvm.host_quant import Epilogue
 from weft.compiler.llvm.host_quant import narrow as narrow_expr
 from weft.compiler.llvm.jit import build
 from weft.compiler.llvm.te import Kernel, compute
 from weft.config import PRESETS
+from weft.core.epilogue import narrow, run_steps
+from weft.core.errors import CalibrationWarning
 from weft.runtime import InferenceSession
 
 from .test_frontend_util import make_model, rand

@@ -11,11 +11,11 @@ import pytest
 from onnx import helper
 
 import weft
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_ops import FLOAT_OPS, OpDef, fused_conv
-from weft.compiler.ir import Graph, Node, Value
 from weft.compiler.llvm.cuda import gpu_steps
 from weft.compiler.llvm.graph import cross_compile, plan_graph
+from weft.core.errors import UnsupportedError
+from weft.core.float_ops import FLOAT_OPS, OpDef, fused_conv
+from weft.core.ir import Graph, Node, Value
 from weft.runtime import InferenceSession
 
 from .test_frontend_util import make_model, ort_run

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from weft.compiler import models
-from weft.compiler.bench import replay_jobs
 from weft.config import PRESETS
 from weft.sim.cosim import run_jobs
+from weft.tools.bench_accel import replay_jobs
 
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand

@@ -17,12 +17,12 @@ from weft.cli import main
 from weft.compiler import models
 from weft.compiler.llvm.emit import EmitError
 from weft.compiler.llvm.schedule import ScheduleError
-from weft.compiler.tune.measure_board import BoardTimeout
 from weft.config import ConfigError
 from weft.errors import UsageError, UserFileError, WeftError, is_user_error
 from weft.isa.asm import AsmError
 from weft.isa.encoding import EncodeError
 from weft.runtime.bounded import LimitError
+from weft.tools.board_measurer import BoardTimeout
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,10 +14,10 @@ from onnx import helper, numpy_helper
 
 import weft
 from weft.cli import main
-from weft.compiler.epilogue import EpilogueOverflow
-from weft.compiler.errors import CalibrationWarning
+from weft.core.artifact import Artifact
+from weft.core.epilogue import EpilogueOverflow
+from weft.core.errors import CalibrationWarning
 from weft.runtime import InferenceSession
-from weft.runtime.artifact import Artifact
 
 from .test_frontend_util import cosine, make_model, ort_run, rand
 

@@ -11,9 +11,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import weft
-from weft.compiler.errors import ModelError, QuantizationError, UnsupportedError
 from weft.compiler.onnx_import import load_model
 from weft.config import PRESETS
+from weft.core.errors import ModelError, QuantizationError, UnsupportedError
 from weft.errors import WeftError
 
 from .test_frontend_util import make_model, rand
@@ -175,7 +175,7 @@ def test_calibration_errors_name_the_input():
 
 
 def test_default_calibration_warns():
-    with pytest.warns(weft.compiler.errors.CalibrationWarning, match="seeded random inputs"):
+    with pytest.warns(weft.core.errors.CalibrationWarning, match="seeded random inputs"):
         weft.compile(_conv_model())
 
 

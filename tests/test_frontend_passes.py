@@ -10,13 +10,13 @@ import pytest
 from onnx import helper
 
 from weft.compiler import fusion, models, passes
-from weft.compiler.errors import GraphError
-from weft.compiler.ir import Graph, Node, Value, graph_from_dict, graph_to_dict
 from weft.compiler.onnx_import import import_onnx
 from weft.compiler.pipeline import Pass, build_pipeline, describe, float_passes, run_pipeline
 from weft.compiler.verify import verify
 from weft.config import PRESETS
-from weft.runtime.reference import run_reference
+from weft.core.errors import GraphError
+from weft.core.ir import Graph, Node, Value, graph_from_dict, graph_to_dict
+from weft.core.reference import run_reference
 
 from .test_frontend_util import make_model, rand
 

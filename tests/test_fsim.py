@@ -14,9 +14,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from weft.config import PRESETS, AcceleratorConfig
-from weft.isa import AluOp, ProgramBuilder, encode_insns, encode_uops, uops_from
+from weft.isa import AluOp, ProgramBuilder, arith, encode_insns, encode_uops, uops_from
 from weft.isa.arith import pack, unpack, wrap
-from weft.sim import kernels
 from weft.sim.bench import bench_fsim, conv_workload
 from weft.sim.fsim import Dram, FunctionalSimulator, insn_region, run_program
 
@@ -224,7 +223,7 @@ def test_gemm_kernel_paths_match_reference(shape, force_int64, monkeypatch):
     h.p.load("wgt", 0, h.put("wgt", wgt_vals, c.wgt_width), 1, 128, deps=["push_next"])
     h.p.gemm(0, len(triples), deps=["pop_prev"], **loops)
     if force_int64:  # pretend float64 sums could round: the kernel must fall back to int64 add.at
-        monkeypatch.setattr(kernels, "F64_EXACT", 0)
+        monkeypatch.setattr(arith, "F64_EXACT", 0)
     sim, _ = h.run()
 
     from weft.isa.arith import loop_indices

@@ -10,10 +10,10 @@ from onnx import helper
 
 from weft.compiler import models
 from weft.compiler.backend.schedule import LayerGeom, Schedule, usage
-from weft.compiler.float_ops import conv2d
 from weft.compiler.groups import SuperGroups, dense_super_weights, super_groups
-from weft.compiler.ir import Node, Value
-from weft.runtime.qkernels import Widths, qconv2d
+from weft.core.float_ops import conv2d
+from weft.core.ir import Node, Value
+from weft.core.qkernels import Widths, qconv2d
 
 from .test_e2e import _compile, _shape, assert_bit_exact
 from .test_frontend_util import cosine, make_model, ort_run, rand

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 
 import weft
 from weft.cli import main
-from weft.compiler.errors import ModelError
 from weft.compiler.onnx_import import load_model
+from weft.core.errors import ModelError
 
 from .test_frontend_util import make_model, ort_run, rand
 

@@ -467,8 +467,8 @@ def test_hardswish_mobilenet_block():
 def test_every_imported_op_has_a_float_definition():
     """What the importer accepts, the float graph can infer, fold and run (Constant, Sum, Dropout,
     Upsample and the QLinear / Integer ops become other ops at import)."""
-    from weft.compiler.float_ops import FLOAT_OPS
     from weft.compiler.onnx_import import SUPPORTED_OPS
+    from weft.core.float_ops import FLOAT_OPS
 
     rewritten = {"Constant", "Sum", "Dropout", "Upsample", "QLinearConv", "QLinearMatMul", "ConvInteger",
                  "MatMulInteger"}
@@ -515,8 +515,8 @@ def test_test_models_converted_down_to_opsets_7_and_8(builder, opset):
 
 
 def test_conv_transpose_counts_its_macs():
-    from weft.compiler.float_ops import macs_of
-    from weft.compiler.ir import Node
+    from weft.core.float_ops import macs_of
+    from weft.core.ir import Node
 
     node = Node("ConvTranspose", ["x", "w"], ["y"], {"group": 2}, "up")
     # 2x6x5x5 inputs, each meeting 4 output channels (of its group) x 3x3 taps

@@ -21,7 +21,7 @@ BLOCKER = textwrap.dedent("""
 
 def test_core_packages_import_with_numpy_alone():
     code = BLOCKER + textwrap.dedent("""
-        import weft, weft.config, weft.isa, weft.sim, weft.runtime
+        import weft, weft.config, weft.isa, weft.sim, weft.core, weft.runtime
         import weft.sim.fsim
         from weft.config import PRESETS
         from weft.isa import encode_insns, assemble
@@ -55,7 +55,7 @@ def test_artifact_runs_on_the_reference_device_without_onnx(tmp_path):
         import numpy as np
         import weft
         # Everything of the compiler but the ONNX importer and the driver works with numpy alone.
-        import weft.compiler.pipeline, weft.compiler.quantize, weft.compiler.requant, weft.compiler.layout
+        import weft.compiler.pipeline, weft.compiler.quantize, weft.compiler.requant, weft.core.layout
         import weft.compiler.verify, weft.compiler.fusion, weft.compiler.passes, weft.compiler.calibrate
         sess = weft.InferenceSession({str(path)!r}, device="ref")
         out = sess.run(None, {{"input": np.load({str(tmp_path / "x.npy")!r})}})[0]

@@ -18,10 +18,10 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 import weft
 from weft.cli import main
-from weft.compiler.errors import QuantizationError, UnsupportedError
-from weft.compiler.ir import Graph
 from weft.compiler.onnx_import import import_onnx
 from weft.compiler.pipeline import Pass
+from weft.core.errors import QuantizationError, UnsupportedError
+from weft.core.ir import Graph
 
 from .test_frontend_util import cosine, make_model, rand
 

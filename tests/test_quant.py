@@ -9,14 +9,14 @@ from onnx import helper
 
 import weft
 from weft.compiler import models
-from weft.compiler.epilogue import EpilogueOverflow, bounds, check_steps, narrow, run_steps
-from weft.compiler.layout import act_block, unpack_weights
 from weft.compiler.onnx_import import import_onnx
 from weft.compiler.pipeline import build_pipeline, run_pipeline
 from weft.compiler.requant import build_epilogue, solve_rescale
 from weft.config import PRESETS
+from weft.core.epilogue import EpilogueOverflow, bounds, check_steps, narrow, run_steps
+from weft.core.layout import act_block, unpack_weights
+from weft.core.reference import run_reference
 from weft.isa import AluOp, layout_of
-from weft.runtime.reference import run_reference
 from weft.sim.kernels import alu_apply
 
 from .test_frontend_util import make_model, rand

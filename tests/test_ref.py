@@ -9,13 +9,13 @@ from onnx import helper
 
 import weft
 from weft.compiler import models
-from weft.compiler.epilogue import narrow, run_steps
-from weft.compiler.ir import Graph
-from weft.compiler.layout import pack_act, pack_weights, unpack_act, unpack_weights
 from weft.compiler.onnx_import import import_onnx
 from weft.compiler.pipeline import build_pipeline, run_pipeline
 from weft.config import PRESETS
-from weft.runtime.reference import run_reference
+from weft.core.epilogue import narrow, run_steps
+from weft.core.ir import Graph
+from weft.core.layout import pack_act, pack_weights, unpack_act, unpack_weights
+from weft.core.reference import run_reference
 
 from .test_frontend_util import make_model, rand
 

@@ -8,9 +8,9 @@ import pytest
 
 import weft
 from weft.compiler import models
-from weft.compiler.bench import replay_jobs
 from weft.runtime.driver import Driver
 from weft.runtime.rtl_device import rtl_hardware
+from weft.tools.bench_accel import replay_jobs
 
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand

@@ -12,12 +12,12 @@ import pytest
 from weft.compiler.backend.codegen import BackendError
 from weft.compiler.backend.schedule import fits
 from weft.compiler.driver import compile_model
-from weft.compiler.errors import CalibrationWarning
 from weft.compiler.models import small_resnet
 from weft.compiler.tune import TuningLog, best_schedules, tune_layer, workload_key
 from weft.compiler.tune.cost_model import XGBCostModel
 from weft.compiler.tune.measure import TimingMeasurer, lower
 from weft.compiler.tune.space import SearchSpace
+from weft.core.errors import CalibrationWarning
 
 from .tune_util import accel_layers
 
@@ -184,7 +184,7 @@ def test_progress_bar_draws_tenths_to_a_log():
 
 def test_compile_command_takes_a_tuning_log(setup, tmp_path, capsys):
     from weft.cli import main
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
     cfg, _, layer = setup
     log = tmp_path / "t.jsonl"
@@ -199,7 +199,7 @@ def test_compile_command_takes_a_tuning_log(setup, tmp_path, capsys):
 
 
 def test_bench_tune_compares_tuners_and_never_loses_to_the_default(setup):
-    from weft.compiler.tune.bench import bench_tune
+    from weft.tools.bench_tune import bench_tune
 
     _, _, layer = setup
     out = bench_tune("tiny", model="small_resnet", trials=4, seeds=1, layers=layer.geom.name, batch=2)

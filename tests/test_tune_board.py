@@ -14,13 +14,13 @@ from weft.compiler.backend.codegen import BackendError
 from weft.compiler.models import small_resnet
 from weft.compiler.tune import TuningLog, tune_layer
 from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer, lower
-from weft.compiler.tune.measure_board import BoardMeasurer, BoardTimeout
 from weft.compiler.tune.space import SearchSpace
 from weft.config import PRESETS
 from weft.hw.regs import ErrorCode, register_map
 from weft.runtime import bitstreams
 from weft.runtime.devices import DeviceError
 from weft.runtime.safety import LaunchError
+from weft.tools.board_measurer import BoardMeasurer, BoardTimeout
 
 from .tune_util import accel_layers
 

@@ -101,7 +101,7 @@ def test_tune_model_transfers_between_layers_in_order(setup):
 
 
 def test_bench_tune_resumes_from_its_log(setup, tmp_path):
-    from weft.compiler.tune.bench import bench_tune
+    from weft.tools.bench_tune import bench_tune
 
     _, convs = setup
     path = tmp_path / "bench.jsonl"

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 import weft
-from weft.runtime import walker
+from weft.core import walker
+from weft.core.host import NoKernelError
+from weft.core.reference import run_reference
 from weft.runtime.cpu_device import CpuDevice
 from weft.runtime.devices import Device, RefDevice
 from weft.runtime.driver import DriverDevice
 from weft.runtime.fsim_device import FsimDevice
-from weft.runtime.host import NoKernelError
 from weft.runtime.pynq_device import PynqDevice
-from weft.runtime.reference import run_reference
 from weft.runtime.register_backend import FIRST_ADDRESS, fsim_hardware
 from weft.runtime.remote import RemoteDevice
 from weft.runtime.rtl_device import RtlDevice

@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 
 from weft.cli import main
-from weft.compiler.zoo import light_models_dir, model_files, with_logits_output, with_random_weights, zoo_row
 from weft.config import load_config
+from weft.tools.zoo import light_models_dir, model_files, with_logits_output, with_random_weights, zoo_row
 
 LIGHT = {f.stem.removeprefix("light_"): f for f in model_files()}
 

@@ -7,9 +7,9 @@ from functools import lru_cache
 
 from weft.compiler import models
 from weft.compiler.driver import compile_model
-from weft.compiler.errors import CalibrationWarning
 from weft.compiler.tune.measure import Layer, layers_of
 from weft.config import AcceleratorConfig, load_config
+from weft.core.errors import CalibrationWarning
 
 
 @lru_cache(maxsize=4)

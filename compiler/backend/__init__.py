@@ -13,10 +13,10 @@ space, default choice), :mod:`conv` and :mod:`pool` (layer lowerings on :mod:`ti
 """
 
 from weft.compiler.backend.check import StreamError, check_stream
-from weft.compiler.backend.codegen import SECTION, BackendError, generate, layer_geometry
+from weft.compiler.backend.codegen import BackendError, generate, layer_geometry
 from weft.compiler.backend.schedule import LayerGeom, Schedule, default_schedule, space
 
 __all__ = [
-    "SECTION", "BackendError", "LayerGeom", "Schedule", "StreamError", "check_stream", "default_schedule", "generate",
+    "BackendError", "LayerGeom", "Schedule", "StreamError", "check_stream", "default_schedule", "generate",
     "layer_geometry", "space",
 ]

@@ -17,8 +17,8 @@ from weft.compiler.backend.codegen import BackendError, layer_geometry
 from weft.compiler.backend.schedule import space
 
 if TYPE_CHECKING:
-    from weft.compiler.ir import Graph, Node
     from weft.config import AcceleratorConfig
+    from weft.core.ir import Graph, Node
 
 __all__ = ["check_layer"]
 

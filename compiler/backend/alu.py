@@ -1,4 +1,4 @@
-"""Epilogues on the tensor ALU: each step of a layer's epilogue (:mod:`weft.compiler.epilogue`) becomes
+"""Epilogues on the tensor ALU: each step of a layer's epilogue (:mod:`weft.core.epilogue`) becomes
 one ALU instruction over the accumulator rows of an output tile.
 
 * ``*_imm`` steps: the op with its immediate, one micro-op looping over every row of the tile;
@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weft.compiler.backend.te import Axis, Expr, Kernel, Nest, fold, split_single_row
-from weft.compiler.epilogue import KINDS
+from weft.core.epilogue import KINDS
 from weft.isa.constants import AluOp
 from weft.isa.encoding import UOP_DTYPE, layout_of
 
 if TYPE_CHECKING:
     from weft.compiler.backend.program import Stream
-    from weft.compiler.epilogue import Step
     from weft.config import AcceleratorConfig
+    from weft.core.epilogue import Step
 
 __all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "rows_kernel", "vectors_of"]
 

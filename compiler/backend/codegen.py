@@ -25,10 +25,11 @@ from weft.compiler.backend.schedule import LayerGeom, Schedule, ranked
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
 from weft.compiler.backend.vthread import inject_sync
-from weft.compiler.errors import CompileError
-from weft.compiler.ir import Graph, Node
-from weft.compiler.layout import act_block
-from weft.compiler.partition import ACCEL_OPS, send_to_host
+from weft.compiler.partition import send_to_host
+from weft.core.artifact_schema import ACCEL_SECTION, ACCEL_VERSION
+from weft.core.errors import CompileError
+from weft.core.ir import ACCEL_OPS, Graph, Node
+from weft.core.layout import act_block
 from weft.errors import UsageError
 from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
@@ -37,13 +38,10 @@ from weft.isa.spec import intrinsic
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
-    from weft.runtime.artifact import Artifact
+    from weft.core.artifact import Artifact
 
-__all__ = ["SECTION", "BackendError", "generate", "layer_geometry", "lower_layer", "nonnegative_values", "value_bytes"]
+__all__ = ["BackendError", "generate", "layer_geometry", "lower_layer", "nonnegative_values", "value_bytes"]
 
-#: Name of the artifact section the back end writes.
-SECTION = "accel"
-SECTION_VERSION = 1
 _KIND = {"qconv2d": "conv", "qmaxpool": "maxpool", "qavgpool": "avgpool", "qalu": "eltwise"}
 _LOWERING: dict[str, type[Lowering]] = {"conv": ConvLowering, "maxpool": PoolLowering, "avgpool": PoolLowering,
                                        "eltwise": EltwiseLowering}
@@ -185,11 +183,11 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
             # encoding): the host runs the layer. Its DRAM buffers stay allocated, unused.
             send_to_host(graph, node, str(err).removeprefix(f"node '{node.name}' ({node.op}): "))
     meta = {
-        "version": SECTION_VERSION, "dram_bytes": plan.size, "const_base": const_base,
+        "version": ACCEL_VERSION, "dram_bytes": plan.size, "const_base": const_base,
         "latency_hiding": latency_hiding, "values": values, "layers": layers,
         "compile_seconds": time.perf_counter() - started,
     }
-    section = artifact.add_section(SECTION, meta)
+    section = artifact.add_section(ACCEL_SECTION, meta)
     section.add_array("const", plan.image(const_base))
     return meta
 

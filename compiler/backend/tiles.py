@@ -33,8 +33,8 @@ from weft.isa.constants import AluOp, MemId
 from weft.isa.encoding import UOP_DTYPE
 
 if TYPE_CHECKING:
-    from weft.compiler.epilogue import Step
     from weft.config import AcceleratorConfig
+    from weft.core.epilogue import Step
 
 __all__ = ["Addresses", "Lowering", "Regions"]
 

@@ -6,15 +6,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from weft.cli_common import add_config_option
+from weft.compiler.dse.knobs import KNOBS, expand_grid, parse_sweep
+from weft.compiler.dse.pareto import pareto_front, plot_pareto, write_csv
+from weft.compiler.dse.sweep import run_sweep
+from weft.config import load_config
 from weft.errors import UsageError, read_input, user_file
+from weft.progress import Progress
 
 __all__ = ["add_dse_arguments", "run_dse"]
 
 
 def add_dse_arguments(parser: argparse.ArgumentParser) -> None:
-    from weft.commands import add_config_option
-    from weft.compiler.dse.knobs import KNOBS
-
     parser.add_argument("model", help="an ONNX model")
     add_config_option(parser)
     parser.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2",
@@ -33,12 +36,6 @@ def add_dse_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_dse(args: argparse.Namespace) -> int:
-    from weft.compiler.dse.knobs import expand_grid, parse_sweep
-    from weft.compiler.dse.pareto import pareto_front, plot_pareto, write_csv
-    from weft.compiler.dse.sweep import run_sweep
-    from weft.config import load_config
-    from weft.progress import Progress
-
     model = read_input(args.model, "model")
     base = load_config(args.config)
     valid, skipped = expand_grid(base, parse_sweep(args.sweep))

@@ -7,6 +7,9 @@ import io
 from pathlib import Path
 from typing import Any
 
+from weft.core.files import write_atomic
+from weft.hw.synth import BOARDS
+
 __all__ = ["pareto_front", "plot_pareto", "write_csv"]
 
 
@@ -26,8 +29,6 @@ def pareto_front(rows: list[dict[str, Any]], x: str, y: str = "latency_us") -> l
 
 def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """All rows, with the union of their columns in first-seen order."""
-    from weft.runtime.artifact import write_atomic
-
     columns: list[str] = []
     for r in rows:
         columns += [c for c in r if c not in columns]
@@ -45,9 +46,6 @@ def plot_pareto(rows: list[dict[str, Any]], x: str, path: str | Path, *, title: 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from weft.hw.synth import BOARDS
-    from weft.runtime.artifact import write_atomic
 
     fig, ax = plt.subplots(figsize=(8, 5))
     points = [r for r in rows if r.get(x) is not None and r.get("latency_us") is not None]

@@ -13,9 +13,25 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from weft.config import AcceleratorConfig
+from weft.core.accel_section import accel_section
+from weft.core.artifact import Artifact
+from weft.core.errors import CalibrationWarning, CompileError
 from weft.errors import UsageError
+from weft.hw.synth import BOARDS, default_cache, fits, synthesize
+from weft.isa.encoding import decode_insns
+from weft.sim.timing import TimingModel
 
-__all__ = ["evaluate_point", "run_sweep"]
+__all__ = ["evaluate_point", "program_cycles", "run_sweep"]
+
+
+def program_cycles(artifact: Artifact) -> list[int]:
+    """The timing model's cycles of every accelerator program of `artifact`, in program order."""
+    section = accel_section(artifact)
+    if section is None:
+        raise CompileError("the artifact has no instruction streams (section 'accel') to time")
+    model = TimingModel(artifact.config)
+    return [int(model.simulate(decode_insns(artifact.config, section.program_words(layer)), layer.insn_addr).cycles)
+            for layer in section.layers]
 
 
 def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float], *, area: bool = True,
@@ -25,9 +41,7 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
     A point that the compiler refuses (a layer that does not fit the buffers, say) comes back with its
     error instead of figures, so one bad point never sinks a sweep.
     """
-    from weft.compiler.driver import compile_model
-    from weft.compiler.errors import CalibrationWarning
-    from weft.runtime.trace import layer_timings
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     cfg = AcceleratorConfig.from_dict(config)
     row: dict[str, Any] = {"config": cfg.name, "config_hash": cfg.hash, **knobs,
@@ -37,18 +51,16 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
             # A sweep compares configs on the same seeded calibration; the warning says so once per point.
             warnings.simplefilter("ignore", CalibrationWarning)
             artifact = compile_model(model, config=cfg, seed=seed)
-        timings = layer_timings(artifact)
+        layers = program_cycles(artifact)
     except Exception as err:  # every failure of a point is reported in its row
         row["error"] = f"{type(err).__name__}: {err}"
         return row
-    cycles = sum(int(t.report.cycles) for t in timings)
+    cycles = sum(layers)
     # Layers an accelerator limit sent to the host add no cycles here: say how many, so no point looks faster
     # than it is.
-    row.update(cycles=cycles, latency_us=cycles / cfg.clock_mhz, layers=len(timings),
+    row.update(cycles=cycles, latency_us=cycles / cfg.clock_mhz, layers=len(layers),
                host_fallbacks=len(artifact.graph.meta.get("fallbacks", {})))
     if area:
-        from weft.hw.synth import BOARDS, default_cache, fits, synthesize
-
         try:
             synth = synthesize(cfg, family=family, cache=default_cache())
         except Exception as err:

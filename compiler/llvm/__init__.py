@@ -18,6 +18,6 @@ On top: operator templates (:mod:`~weft.compiler.llvm.nn`, :mod:`~weft.compiler.
 :mod:`~weft.compiler.llvm.gpu`), whole graphs (:mod:`~weft.compiler.llvm.graph` with
 :mod:`~weft.compiler.llvm.host_float`, :mod:`~weft.compiler.llvm.host_ops` and
 :mod:`~weft.compiler.llvm.host_quant`, and a numpy step for any op they have no kernel for), the "cpu" and "cuda"
-devices (:mod:`weft.runtime.cpu_device`), ``weft bench cpu`` (:mod:`~weft.compiler.llvm.bench`), and an
+devices (:mod:`weft.runtime.cpu_device`), ``weft bench cpu`` (:mod:`~weft.tools.bench_cpu`), and an
 interpreter of lowered code with GPU thread semantics (:mod:`~weft.compiler.llvm.interp`).
 """

@@ -27,6 +27,10 @@ import numpy as np
 
 from weft.compiler.llvm.codegen_nvptx import Launch, render_nvptx
 from weft.compiler.llvm.expr import np_dtype
+from weft.compiler.llvm.gpu import schedule_gpu
+from weft.compiler.llvm.graph import allocate_host, plan_steps, refuse_numpy_steps
+from weft.compiler.llvm.hostplan import plain_copy
+from weft.compiler.llvm.jit import cache_key, optimize, target_machine
 from weft.compiler.llvm.target import NVPTX, Target
 from weft.compiler.llvm.te import Kernel
 from weft.errors import WeftError
@@ -49,8 +53,6 @@ class PtxasError(WeftError):
 
 def ptx(kernels: Sequence[Kernel], target: Target = NVPTX) -> tuple[str, list[list[Launch]]]:
     """PTX text of `kernels` and their launches (each stage one ``.entry``)."""
-    from weft.compiler.llvm.jit import cache_key, optimize, target_machine
-
     text, launches = render_nvptx(list(kernels), target)
     key = cache_key(text, target, kind="ptx")
     with _lock:
@@ -250,8 +252,6 @@ class CudaPlan:
     device_index: int = 0
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
-        from weft.compiler.llvm.hostplan import plain_copy
-
         _context(self.device_index)  # the context is per calling thread
         for name, t in self.plan.inputs.items():
             self.memory[id(t.root())].upload(np.asarray(feeds[name], np_dtype(t.dtype)))
@@ -280,7 +280,6 @@ def plan_cuda(graph: Any, device_index: int = 0) -> CudaPlan:
         raise CudaError(why)
     _context(device_index)
     plan = gpu_steps(graph)
-    from weft.compiler.llvm.graph import allocate_host
 
     allocate_host(plan)
     memory: dict[int, DeviceArray] = {}
@@ -304,9 +303,6 @@ def plan_cuda(graph: Any, device_index: int = 0) -> CudaPlan:
 def gpu_steps(graph: Any) -> Any:
     """The host planner's steps for `graph` (layouts and kernels) with every stage scheduled for the GPU;
     no device is needed, so PTX for a whole model can be generated and checked anywhere."""
-    from weft.compiler.llvm.gpu import schedule_gpu
-    from weft.compiler.llvm.graph import plan_steps, refuse_numpy_steps
-
     plan = plan_steps(graph, NVPTX)
     refuse_numpy_steps(plan, "the cuda device")
     for step in plan.steps:

@@ -25,18 +25,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_ops import macs_of
-from weft.compiler.ir import Graph, numpy_dtype
 from weft.compiler.llvm.codegen_cpu import render_module
 from weft.compiler.llvm.expr import dtype_of_numpy, np_dtype
 from weft.compiler.llvm.host_float import FLOAT_HANDLERS, plan_halos
 from weft.compiler.llvm.host_ops import OP_HANDLERS
 from weft.compiler.llvm.host_quant import QUANT_HANDLERS, QUANT_OPS
 from weft.compiler.llvm.hostplan import HostPlan, Planner, Step, Tensor
-from weft.compiler.llvm.jit import CompiledKernel, compile_ir
+from weft.compiler.llvm.jit import CompiledKernel, compile_ir, compile_object
 from weft.compiler.llvm.layout import PLAIN
-from weft.compiler.llvm.target import Target, host_target
+from weft.compiler.llvm.target import Target, host_target, resolve_target
+from weft.compiler.llvm.te import Kernel
+from weft.compiler.tune.host import tuned_schedules
+from weft.core.errors import UnsupportedError
+from weft.core.float_ops import macs_of
+from weft.core.ir import Graph, numpy_dtype
 
 if TYPE_CHECKING:
     from weft.compiler.llvm.nn import ConvSchedule
@@ -79,7 +81,6 @@ def plan_graph(graph: Graph, target: Target | None = None, *, cache_dir: str | P
     if tuning_log is not None:
         if threads is None:
             raise ValueError("plan_graph: a tuning log needs `threads` (tuning records are per thread count)")
-        from weft.compiler.tune.host import tuned_schedules
 
         tuned = tuned_schedules(tuning_log, threads, target)
     plan = plan_steps(graph, target, tuned)
@@ -97,10 +98,6 @@ def cross_compile(graph: Graph, target: str | Target, cache_dir: str | Path | No
     sequence: per step its symbol, node and buffers (name, shape, dtype, in the kernel's ABI order).
     Buffers must start zeroed (the halos of blocked tensors are never written) and the object needs
     libpthread at link time."""
-    from weft.compiler.llvm.jit import compile_object
-    from weft.compiler.llvm.target import resolve_target
-    from weft.compiler.llvm.te import Kernel
-
     target = resolve_target(target)
     plan = plan_steps(graph, target)
     refuse_numpy_steps(plan, f"an object file for {target.name}")

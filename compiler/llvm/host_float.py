@@ -11,9 +11,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_ops import conv_out_size, full_pads, pool_geometry
-from weft.compiler.ir import Graph, Node, numpy_dtype
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import nn
 from weft.compiler.llvm.depthwise import depthwise_kernel, grouped_tiles
@@ -22,7 +19,10 @@ from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
-from weft.compiler.llvm.te import Kernel
+from weft.compiler.llvm.te import Kernel, compute
+from weft.core.errors import UnsupportedError
+from weft.core.float_ops import conv_out_size, full_pads, pool_geometry, slice_index
+from weft.core.ir import Graph, Node, numpy_dtype
 
 __all__ = ["FLOAT_HANDLERS", "constant_tensor", "elementwise_handler", "plan_halos"]
 
@@ -324,7 +324,6 @@ def _slice(p: Planner, node: Node) -> None:
     src = p.get(node.inputs[0], PLAIN, node)
     if not all(p.g.is_constant(x) for x in node.inputs[1:] if x):
         raise UnsupportedError("starts, ends, axes and steps must be constants", node=node.name, op=node.op)
-    from weft.compiler.float_ops import slice_index
 
     extra = [p.g.constants[node.inputs[k]] if len(node.inputs) > k and node.inputs[k] else None for k in (3, 4)]
     index = slice_index(node, src.shape, p.g.constants[node.inputs[1]], p.g.constants[node.inputs[2]], *extra)
@@ -412,7 +411,6 @@ def _transpose(p: Planner, node: Node, t: Tensor) -> Tensor:
     out = Tensor(f"{node.name}.{ident(t.name)}.T", (c, r), PLAIN, t.dtype)
     p.all.append(out)
     src = t.operand("x")
-    from weft.compiler.llvm.te import compute
 
     stage = compute("xt", (c, r), lambda i, j: src.buffer[j, i], dtype=t.dtype)
     ew.schedule_elementwise(stage, p.target)

@@ -13,9 +13,6 @@ from functools import reduce
 
 import numpy as np
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_ops import FLOAT_OPS
-from weft.compiler.ir import Node
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import mathfn
 from weft.compiler.llvm.elementwise import schedule_elementwise
@@ -25,6 +22,9 @@ from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.norm import normalize_kernel
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, reduce_sum
+from weft.core.errors import UnsupportedError
+from weft.core.float_ops import FLOAT_OPS
+from weft.core.ir import Node
 
 __all__ = ["OP_HANDLERS"]
 

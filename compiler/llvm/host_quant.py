@@ -1,9 +1,9 @@
 """Host kernels for the integer layers of quantized graphs, bit-exact with the reference interpreter.
 
-The semantics are :mod:`weft.runtime.qkernels`: activations in the accelerator's packed layout
+The semantics are :mod:`weft.core.qkernels`: activations in the accelerator's packed layout
 ``(N/b, C/B, H, W, b, B)`` (padding computed like real data, or zero where the reference packs a logical
 tensor), exact integer sums wrapped to ``acc_width`` bits, epilogues in ALU arithmetic
-(:mod:`weft.compiler.epilogue`: wrapping add and multiply, the SHR operand read as the ALU reads it,
+(:mod:`weft.core.epilogue`: wrapping add and multiply, the SHR operand read as the ALU reads it,
 signed min/max) and saturating narrowing to ``out_width``. All of it runs in 32-bit integers: wrapping
 modulo 2**32 and then to ``acc_width`` equals wrapping the exact sum, for every width up to 32.
 ``quantize`` divides in float64 and rounds half to even, as numpy does.
@@ -17,9 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.ir import Node, Value, numpy_dtype
-from weft.compiler.layout import unpack_weights
 from weft.compiler.llvm.elementwise import schedule_elementwise
 from weft.compiler.llvm.expr import (
     Buffer,
@@ -39,7 +36,10 @@ from weft.compiler.llvm.hostplan import Planner, Tensor
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, Stage, compute, reduce_axis, reduce_max, reduce_sum
-from weft.runtime.reference import widths_of
+from weft.core.errors import UnsupportedError
+from weft.core.ir import Node, Value, numpy_dtype
+from weft.core.layout import unpack_weights
+from weft.core.walker import widths_of
 
 __all__ = ["QUANT_HANDLERS", "QUANT_OPS"]
 

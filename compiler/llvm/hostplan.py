@@ -16,9 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_ops import FLOAT_OPS
-from weft.compiler.ir import Graph, Node, numpy_dtype
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, dtype_of_numpy
@@ -26,6 +23,9 @@ from weft.compiler.llvm.jit import CompiledKernel
 from weft.compiler.llvm.layout import PLAIN, Layout
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel
+from weft.core.errors import UnsupportedError
+from weft.core.float_ops import FLOAT_OPS
+from weft.core.ir import Graph, Node, numpy_dtype
 
 __all__ = ["HostPlan", "Planner", "Step", "Tensor", "array_dtype", "ident", "plain_copy", "plain_view"]
 

@@ -193,7 +193,7 @@ def interpret_plan(plan: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
     """Run every step of a host plan (:mod:`~weft.compiler.llvm.graph`) through the interpreter, with the
     schedules its kernels carry now (GPU ones after :func:`~weft.compiler.llvm.cuda.gpu_steps`), and
     return the graph outputs. Allocates the plan's arrays if needed."""
-    from weft.compiler.llvm.graph import allocate_host
+    from weft.compiler.llvm.graph import allocate_host  # optional dependency: llvmlite
     from weft.compiler.llvm.hostplan import plain_copy
 
     if any(t.root().array is None for t in plan.tensors):

@@ -29,6 +29,7 @@ from weft.compiler.llvm.codegen_cpu import FORKED_SYMBOL, RUNTIME_SYMBOL, render
 from weft.compiler.llvm.expr import Buffer, np_dtype
 from weft.compiler.llvm.target import Target, host_target, resolve_target
 from weft.compiler.llvm.te import Kernel
+from weft.core.files import write_atomic
 
 __all__ = [
     "CompiledKernel", "CompiledModule", "build", "cache_info", "clear_cache", "compile_ir", "compile_object",
@@ -166,8 +167,6 @@ def _cached(cache_dir: str | Path | None, key: str, emit: Callable[[], bytes]) -
 
 
 def _write(path: Path, data: bytes) -> None:
-    from weft.runtime.artifact import write_atomic
-
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)  # a temporary file renamed over the old: a reader never sees half a file
 

@@ -27,6 +27,7 @@ from weft.compiler.llvm.expr import (
     const,
     free_vars,
     linear,
+    loads,
     maximum,
     minimum,
     rebuild,
@@ -315,8 +316,6 @@ def _cache_read(stage: Stage, spec: CacheRead, value: Expr) -> _Cache:
 
 
 def _loads(e: Expr) -> list[Load]:
-    from weft.compiler.llvm.expr import loads
-
     return loads(e)
 
 

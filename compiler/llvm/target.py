@@ -58,7 +58,7 @@ def host_target() -> Target:
     """This machine's CPU as LLVM sees it (``-march=native``)."""
     import llvmlite.binding as llvm
 
-    from weft.compiler.llvm.jit import init_llvm
+    from weft.compiler.llvm.jit import init_llvm  # optional dependency: llvmlite
 
     init_llvm()
     features = llvm.get_host_cpu_features()

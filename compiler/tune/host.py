@@ -44,13 +44,14 @@ from weft.compiler.llvm.nn import (
 from weft.compiler.llvm.target import Target, host_target
 from weft.compiler.tune.log import LogError, TuningLog
 from weft.compiler.tune.space import IndexedPoints
+from weft.compiler.tune.tuner import tune_tasks
 from weft.errors import UsageError
 
 if TYPE_CHECKING:
     import random
 
-    from weft.compiler.ir import Graph
     from weft.compiler.tune.tuner import LayerResult
+    from weft.core.ir import Graph
 
 __all__ = ["ConvSpace", "CpuTimeMeasurer", "HostConv", "HostConvTask", "conv_features", "host_key", "host_tasks",
            "tune_host", "tuned_schedules"]
@@ -201,7 +202,7 @@ class CpuTimeMeasurer:
 
     A core taken by another process for seconds slows every sample alike, and worse, unevenly across
     schedules (a parallel split that balances on two free cores need not on one). So a probe (the FMA
-    peak kernel, :func:`~weft.compiler.llvm.bench.peak_kernel`: as much work per thread on any number of
+    peak kernel, :func:`~weft.compiler.llvm.peak.peak_kernel`: as much work per thread on any number of
     threads) runs on the same threads before and after each measurement: when its median call takes more
     than `quiet` times the fastest call of the one-thread probe, the threads did not each have a core,
     and the measurement is taken again after a back-off, up to `attempts` times in all, keeping the
@@ -236,7 +237,7 @@ class CpuTimeMeasurer:
         self._expected: dict[str, np.ndarray] = {}
 
     def _compile(self, subject: HostConv, schedule: ConvSchedule) -> Any:
-        from weft.compiler.llvm.jit import build
+        from weft.compiler.llvm.jit import build  # optional dependency: llvmlite
 
         target = host_target()
         try:
@@ -320,7 +321,7 @@ class CpuTimeMeasurer:
         the one-thread probe's fastest); always False with ``quiet=0``."""
         if not self.quiet:
             return False
-        from weft.compiler.llvm.bench import call_times, peak_kernel
+        from weft.compiler.llvm.peak import call_times, peak_kernel  # optional dependency: llvmlite
 
         for t in {1, threads}:
             if t not in self._probes:
@@ -335,7 +336,7 @@ class CpuTimeMeasurer:
 
 def host_tasks(graph: Graph, threads: int, target: Target | None = None) -> list[HostConvTask]:
     """The convolutions of a float graph (as the "cpu" device plans it), in graph order, one task each."""
-    from weft.compiler.llvm.graph import plan_steps
+    from weft.compiler.llvm.graph import plan_steps  # optional dependency: llvmlite
 
     target = target or host_target()
     plan = plan_steps(graph, target)
@@ -386,8 +387,6 @@ def tune_host(graph: Graph, threads: int, *, trials: int, log: TuningLog | None 
     """Tune the convolutions of a float graph on this CPU with `threads` threads (each distinct workload
     once; `layers` keeps only those conv nodes; `transfer` as in :func:`tune_tasks`). Measurements are
     taken one at a time, in this process: parallel measurements would time each other."""
-    from weft.compiler.tune.tuner import tune_tasks
-
     tasks = host_tasks(graph, threads)
     if layers is not None:
         unknown = sorted(set(layers) - {t.name for t in tasks})

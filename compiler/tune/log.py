@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weft.compiler.backend.schedule import LayerGeom, Schedule
+from weft.core.files import write_atomic
 from weft.errors import WeftError, read_input, user_file
 
 if TYPE_CHECKING:
@@ -177,8 +178,6 @@ class TuningLog:
 
     def write(self, path: str | Path) -> None:
         """The records to `path`, atomically: a failure leaves the old file as it was."""
-        from weft.runtime.artifact import write_atomic
-
         write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.records).encode())
 
 

@@ -8,7 +8,7 @@ never needs more, so a board measurer (run the layer's program, read the cycle c
   (:mod:`weft.sim.timing`): fast, and the figures the compiler's other tools report.
 * :class:`RtlMeasurer` runs the same program on the RTL through the cosimulation (:mod:`weft.sim.cosim`,
   the same DRAM timing): the RTL's cycle counter, exact but slow (small layers). The board measurer
-  (:mod:`weft.compiler.tune.measure_board`) implements the same protocol.
+  (:mod:`weft.tools.board_measurer`) implements the same protocol.
 
 A layer is lowered on a DRAM plan of its own: activations where the whole model puts them, but its
 constants (weights, micro-ops, instructions) right after them instead of after every earlier layer's, so
@@ -27,10 +27,12 @@ from weft.compiler.backend import codegen, memory
 from weft.compiler.backend.schedule import LayerGeom, Schedule
 from weft.compiler.backend.te import tensorize
 from weft.isa.encoding import decode_insns
+from weft.sim.cosim import Job, run_jobs
+from weft.sim.timing import TimingModel
 
 if TYPE_CHECKING:
-    from weft.compiler.ir import Graph, Node
     from weft.config import AcceleratorConfig
+    from weft.core.ir import Graph, Node
 
 __all__ = ["Layer", "LoweredLayer", "Measurer", "RtlMeasurer", "TimingMeasurer", "layers_of", "lower"]
 
@@ -97,8 +99,6 @@ class TimingMeasurer:
     name = "timing"
 
     def __init__(self, config: AcceleratorConfig) -> None:
-        from weft.sim.timing import TimingModel
-
         self.config = config
         self.model = TimingModel(config)
 
@@ -118,8 +118,6 @@ class RtlMeasurer:
         self.config, self.sim, self.timing = config, sim, timing
 
     def measure(self, layer: Layer, schedule: Schedule) -> int:
-        from weft.sim.cosim import Job, run_jobs
-
         low = lower(layer, schedule, self.config)
         image = low.plan.image(0)
         job = Job(dram=image, insn_addr=low.insn_addr, insn_count=len(low.insns), label=layer.geom.name)

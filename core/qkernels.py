@@ -6,8 +6,8 @@ happens on channel-last ``(N, H, W, C)`` integers, padding included, so a packed
 and batch rows are computed exactly as the accelerator computes them.
 
 GEMM sums are exact: int products summed in float32 or float64 when that is exact for the reduction length
-(:func:`weft.sim.kernels.float_dtype_for`), else in int64; then wrapped to ``acc_width`` like the GEMM
-core, and the epilogue runs in ALU semantics (:mod:`weft.compiler.epilogue`).
+(:func:`weft.isa.arith.float_dtype_for`), else in int64; then wrapped to ``acc_width`` like the GEMM
+core, and the epilogue runs in ALU semantics (:mod:`weft.core.epilogue`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.epilogue import narrow, run_steps
-from weft.compiler.float_ops import im2col
-from weft.compiler.ir import Node, Value, numpy_dtype
-from weft.compiler.layout import from_nhwc, pack_act, to_nhwc, unpack_act, unpack_weights
-from weft.sim.bits import wrap
-from weft.sim.kernels import float_dtype_for
+from weft.core.epilogue import narrow, run_steps
+from weft.core.float_ops import im2col
+from weft.core.ir import Node, Value, numpy_dtype
+from weft.core.layout import from_nhwc, pack_act, to_nhwc, unpack_act, unpack_weights
+from weft.isa.arith import float_dtype_for, wrap
 
 __all__ = ["QKERNELS", "Widths"]
 

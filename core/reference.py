@@ -1,9 +1,9 @@
 """The reference interpreter: runs an IR graph in numpy, node by node.
 
-Quantized ops run the integer kernels of :mod:`weft.runtime.qkernels` (the oracle the accelerator back end
+Quantized ops run the integer kernels of :mod:`weft.core.qkernels` (the oracle the accelerator back end
 must match to the bit, layer by layer: with ``keep_intermediates`` every value, packed as it will sit in
-DRAM, can be fetched by name); float ops run the kernels of :mod:`weft.compiler.float_ops` (host layers,
-and whole float graphs for ``target="cpu"``). It is the graph walker (:mod:`weft.runtime.walker`) with no
+DRAM, can be fetched by name); float ops run the kernels of :mod:`weft.core.float_ops` (host layers,
+and whole float graphs for ``target="cpu"``). It is the graph walker (:mod:`weft.core.walker`) with no
 accelerator runner. Calibration uses the same interpreter on the float graph with an observer.
 """
 
@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.float_ops import fused_conv
-from weft.compiler.ir import Graph, Node, Value
-from weft.compiler.partition import ACCEL_OPS
-from weft.runtime.host import HostRunner, run_host_node
-from weft.runtime.qkernels import Widths
-from weft.runtime.walker import FeedError, RunResult, check_feeds, walk_graph, widths_of
+from weft.core.float_ops import fused_conv
+from weft.core.host import HostRunner, run_host_node
+from weft.core.ir import Graph, Node, Value
+from weft.core.qkernels import Widths
+from weft.core.walker import RunResult, walk_graph
 
-__all__ = ["ACCEL_OPS", "FeedError", "RunResult", "check_feeds", "run_reference", "widths_of"]
+__all__ = ["Observer", "run_reference"]
 
 #: observer(node, stage, name, array): stage "output" for each output value `name`, and "acc" (with the
 #: output's name) for a FusedConv's conv + bias stage, before its residual and activation.

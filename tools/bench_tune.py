@@ -27,8 +27,11 @@ from weft.compiler.tune.log import TuningLog, task_record, workload_key
 from weft.compiler.tune.measure import Layer, TimingMeasurer, layers_of
 from weft.compiler.tune.parallel import PoolMeasurer
 from weft.compiler.tune.tuner import Transfer, tune_layer
+from weft.config import load_config
+from weft.core.errors import CalibrationWarning
 from weft.errors import UsageError
 from weft.progress import Progress
+from weft.runtime.fsim_device import FsimDevice
 
 __all__ = ["SEARCHES", "bench_tune"]
 
@@ -106,9 +109,7 @@ def _trials_to(history: list[int | None], target: float) -> int | None:
 def _whole_model(proto: Any, cfg: Any, schedules: dict[str, Schedule]) -> tuple[int, int]:
     """Accelerator cycles of the whole model (timing model, every layer) with the default and the tuned
     schedules."""
-    from weft.compiler.driver import compile_model
-    from weft.compiler.errors import CalibrationWarning
-    from weft.runtime.fsim_device import FsimDevice
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     out = []
     for given in ({}, schedules):
@@ -128,10 +129,8 @@ def bench_tune(config: str = "default", *, model: str = "resnet18", trials: int 
     found; and the whole model's accelerator cycles with default and with the best found schedules.
     Measurements run on `jobs` processes (`weft bench tune --threads N`; default: every core); `log` (a
     JSON-lines tuning log) keeps them, so a second run (more seeds, more layers) measures only what is new."""
-    from weft.compiler import models
+    from weft.compiler import models  # optional dependency: onnx
     from weft.compiler.driver import compile_model
-    from weft.compiler.errors import CalibrationWarning
-    from weft.config import load_config
 
     cfg = load_config(config)
     if repeat is not None:

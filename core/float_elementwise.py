@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.float_base import Known, OpDef, Result, broadcast, err, need, same, shape_of
-from weft.compiler.ir import Node, Value
+from weft.core.float_base import Known, OpDef, Result, broadcast, err, need, same, shape_of
+from weft.core.ir import Node, Value
 
 __all__ = ["ELEMENTWISE_OPS", "erf", "reduce_axes"]
 

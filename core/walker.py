@@ -1,6 +1,6 @@
 """The graph walker every device runs: nodes in order, one value environment, one per-layer record format.
 
-Host layers go to one host dispatcher (:func:`weft.runtime.host.run_host_node` unless the caller wraps it);
+Host layers go to one host dispatcher (:func:`weft.core.host.run_host_node` unless the caller wraps it);
 accelerator layers go to an :class:`AcceleratorRunner` when the device has one (the reference interpreter
 has none: its accelerator layers run their integer kernels on the host). The walker knows where each live
 value is, in host memory or in the runner's device memory, moves it only when the other side needs it, and
@@ -20,22 +20,17 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from weft.compiler.float_ops import macs_of
-from weft.compiler.ir import Graph, Node, Value, numpy_dtype
-from weft.compiler.partition import ACCEL_OPS
+from weft.core.float_ops import macs_of
+from weft.core.host import HostRunner, run_host_node
+from weft.core.ir import ACCEL_OPS, Graph, Node, Value, numpy_dtype
+from weft.core.qkernels import Widths
 from weft.errors import WeftError
-from weft.runtime.devices import DeviceError
-from weft.runtime.host import HostRunner, run_host_node
-from weft.runtime.qkernels import Widths
 
-if TYPE_CHECKING:
-    from weft.runtime.artifact import Artifact
-
-__all__ = ["AcceleratorRunner", "FeedError", "RunResult", "allowing_nonfinite", "check_feeds", "run_loaded",
+__all__ = ["AcceleratorRunner", "FeedError", "RunResult", "allowing_nonfinite", "check_feeds",
            "target_of", "walk_graph", "widths_of"]
 
 # Set by InferenceSession(allow_nonfinite=True) around a run, so every device's own check_feeds call
@@ -202,7 +197,7 @@ def _record(node: Node, ins: list[Value | None], outs: list[Value]) -> dict[str,
 def walk_graph(graph: Graph, feeds: Mapping[str, Any], *, runner: AcceleratorRunner | None = None,
                keep_intermediates: bool = False, host: HostRunner | None = None) -> RunResult:
     """Run `graph` on `feeds`: accelerator layers on `runner` (on the host without one), host layers on
-    `host` (default :func:`~weft.runtime.host.run_host_node`). With `keep_intermediates` no value is freed
+    `host` (default :func:`~weft.core.host.run_host_node`). With `keep_intermediates` no value is freed
     and the result holds every value by name (as the device holds it: packed integer tensors)."""
     run_host = host or run_host_node
     env = _Values({**graph.constants, **check_feeds(graph, feeds)}, runner)
@@ -238,13 +233,3 @@ def walk_graph(graph: Graph, feeds: Mapping[str, Any], *, runner: AcceleratorRun
         outputs = {name: env.get(name) for name in graph.outputs}
         values = env.all() if keep_intermediates else {}
     return RunResult(outputs, values, layers, cycles)
-
-
-def run_loaded(artifact: Artifact | None, feeds: Mapping[str, Any], *, runner: AcceleratorRunner | None = None,
-               keep_intermediates: bool = False
-               ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
-    """A device's ``run``: the walk of the loaded artifact's graph as (outputs, figures, intermediates)."""
-    if artifact is None:
-        raise DeviceError("load an artifact before running")
-    result = walk_graph(artifact.graph, feeds, runner=runner, keep_intermediates=keep_intermediates)
-    return result.outputs, {"cycles": result.cycles, "layers": result.layers}, result.values

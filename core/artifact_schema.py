@@ -3,7 +3,7 @@
 A manifest is data from a file: every key the loader, the graph reader and the accelerator runtime read
 is checked here for presence, type and range, names are kept to plain path components, and sizes are
 bounded (DRAM to the 32-bit AXI address space, every array to :data:`MAX_ELEMENTS`), so a corrupt or
-hostile artifact ends in one :class:`~weft.runtime.artifact.ArtifactError` naming the key instead of a
+hostile artifact ends in one :class:`~weft.core.artifact.ArtifactError` naming the key instead of a
 traceback or a huge allocation deep in the runtime.
 """
 
@@ -14,14 +14,18 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from weft.compiler.ir import DTYPES
-from weft.compiler.limits import MAX_ELEMENTS
+from weft.core.ir import DTYPES
+from weft.core.limits import MAX_ELEMENTS
 from weft.errors import WeftError
 from weft.isa.constants import AXI_ADDR_BITS
 
-__all__ = ["MAX_DRAM_BYTES", "MAX_ELEMENTS", "MAX_TOTAL_ELEMENTS", "ArtifactError", "check_manifest",
+__all__ = ["ACCEL_SECTION", "ACCEL_VERSION", "MAX_DRAM_BYTES", "MAX_TOTAL_ELEMENTS", "ArtifactError", "check_manifest",
            "check_shape", "member_name_ok"]
 
+#: The name of the section that holds the accelerator's DRAM image and programs (:mod:`weft.core.accel_section`).
+ACCEL_SECTION = "accel"
+#: The layout of that section's meta this weft writes and reads; a section of another version loads, unread.
+ACCEL_VERSION = 1
 #: The accelerator addresses DRAM over 32-bit AXI.
 MAX_DRAM_BYTES = 1 << AXI_ADDR_BITS
 #: The most elements all of a graph's values together may have.
@@ -176,9 +180,9 @@ def _check_graph(graph: Any, what: str) -> None:
 
 
 def _check_accel(meta: dict[str, Any], what: str) -> None:
-    """The ``accel`` section's meta as :mod:`weft.runtime.dram_runner` and the back end read it."""
-    where = "sections.accel.meta."
-    if _get(meta, "version", int, what, where) != 1:
+    """The ``accel`` section's meta as :mod:`weft.core.accel_section` reads it."""
+    where = f"sections.{ACCEL_SECTION}.meta."
+    if _get(meta, "version", int, what, where) != ACCEL_VERSION:
         return  # the device names the version it reads; nothing else is known about other versions
     dram = _int(meta, "dram_bytes", what, where, 1, MAX_DRAM_BYTES)
     _int(meta, "const_base", what, where, 0, dram)
@@ -209,7 +213,7 @@ def _check_accel(meta: dict[str, Any], what: str) -> None:
 
 
 #: Checks of known sections' meta; a section this weft does not know is kept as it is.
-SECTION_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {"accel": _check_accel}
+SECTION_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {ACCEL_SECTION: _check_accel}
 
 
 def check_manifest(manifest: dict[str, Any], what: str) -> None:

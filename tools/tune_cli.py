@@ -6,8 +6,18 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from weft.cli_common import add_config_option, print_json
+from weft.compiler.tune.host import tune_host
+from weft.compiler.tune.log import TuningLog
+from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer, layers_of
+from weft.compiler.tune.parallel import PoolMeasurer
+from weft.compiler.tune.tuner import tune_model
+from weft.config import load_config
+from weft.core.errors import CalibrationWarning
 from weft.errors import UsageError
 from weft.runtime.cli import parse_device_option
+from weft.runtime.cpu_device import default_threads
+from weft.tools.board_measurer import BoardMeasurer
 
 if TYPE_CHECKING:
     from weft.compiler.tune.measure import Measurer
@@ -17,8 +27,6 @@ __all__ = ["add_tune_arguments", "run_tune"]
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
-    from weft.commands import add_config_option
-
     parser.add_argument("model", nargs="?", help="ONNX model to tune (omit with --show)")
     add_config_option(parser)
     parser.add_argument("--target", choices=("accel", "cpu"), default="accel",
@@ -54,10 +62,6 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 def run_tune(args: argparse.Namespace) -> int:
     import warnings
 
-    from weft.cli import print_json
-    from weft.compiler.tune.log import TuningLog
-    from weft.config import load_config
-
     if args.show is not None:
         paths = list(args.show) + ([args.model] if args.model else [])
         if not paths:
@@ -72,13 +76,9 @@ def run_tune(args: argparse.Namespace) -> int:
         raise UsageError("give a model to tune (or --show LOG)")
     if not args.output:
         raise UsageError("give the log to write with -o LOG")
-    from weft.compiler.driver import compile_model
-    from weft.compiler.errors import CalibrationWarning
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     if args.target == "cpu":
-        from weft.compiler.tune.host import tune_host
-        from weft.runtime.cpu_device import default_threads
-
         if args.measure != "timing" or args.jobs is not None:  # CPU time is measured here, one kernel at a time
             raise UsageError("--target cpu times kernels on this CPU, one at a time: no --measure or --jobs")
         graph = compile_model(args.model, target="cpu", config=args.config).graph
@@ -87,8 +87,6 @@ def run_tune(args: argparse.Namespace) -> int:
                             layers=args.layers.split(",") if args.layers else None, transfer=not args.no_transfer)
         print_json([r.summary() for r in results])
         return 0
-    from weft.compiler.tune.measure import layers_of
-    from weft.compiler.tune.tuner import tune_model
 
     cfg = load_config(args.config)
     with warnings.catch_warnings():
@@ -115,9 +113,6 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:
-    from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer
-    from weft.runtime.cpu_device import default_threads
-
     if args.jobs is not None and (args.jobs < 1 or args.measure != "timing"):
         raise UsageError(f"--jobs must be at least 1 and is for --measure timing (got {args.jobs} with "
                          f"--measure {args.measure})")
@@ -130,10 +125,8 @@ def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:
         jobs = args.jobs if args.jobs is not None else default_threads()
         if jobs == 1:
             return TimingMeasurer(cfg)
-        from weft.compiler.tune.parallel import PoolMeasurer
 
         return PoolMeasurer(lambda: TimingMeasurer(cfg), jobs)
-    from weft.compiler.tune.measure_board import BoardMeasurer
 
     options = dict(args.device_option)
     if "bitstream" not in options:

@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from weft.config import load_config
 from weft.errors import UsageError
+from weft.runtime.session import InferenceSession
 
 __all__ = ["bench_zoo", "format_table", "light_models_dir", "model_files", "with_logits_output", "with_random_weights",
            "zoo_row"]
@@ -148,7 +150,7 @@ def _relative_error(got: np.ndarray, want: np.ndarray) -> float:
 
 def _inputs(model: Any, rng: np.random.Generator, batches: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Calibration batches and one test input for each graph input (static shapes, batch 1 if dynamic)."""
-    from weft.compiler.onnx_import import declared_inputs
+    from weft.compiler.onnx_import import declared_inputs  # optional dependency: onnx
 
     calibration, feeds = {}, {}
     for name, (dims, _) in declared_inputs(model).items():
@@ -164,8 +166,7 @@ def zoo_row(path: Path, config: Any, seed: int = 0, calibration_batches: int = 2
     import onnx
     import onnxruntime as ort
 
-    from weft.compiler.driver import compile_model
-    from weft.runtime.session import InferenceSession
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     row: dict[str, Any] = {"model": path.stem.removeprefix("light_")}
     model, k = with_logits_output(with_random_weights(onnx.load(str(path)), seed))
@@ -240,8 +241,6 @@ def bench_zoo(config: str, path: str | None = None, model: str | None = None, se
     """Every model of folder `path` (default: the onnx wheel's light models; `model` picks one by name
     part) compiled for `config` and for the cpu, run on ref, fsim and cpu against onnxruntime."""
     import sys
-
-    from weft.config import load_config
 
     cfg = load_config(config)
     files = model_files(path)

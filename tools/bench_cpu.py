@@ -18,82 +18,30 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from weft.compiler.llvm import nn
+from weft.compiler.llvm.jit import build
+from weft.compiler.llvm.layout import Layout
+from weft.compiler.llvm.peak import call_times, measure_peak
+from weft.compiler.llvm.target import host_target
+from weft.compiler.tune.host import CpuTimeMeasurer, host_tasks, tuned_schedules
+from weft.compiler.tune.log import TuningLog
+from weft.compiler.tune.tuner import tune_tasks
+from weft.core.float_ops import conv2d
 from weft.errors import UsageError
+from weft.runtime.cpu_device import default_threads
+from weft.runtime.session import InferenceSession
 
-__all__ = ["bench_cpu", "bench_cpu_tune", "call_times", "measure_peak", "peak_kernel"]
+__all__ = ["bench_cpu", "bench_cpu_tune"]
 
 #: the issue's goal: weft's latency at most this many times onnxruntime's
 GOAL_RATIO = 1.5
 
 
-def call_times(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> list[float]:
-    """Seconds of each of `repeat` calls of `fn`, after `warmup` calls that are not timed."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def measure_peak(threads: int, samples: int = 200) -> float:
-    """GFLOP/s of a register-only FMA loop on `threads` threads (the machine's practical peak)."""
-    run, flops = peak_kernel(threads)
-    # the best of many short calls, like the best run of an operator: other processes can only slow a
-    # call down, and a short one often slips between their time slices
-    best = min(call_times(run, samples, 2))
-    return flops / best / 1e9
-
-
-def peak_kernel(threads: int) -> tuple[Callable[[], None], int]:
-    """A call of independent fused multiply-adds on registers on `threads` threads (one load per 14 FMAs,
-    about 0.25 ms), and its FLOPs: the machine's practical peak, or a probe of how busy it is."""
-    from weft.compiler.llvm.expr import Buffer
-    from weft.compiler.llvm.jit import build
-    from weft.compiler.llvm.target import host_target
-    from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
-
-    target = host_target()
-    lanes = target.lanes(4)
-    chains = max(2, target.vector_registers // 2 - 2)  # independent accumulators: enough to hide latency
-    iters = 16384  # about 0.25 ms per call: the call overhead stays below 2%
-    x = Buffer("x", (8, lanes))
-    w = Buffer("w", (chains, lanes))
-    r = reduce_axis(iters, "r")
-    # per iteration one vector load shared by `chains` FMAs whose other operand stays in a register
-    out = compute("out", (threads * 4, chains, lanes), lambda t, j, c: reduce_sum(x[r % 8, c] * w[j, c], [r]))
-    t, j, c = out.axes
-    out.reorder(t, r, j, c)
-    out.cache_write()
-    out.vectorize(c)
-    out.unroll(j)
-    out.parallel(t)
-    fn = build(Kernel("fma_peak", [x, w], [out.out], [out]))
-    a = np.full((8, lanes), 1e-3, np.float32)
-    b = np.full((chains, lanes), 1e-3, np.float32)
-    y = np.empty((threads * 4, chains, lanes), np.float32)
-    flops = 2 * threads * 4 * chains * lanes * iters
-
-    def run() -> None:
-        fn(a, b, y, nthreads=threads)
-
-    return run, flops
-
-
 def _bench_conv(threads: int, repeat: int) -> dict[str, Any]:
-    from weft.compiler.float_ops import conv2d
-    from weft.compiler.llvm import nn
-    from weft.compiler.llvm.jit import build
-    from weft.compiler.llvm.layout import Layout
-    from weft.compiler.llvm.target import host_target
-
     target = host_target()
     b = target.lanes(4)
     spec = nn.ConvSpec(1, 64, 58, 58, 64, 3, 3, (1, 1), b, b)  # 56x56 padded by 1
@@ -118,10 +66,6 @@ def _op_figures(shape: str, flops: int, times: list[float], err: float) -> dict[
 
 
 def _bench_matmul(threads: int, repeat: int) -> dict[str, Any]:
-    from weft.compiler.llvm import nn
-    from weft.compiler.llvm.jit import build
-    from weft.compiler.llvm.target import host_target
-
     target = host_target()
     n = 512
     bo = target.lanes(4)
@@ -153,10 +97,8 @@ def bench_cpu(config: str, model: str = "resnet18", repeat: int = 20, threads: i
               seed: int = 0) -> dict[str, Any]:
     """Latency of `model` (batch 1) on weft's "cpu" device and on onnxruntime, same threads; then the
     conv and matmul operator figures against the measured peak. Times are medians in milliseconds."""
-    from weft.compiler import models
+    from weft.compiler import models  # optional dependency: onnx
     from weft.compiler.driver import compile_model
-    from weft.runtime.cpu_device import default_threads
-    from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
         raise UsageError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
@@ -220,13 +162,8 @@ def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threa
     fastest; for the model, six rounds of (untuned, tuned, onnxruntime) blocks of runs, each block
     started when the measurer's probe finds the machine quiet (or after 2 s of waiting), reporting
     medians and best runs in milliseconds."""
-    from weft.compiler import models
+    from weft.compiler import models  # optional dependency: onnx
     from weft.compiler.driver import compile_model
-    from weft.compiler.tune.host import CpuTimeMeasurer, host_tasks, tuned_schedules
-    from weft.compiler.tune.log import TuningLog
-    from weft.compiler.tune.tuner import tune_tasks
-    from weft.runtime.cpu_device import default_threads
-    from weft.runtime.session import InferenceSession
 
     if model not in models.MODELS:
         raise UsageError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")

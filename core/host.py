@@ -1,7 +1,7 @@
 """The host dispatcher: how every device runs a layer on the host CPU in numpy.
 
-Integer ops run the kernels of :mod:`weft.runtime.qkernels` (bit-exact with the accelerator), float ops the
-kernels of :mod:`weft.compiler.float_ops`. The reference interpreter, the fsim device and the driver devices
+Integer ops run the kernels of :mod:`weft.core.qkernels` (bit-exact with the accelerator), float ops the
+kernels of :mod:`weft.core.float_ops`. The reference interpreter, the fsim device and the driver devices
 (rtl, pynq) all call :func:`run_host_node`, so a host layer gives the same answer on each of them.
 """
 
@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.float_ops import FLOAT_OPS
-from weft.compiler.ir import Node, Value
+from weft.core.float_ops import FLOAT_OPS
+from weft.core.ir import Node, Value
+from weft.core.qkernels import QKERNELS, Widths
 from weft.errors import WeftError
-from weft.runtime.qkernels import QKERNELS, Widths
 
 __all__ = ["HostRunner", "NoKernelError", "run_host_node"]
 

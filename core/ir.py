@@ -20,12 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import GraphError
+from weft.core.errors import GraphError
 
 __all__ = [
-    "DTYPES", "Graph", "Node", "Value", "act_dtype_name", "attr_from_json", "attr_to_json", "graph_from_dict",
-    "graph_to_dict", "int_dtype_name", "numpy_dtype", "onnx_type_string",
+    "ACCEL_OPS", "DTYPES", "Graph", "Node", "Value", "act_dtype_name", "attr_from_json", "attr_to_json",
+    "graph_from_dict", "graph_to_dict", "int_dtype_name", "numpy_dtype", "onnx_type_string",
 ]
+
+#: Integer layers the accelerator runs (GEMM and ALU work); the back end lowers exactly these, and a run
+#: sends them to the device.
+ACCEL_OPS = frozenset({"qconv2d", "qmaxpool", "qavgpool", "qalu"})
 
 #: IR dtype name -> numpy storage dtype. Sub-byte integers are stored one per int8 element.
 DTYPES: dict[str, np.dtype] = {

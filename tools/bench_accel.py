@@ -18,9 +18,23 @@ from typing import Any
 
 import numpy as np
 
+from weft.compiler.backend import generate
+from weft.config import load_config
+from weft.core.accel_section import AccelSection, accel_section
+from weft.core.artifact import Artifact
 from weft.errors import UsageError
+from weft.runtime.fsim_device import timing_model
+from weft.runtime.session import InferenceSession
+from weft.sim.cosim import Job, run_jobs
 
 __all__ = ["bench_compile", "bench_latency", "replay_jobs"]
+
+
+def _accel(artifact: Artifact) -> AccelSection:
+    section = accel_section(artifact)
+    if section is None:
+        raise ValueError("the artifact has no instruction streams: the benchmarks need the accelerator back end")
+    return section
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -29,7 +43,7 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _model_and_inputs(model: str, calibration_batches: int, seed: int) -> tuple[Any, dict, dict]:
-    from weft.compiler import models
+    from weft.compiler import models  # optional dependency: onnx
 
     if model not in models.MODELS:
         raise UsageError(f"unknown model '{model}' (models: {', '.join(models.MODELS)})")
@@ -54,11 +68,10 @@ def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibra
                   seed: int = 0) -> dict[str, Any]:
     """Compile `model` (a name from :data:`weft.compiler.models.MODELS`) for `config` with seeded random
     calibration inputs, then run it on "ref" and "fsim" `repeat` times; medians in seconds."""
+    # optional dependencies: onnx (the models, the compiler's importer) and onnxruntime
     import onnxruntime as ort
 
-    from weft.compiler.driver import compile_model
-    from weft.config import load_config
-    from weft.runtime.session import InferenceSession
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     cfg = load_config(config)
     onnx_model, calibration, x = _model_and_inputs(model, calibration_batches, seed)
@@ -67,7 +80,7 @@ def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibra
         start = time.perf_counter()
         artifact = compile_model(onnx_model, config=cfg, calibration=calibration)
         compile_times.append(time.perf_counter() - start)
-        backend_times.append(artifact.sections["accel"].meta["compile_seconds"])
+        backend_times.append(_accel(artifact).compile_seconds)
     assert artifact is not None
     sess = InferenceSession(artifact, device="ref")
     ref_seconds, out = _median_run(sess, x, repeat)
@@ -84,15 +97,15 @@ def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibra
     ort_seconds = time.perf_counter() - start
     stats = sess.stats or {}
     fstats = fsim.stats or {}
-    meta = artifact.sections["accel"].meta
+    section = _accel(artifact)
     accel_macs = sum(layer.get("accel_macs", 0) for layer in fstats.get("layers", []))
     slowest = sorted(fstats.get("layers", []), key=lambda layer: -layer["seconds"])[:5]
     return {
         "model": model, "config": cfg.name, "config_hash": cfg.hash, "calibration_batches": calibration_batches,
         "macs": stats.get("macs"), "accel_mac_fraction": fstats.get("accel_mac_fraction"),
-        "layers": len(artifact.graph.nodes), "accel_programs": len(meta["layers"]),
-        "instructions": sum(layer["insn_count"] for layer in meta["layers"]),
-        "dram_image_bytes": meta["dram_bytes"], "artifact_bytes": len(artifact.to_bytes()),
+        "layers": len(artifact.graph.nodes), "accel_programs": len(section.layers),
+        "instructions": sum(layer.insn_count for layer in section.layers),
+        "dram_image_bytes": section.dram_bytes, "artifact_bytes": len(artifact.to_bytes()),
         "compile_seconds": statistics.median(compile_times), "backend_seconds": statistics.median(backend_times),
         "ref_seconds": ref_seconds, "ref_gmac_per_second": (stats.get("macs") or 0) / ref_seconds / 1e9,
         "fsim_seconds": fsim_seconds, "fsim_gmac_per_second": accel_macs / fsim_seconds / 1e9,
@@ -106,9 +119,6 @@ def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibra
 def replay_jobs(artifact: Any, feeds: dict, names: set[str]) -> tuple[dict, dict, Any]:
     """Run `artifact` on fsim, keeping for each accelerator layer in `names` the DRAM image it starts from
     (a cosimulation job) and the image it leaves; returns (jobs, images after, stats)."""
-    from weft.runtime.session import InferenceSession
-    from weft.sim.cosim import Job
-
     jobs, after = {}, {}
 
     def keep(layer: dict[str, Any], dram: Any, when: str) -> None:
@@ -136,11 +146,7 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
     (RTL simulation takes about a minute per ResNet-18 layer). GEMM utilization is padded MACs over
     cycles times the config's MACs per cycle; ``useful_utilization`` counts the layer's real MACs instead
     (lower for grouped layers, whose weight tiles are zero outside each group)."""
-    from weft.compiler.backend import generate
-    from weft.compiler.driver import compile_model
-    from weft.config import load_config
-    from weft.runtime.artifact import Artifact
-    from weft.runtime.fsim_device import timing_model
+    from weft.compiler.driver import compile_model  # optional dependency: onnx
 
     del repeat  # one run per variant: cycles are deterministic
     cfg = load_config(config)
@@ -164,8 +170,6 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
         cycles = {name: per_layer[name]["cycles"] for name in chosen}
         matches: dict[str, bool] = {}
         if source and source.startswith("rtl"):
-            from weft.sim.cosim import run_jobs
-
             results = run_jobs(cfg, str(rtl), [jobs[name] for name in chosen], timing=dram_timing)
             for name, result in zip(chosen, results, strict=True):
                 cycles[name] = result.cycles if result.error_code == 0 else None
@@ -173,7 +177,7 @@ def bench_latency(config: str, model: str = "resnet18", repeat: int = 1, calibra
                 matches[name] = result.error_code == 0 and bool(np.array_equal(result.dram[:image.size], image))
         variants[key] = {"cycles": cycles, "matches": matches, "stats": per_layer,
                          "seconds": time.perf_counter() - start,
-                         "meta": {layer["name"]: layer for layer in art.sections["accel"].meta["layers"]}}
+                         "meta": {layer.name: layer.record for layer in _accel(art).layers}}
     rows = []
     for name in chosen:
         m_on, m_off = variants["on"]["meta"][name], variants["off"]["meta"][name]

@@ -11,7 +11,7 @@ Members:
 
 A file of another format version, a broken zip, a missing member or one whose hash differs is refused
 with an :class:`ArtifactError` saying which; so is a manifest whose keys are missing, mistyped, out of
-range or unsafely named (:mod:`weft.runtime.artifact_schema`, checked before anything is allocated).
+range or unsafely named (:mod:`weft.core.artifact_schema`, checked before anything is allocated).
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ import hashlib
 import io
 import json
 import math
-import os
 import re
-import secrets
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -32,31 +30,18 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import GraphError
-from weft.compiler.ir import Graph, graph_from_dict, graph_to_dict
+from weft import __version__
 from weft.config import AcceleratorConfig, ConfigError
-from weft.runtime.artifact_schema import ArtifactError, check_manifest, check_shape
+from weft.core.artifact_schema import ArtifactError, check_manifest, check_shape
+from weft.core.errors import GraphError
+from weft.core.files import write_atomic
+from weft.core.ir import Graph, graph_from_dict, graph_to_dict
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Artifact", "ArtifactError", "Section", "load_artifact", "write_atomic"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "Artifact", "ArtifactError", "Section", "load_artifact"]
 
 FORMAT = "weft-artifact"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-def write_atomic(path: str | Path, data: bytes) -> Path:
-    """Write `data` to `path` through a temporary file in the same folder and a rename, so readers see
-    the old file or the whole new one, and a failure leaves nothing behind."""
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
@@ -155,8 +140,6 @@ class Artifact:
             sections[name] = {"meta": section.meta, "files": sorted(section.files)}
             for fname, data in section.files.items():
                 files[f"sections/{name}/{fname}"] = data
-        from weft import __version__
-
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "weft_version": __version__,
             "target": self.target, "config": self.config.to_dict(), "config_hash": self.config.hash,

@@ -6,9 +6,9 @@ graph run on sample inputs) and the float host layers of the runtime (softmax, a
 inputs that older opsets gave as attributes (Clip's bounds, Pad's pads, Slice's ranges, the axes of
 Squeeze/Unsqueeze) are always inputs here, and pads are always explicit (top, left, bottom, right).
 
-Activations, math, comparisons and reductions live in :mod:`~weft.compiler.float_elementwise`, layout ops
-(Transpose, Split, Expand, Tile, Resize) in :mod:`~weft.compiler.float_tensor`, LRN, ConvTranspose and the
-normalizations in :mod:`~weft.compiler.float_nn`; ``FLOAT_OPS`` merges their tables.
+Activations, math, comparisons and reductions live in :mod:`~weft.core.float_elementwise`, layout ops
+(Transpose, Split, Expand, Tile, Resize) in :mod:`~weft.core.float_tensor`, LRN, ConvTranspose and the
+normalizations in :mod:`~weft.core.float_nn`; ``FLOAT_OPS`` merges their tables.
 
 Two ops exist only in the IR: ``FusedConv`` (conv or dense + bias + optional residual add + optional
 ReLU/clip, made by the fusion pass) and ``ChannelAffine`` (a per-channel ``x * scale + shift``).
@@ -22,18 +22,18 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_base import Known, OpDef, Shape, by_running
-from weft.compiler.float_base import broadcast as _broadcast
-from weft.compiler.float_base import err as _err
-from weft.compiler.float_base import need as _need
-from weft.compiler.float_base import same as _same
-from weft.compiler.float_base import shape_of as _shape
-from weft.compiler.float_elementwise import ELEMENTWISE_OPS
-from weft.compiler.float_nn import NN_OPS
-from weft.compiler.float_tensor import TENSOR_OPS
-from weft.compiler.ir import Node, Value, dtype_name, numpy_dtype
-from weft.compiler.qdq import FAKE_QUANT, fake_quant, quantize_dtype, run_dequantize, run_quantize
+from weft.core.errors import UnsupportedError
+from weft.core.float_base import Known, OpDef, Shape, by_running
+from weft.core.float_base import broadcast as _broadcast
+from weft.core.float_base import err as _err
+from weft.core.float_base import need as _need
+from weft.core.float_base import same as _same
+from weft.core.float_base import shape_of as _shape
+from weft.core.float_elementwise import ELEMENTWISE_OPS
+from weft.core.float_nn import NN_OPS
+from weft.core.float_tensor import TENSOR_OPS
+from weft.core.ir import Node, Value, dtype_name, numpy_dtype
+from weft.core.qdq import FAKE_QUANT, fake_quant, quantize_dtype, run_dequantize, run_quantize
 
 __all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry", "run_float_op",
            "slice_index"]
@@ -444,7 +444,7 @@ FLOAT_OPS: dict[str, OpDef] = {
     "Slice": OpDef(by_running(_run_slice, (1, 2, 3, 4)), _run_slice),
     "Cast": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), n.attrs["to"])],
                   lambda n, a: [a[0].astype(numpy_dtype(n.attrs["to"]))]),
-    # A pre-quantized model's own quantization (see weft.compiler.qdq).
+    # A pre-quantized model's own quantization (see weft.core.qdq).
     FAKE_QUANT: OpDef(_same, lambda n, a: [fake_quant(n, a[0])]),
     "QuantizeLinear": OpDef(lambda n, i, k: [(_shape(n, i[0], "the input"), quantize_dtype(n))],
                             lambda n, a: [run_quantize(n, a[0])]),

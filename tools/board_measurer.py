@@ -23,6 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from weft.compiler.tune.measure import Layer, lower
 from weft.errors import UsageError, WeftError
+from weft.runtime.devices import create_device
+from weft.runtime.driver import RunError, WatchdogError
+from weft.runtime.pynq_device import PynqDevice
+from weft.runtime.safety import LaunchError
 
 if TYPE_CHECKING:
     from weft.compiler.backend.schedule import Schedule
@@ -66,9 +70,6 @@ class BoardMeasurer:
     name = "board"
 
     def __init__(self, config: AcceleratorConfig, *, repeat: int = 1, **device_options: Any) -> None:
-        from weft.runtime.devices import create_device
-        from weft.runtime.pynq_device import PynqDevice
-
         if repeat < 1:
             raise UsageError(f"repeat must be at least 1, got {repeat}")
         if device_options.get("bitstream") is None:
@@ -88,9 +89,6 @@ class BoardMeasurer:
         self.driver: Driver = device.driver
 
     def measure(self, layer: Layer, schedule: Schedule) -> int:
-        from weft.runtime.driver import RunError, WatchdogError
-        from weft.runtime.safety import LaunchError
-
         low = lower(layer, schedule, self.config)
         image = low.plan.image(0)
         where = f"layer '{layer.geom.name}' under {schedule}"

@@ -1,7 +1,7 @@
 """What every float op table shares: the OpDef record, shape helpers and generic shape rules.
 
-:mod:`weft.compiler.float_ops` and the op tables it merges (:mod:`~weft.compiler.float_elementwise`,
-:mod:`~weft.compiler.float_tensor`, :mod:`~weft.compiler.float_nn`) import from here, never from each other,
+:mod:`weft.core.float_ops` and the op tables it merges (:mod:`~weft.core.float_elementwise`,
+:mod:`~weft.core.float_tensor`, :mod:`~weft.core.float_nn`) import from here, never from each other,
 so imports flow one way.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import ModelError, UnsupportedError
-from weft.compiler.ir import Node, Value, dtype_name, numpy_dtype
+from weft.core.errors import ModelError, UnsupportedError
+from weft.core.ir import Node, Value, dtype_name, numpy_dtype
 
 __all__ = ["Known", "OpDef", "Result", "Shape", "broadcast", "by_running", "err", "need", "same", "shape_of"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_base import Known, OpDef, Result, err, same, shape_of
-from weft.compiler.ir import Node, Value
+from weft.core.errors import UnsupportedError
+from weft.core.float_base import Known, OpDef, Result, err, same, shape_of
+from weft.core.ir import Node, Value
 
 __all__ = ["NN_OPS", "conv_transpose2d", "conv_transpose_geometry"]
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import UnsupportedError
-from weft.compiler.float_base import Known, OpDef, Result, by_running, err, need, shape_of
-from weft.compiler.ir import Node, Value
+from weft.core.errors import UnsupportedError
+from weft.core.float_base import Known, OpDef, Result, by_running, err, need, shape_of
+from weft.core.ir import Node, Value
 
 __all__ = ["RESIZE_MODES", "TENSOR_OPS", "split_sizes"]
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from weft.compiler.errors import ModelError, UnsupportedError
-from weft.compiler.ir import Graph, Node
+from weft.core.errors import ModelError, UnsupportedError
+from weft.core.ir import Graph, Node
 
 __all__ = [
     "FAKE_QUANT", "QParams", "absorb_fake_quant", "dequantize", "fake_quant", "model_scales", "quantize",
