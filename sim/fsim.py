@@ -34,7 +34,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from weft.errors import WeftError
 from weft.isa import semantics
-from weft.isa.arith import int_dtype, loop_indices, pack, unpack, wrap
+from weft.isa.arith import float_dtype_for, int_dtype, loop_indices, pack, unpack, wrap
 from weft.isa.asm import format_insn
 from weft.isa.constants import INSN_BYTES, MemId, Opcode, Unit
 from weft.isa.encoding import decode_insns, decode_uops, encode_insns, make_uops
@@ -42,7 +42,7 @@ from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
 from weft.isa.semantics import FLAG_QUEUE, QUEUES, TOKEN_QUEUES, UNIT_NAMES, row_bytes
 from weft.sim.dram import Dram
-from weft.sim.kernels import alu_apply, float_dtype_for, gemm_row_sums
+from weft.sim.kernels import alu_apply, gemm_row_sums
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
