@@ -11,13 +11,15 @@ import json
 import sys
 from typing import Any
 
+from weft.config import PRESETS
+
 __all__ = ["add_config_option", "print_json"]
 
 
-def add_config_option(parser: argparse.ArgumentParser) -> None:
+def add_config_option(parser: argparse.ArgumentParser, aliases: tuple[str, ...] = ()) -> None:
     parser.add_argument(
-        "--config", default="default",
-        help="preset name (default, tiny, rect, zcu104, int4w) or a JSON file (weft or VTA format)",
+        "--config", *aliases, dest="config", default="default",
+        help=f"preset name ({', '.join(PRESETS)}) or a JSON file (weft or VTA format)",
     )
 
 

@@ -8,9 +8,11 @@ import inspect
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from weft.cli_common import add_config_option, print_json
 from weft.config import load_config
+from weft.core.files import write_atomic
 from weft.errors import UsageError, read_input, user_file
 from weft.isa import assemble, c_header, decode_insns, disassemble, encode_insns, isa_spec, markdown
 from weft.isa.asm import AsmError, AsmFileError, check_words, read_source
@@ -32,12 +34,38 @@ BENCHES: dict[str, str] = {
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_option(parser)
+    add_config_option(parser, aliases=("--preset",))
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change one field of the config (repeatable), e.g. --set block_in=8")
+    parser.add_argument("-o", "--output", help="write the config as a file that --config loads back (named after "
+                                               "the file unless --set name=... says otherwise)")
+
+
+def _field_value(text: str) -> tuple[str, Any]:
+    """'block_in=8' -> ('block_in', 8): the value is read as JSON, or taken as a string when it is not JSON."""
+    field, sep, value = text.partition("=")
+    if not sep or not field.strip():
+        raise UsageError(f"--set takes FIELD=VALUE, got {text!r}")
+    try:
+        return field.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return field.strip(), value
 
 
 def run_config(args: argparse.Namespace) -> int:
-    print_json(load_config(args.config).describe())
+    config = load_config(args.config)
+    changes = dict(_field_value(item) for item in args.set)
+    if args.output and "name" not in changes:
+        changes["name"] = Path(args.output).stem
+    config = config.with_fields(changes)
+    if args.output:
+        with user_file(args.output, "output"):
+            write_atomic(Path(args.output), (json.dumps(config.to_dict(), indent=2) + "\n").encode())
+        print(f"wrote {args.output}: config '{config.name}', hash {config.hash}")
+        return 0
+    print_json(config.describe())
     return 0
+
 
 
 def add_isa_arguments(parser: argparse.ArgumentParser) -> None:

@@ -264,6 +264,14 @@ class AcceleratorConfig:
             f"_{log(self.acc_buff_bytes)}_b{self.bus_width}_{self.clock_mhz:g}mhz_{self.hash[:8]}"
         )
 
+    def with_fields(self, changes: Mapping[str, Any]) -> AcceleratorConfig:
+        """:meth:`replace` for fields named by a user (a file, ``--set``): an unknown name is a ConfigError."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(unknown[0], f"unknown config field (known: {', '.join(sorted(known))})")
+        return self.replace(**changes)
+
     def replace(self, **changes: Any) -> AcceleratorConfig:
         """A new config with some knobs changed (validated like any other)."""
         if "acc_buff_bytes" in changes or "acc_width" in changes or "out_width" in changes \
@@ -331,17 +339,13 @@ class AcceleratorConfig:
             raise ConfigError(unknown[0], f"unknown config field (known: base, {', '.join(sorted(known))})")
         kwargs = dict(data)
         base = kwargs.pop("base", None)
-        if base is not None:
-            if not isinstance(base, str) or base not in PRESETS:
-                raise ConfigError("base", f"{base!r} is not a preset (presets: {', '.join(PRESETS)})")
-            start = PRESETS[base]
-            inherited = start.to_dict()
-            if start.out_buff_bytes == start.acc_rows * start.out_row_bits // 8:
-                inherited["out_buff_bytes"] = None  # derived in the base, so derived again from the new fields
-            kwargs = {**inherited, "name": base, **kwargs}
         if "extras" in kwargs:
             kwargs["extras"] = tuple(sorted(dict(kwargs["extras"]).items()))
-        return cls(**kwargs)
+        if base is None:
+            return cls(**kwargs)
+        if not isinstance(base, str) or base not in PRESETS:
+            raise ConfigError("base", f"{base!r} is not a preset (presets: {', '.join(PRESETS)})")
+        return PRESETS[base].with_fields(kwargs)
 
     @classmethod
     def from_vta(cls, data: Mapping[str, Any], name: str | None = None) -> AcceleratorConfig:

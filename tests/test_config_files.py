@@ -64,3 +64,34 @@ def test_an_impossible_design_point_names_the_buffers_and_the_sizes_that_fit() -
         assert getattr(config, name) == int(size)
         with pytest.raises(ConfigError, match="buffer sizes"):
             AcceleratorConfig.from_dict({"block_in": 8, "block_out": 8, name: 2 * int(size)})
+
+
+def test_config_set_and_output_write_a_file_that_loads_back(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "my.json"
+    assert main(["config", "--preset", "tiny", "--set", "block_in=8", "--set", "acc_buff_bytes=8192",
+                 "-o", str(out)]) == 0
+    config = load_config(out)
+    assert capsys.readouterr().out.strip() == f"wrote {out}: config 'my', hash {config.hash}"
+    assert (config.name, config.block_in, config.acc_buff_bytes) == ("my", 8, 8192)
+    assert config.hash == PRESETS["tiny"].replace(block_in=8, acc_buff_bytes=8192).hash
+    assert config.inp_buff_bytes == PRESETS["tiny"].inp_buff_bytes
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("block_in", "--set takes FIELD=VALUE"),
+    ("blok_in=8", "config field 'blok_in': unknown config field"),
+    ("block_in=3", "config field 'block_in': must be a power of two"),
+])
+def test_config_set_errors_name_the_field(setting: str, message: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
+    assert main(["config", "--set", setting, "-o", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_config_help_lists_every_preset(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["config", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"preset name ({', '.join(PRESETS)})" in text

@@ -1,9 +1,10 @@
 """Imports flow one way, down these layers: no package imports one above it or beside it, so no import
 needs to hide inside a function to dodge a cycle.
 
-    weft.errors, weft.progress, weft.cli_common    (the root's utilities)
+    weft.errors, weft.progress    (the root's utilities)
     weft.config + weft.isa    (one unit: the config checks that the ISA fits it, the ISA is built from it)
     weft.core        what the compiler and the runtime share: IR, kernels, artifact, graph walker
+    weft.cli_common  the --config option (it lists the presets) and JSON output of every command module
     weft.hw
     weft.sim
     weft.compiler    weft.runtime        (neither imports the other)
@@ -28,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Bottom to top; a name is a root module or a package (all its modules); names joined by "+" are one unit.
 LAYERS: list[tuple[str, ...]] = [
-    ("weft.errors", "weft.progress", "weft.cli_common"),
+    ("weft.errors", "weft.progress"),
     ("weft.config+weft.isa",),
-    ("weft.core",),
+    ("weft.core", "weft.cli_common"),
     ("weft.hw",),
     ("weft.sim",),
     ("weft.compiler", "weft.runtime"),
