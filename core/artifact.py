@@ -36,6 +36,7 @@ from weft.core.artifact_schema import ArtifactError, check_manifest, check_shape
 from weft.core.errors import GraphError
 from weft.core.files import write_atomic
 from weft.core.ir import Graph, graph_from_dict, graph_to_dict
+from weft.errors import read_input
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "Artifact", "ArtifactError", "Section", "load_artifact"]
 
@@ -229,7 +230,7 @@ class Artifact:
         path = Path(path)
         if not path.is_file():
             raise ArtifactError(f"{path}: no such artifact file")
-        return cls.from_bytes(path.read_bytes(), str(path))
+        return cls.from_bytes(read_input(path, "artifact"), str(path))
 
     def __repr__(self) -> str:
         return (f"Artifact({self.graph.name!r}, target={self.target!r}, config={self.config.name!r} "

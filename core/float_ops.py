@@ -35,7 +35,7 @@ from weft.core.float_tensor import TENSOR_OPS
 from weft.core.ir import Node, Value, dtype_name, numpy_dtype
 from weft.core.qdq import FAKE_QUANT, fake_quant, quantize_dtype, run_dequantize, run_quantize
 
-__all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry", "run_float_op",
+__all__ = ["FLOAT_OPS", "OpDef", "conv_out_size", "full_pads", "macs_of", "pool_geometry",
            "slice_index"]
 
 # ---- geometry ----------------------------------------------------------------------------------------
@@ -457,14 +457,6 @@ FLOAT_OPS: dict[str, OpDef] = {
     **TENSOR_OPS,
     **NN_OPS,
 }
-
-
-def run_float_op(node: Node, args: list[Any]) -> list[np.ndarray]:
-    """Run one float op; a missing kernel is an UnsupportedError naming the node."""
-    opdef = FLOAT_OPS.get(node.op)
-    if opdef is None:
-        raise UnsupportedError("no float kernel for this op", node=node.name, op=node.op)
-    return opdef.run(node, args)
 
 
 def macs_of(node: Node, in_shapes: Sequence[Shape | None], out_shapes: Sequence[Shape | None]) -> int:

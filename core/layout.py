@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = [
-    "act_block", "from_nhwc", "pack_act", "pack_weights", "packed_act_shape", "pad_to", "pad_vector", "to_nhwc",
+    "act_block", "from_nhwc", "pack_act", "pack_weights", "packed_act_shape", "pad_to", "to_nhwc",
     "unpack_act", "unpack_weights",
 ]
 
@@ -92,9 +92,3 @@ def unpack_weights(packed: np.ndarray, out_ch: int | None = None, in_ch: int | N
     ob, ib, kh, kw, bo, bi = packed.shape
     full = packed.transpose(0, 4, 1, 5, 2, 3).reshape(ob * bo, ib * bi, kh, kw)
     return full[:out_ch, :in_ch]
-
-
-def pad_vector(v: np.ndarray, length: int) -> np.ndarray:
-    out = np.zeros(length, dtype=v.dtype)
-    out[: v.shape[0]] = v
-    return out

@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from weft.isa.constants import INSN_BYTES
+from weft.isa.encoding import decode_insns
 from weft.runtime.devices import Device, DeviceError, register_device, run_loaded
 from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer, ProgramRunner
 from weft.runtime.driver import Driver, DriverPrograms
 from weft.runtime.register_backend import FIRST_ADDRESS, BackendHardware
-from weft.runtime.trace import RtlLayer
+from weft.runtime.trace import RtlLayer, activity_rows
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -51,11 +52,11 @@ REPLY_TIMEOUT_S = 600.0
 _LAUNCH = """
 import sys, warnings
 from pathlib import Path
-from weft.sim.cosim import _runner
+from weft.sim.cosim import cocotb_runner
 build_dir, work, sim, env = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 import json
 try:
-    _runner(sim).test(test_module=sys.argv[5], hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
+    cocotb_runner(sim).test(test_module=sys.argv[5], hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
                       build_dir=build_dir, test_dir=work, extra_env=json.loads(env),
                       log_file=Path(work) / "sim.log")
 except SystemExit:
@@ -232,7 +233,7 @@ class RtlDevice(Device):
         self.layers = self.image.layers
         if self.hardware is not None:
             self.hardware.close()
-        self.hardware = rtl_hardware(self.config, int(self.image.meta["dram_bytes"]), **self.options)
+        self.hardware = rtl_hardware(self.config, self.image.section.dram_bytes, **self.options)
         self.driver = Driver(self.hardware, self.config, timeout_s=self.timeout_s)
         self.driver.check_hardware()
         self.runner = DramRunner(self.image, _Recording(self, DriverPrograms(self.driver)), self)
@@ -246,10 +247,8 @@ class RtlDevice(Device):
         """Cycles the RTL took for the layer's program when it last ran (None before)."""
         return self._measured.get(layer["name"])
 
-    def _ran(self, dram: Dram, insn_addr: int, insn_count: int, stats: dict[str, Any]) -> None:
-        from weft.isa.encoding import decode_insns
-        from weft.runtime.trace import activity_rows
-
+    def record_run(self, dram: Dram, insn_addr: int, insn_count: int, stats: dict[str, Any]) -> None:
+        """After one program ran: keep its cycles by layer and, when tracing, its per-instruction rows."""
         assert self.artifact is not None and self.hardware is not None
         layer = next((x for x in self.layers.values() if x["insn_addr"] == insn_addr), None)
         name = layer["name"] if layer is not None else f"program at 0x{insn_addr:x}"
@@ -285,7 +284,7 @@ class _Recording:
         if self.device.trace and hardware is not None:
             hardware.backend.take_activity()  # what a failed run may have left
         stats = self.programs.run(dram, insn_addr, insn_count)
-        self.device._ran(dram, insn_addr, insn_count, stats)
+        self.device.record_run(dram, insn_addr, insn_count, stats)
         return stats
 
 

@@ -24,9 +24,9 @@ from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge
 from cocotb.utils import get_sim_time
 
 from weft.config import load_config
+from weft.isa.semantics import UNIT_NAMES
 from weft.sim.cocotb_tb.dram import DramTiming
 from weft.sim.cocotb_tb.tb import PERIOD_NS, Testbench
-from weft.sim.timing import UNIT_NAMES
 
 #: The signals the recorder watches, by track, as paths below the core (the Verilog keeps the hierarchy
 #: and the submodule names of :class:`weft.hw.top.Core`): the core's run flag, each unit's busy register

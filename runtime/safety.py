@@ -19,7 +19,7 @@ import numpy as np
 from weft.errors import WeftError
 from weft.isa import semantics
 from weft.isa.asm import format_insn
-from weft.isa.constants import AXI_ADDR_BITS, Opcode, Unit
+from weft.isa.constants import AXI_ADDR_BITS, Opcode
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -36,11 +36,6 @@ class LaunchError(WeftError):
     def __init__(self, message: str, index: int | None = None):
         self.index = index
         super().__init__(message)
-
-
-def unit_of(insn: np.void) -> Unit:
-    """The unit that runs one decoded instruction."""
-    return semantics.unit_of(int(insn["opcode"]), int(insn["mem_id"]))
 
 
 def dma_ranges(config: AcceleratorConfig, insns: np.ndarray) -> list[tuple[int, int, int]]:

@@ -26,12 +26,12 @@ from weft.core.accel_section import accel_section
 from weft.core.artifact import Artifact
 from weft.core.artifact_schema import ACCEL_SECTION
 from weft.core.files import write_atomic
+from weft.isa import semantics
 from weft.isa.encoding import decode_insns
 from weft.isa.program import insn_kind
 from weft.runtime.devices import DeviceError
-from weft.runtime.safety import unit_of
 from weft.sim.fsim import INSN_KINDS
-from weft.sim.timing import TRACE_DTYPE, UNIT_NAMES, TimingModel, trace_events
+from weft.sim.timing import TRACE_DTYPE, TimingModel, trace_events
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -92,9 +92,9 @@ def activity_rows(config: AcceleratorConfig, insns: np.ndarray, intervals: dict[
     if len(runs) != 1:
         raise DeviceError(f"the RTL trace holds {len(runs)} runs where one was expected")
     origin, end = runs[0]
-    units = np.array([int(unit_of(r)) for r in insns], dtype=np.int8)
+    units = semantics.units(insns)
     rows = np.zeros(len(insns), dtype=TRACE_DTYPE)
-    for u, unit in enumerate(UNIT_NAMES):
+    for u, unit in enumerate(semantics.UNIT_NAMES):
         mine = np.flatnonzero(units == u)
         busy = intervals[unit]
         if len(busy) != len(mine):

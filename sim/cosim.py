@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from weft.sim.dram import Dram
 
 __all__ = [
-    "SIMULATORS", "CosimError", "Job", "JobResult", "build", "compare", "default_build_root", "fingerprint",
+    "SIMULATORS", "CosimError", "Job", "JobResult", "build", "cocotb_runner", "compare", "default_build_root",
+    "fingerprint",
     "job_from_program", "run_jobs", "run_random", "simulator_available", "verilog_path",
 ]
 
@@ -83,7 +84,8 @@ def fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-def _runner(sim: str) -> Any:
+def cocotb_runner(sim: str) -> Any:
+    """cocotb's runner for simulator `sim` (also what the RTL device's simulator process starts from)."""
     with warnings.catch_warnings():  # cocotb marks its Python runner experimental
         warnings.simplefilter("ignore", UserWarning)
         from cocotb.runner import get_runner
@@ -141,7 +143,7 @@ def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None) -
     with _locked(source.parent / f"sim_{sim}.lock"):
         if stamp.exists():
             return build_dir
-        runner = _runner(sim)
+        runner = cocotb_runner(sim)
         log = source.parent / f"build_{sim}.log"
         options: dict[str, Any] = {}
         if sim == "icarus":
@@ -239,7 +241,7 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
         manifest = work / "manifest.json"
         manifest.write_text(json.dumps({"config": config.to_dict(), "dram_size": size, "timing": timing_dict,
                                         "jobs": entries}))
-        runner = _runner(sim)
+        runner = cocotb_runner(sim)
         log = work / "sim.log"
         follower = _JobFollower(jobs, [Path(e["report_out"]) for e in entries], progress)
         try:

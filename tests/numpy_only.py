@@ -7,7 +7,17 @@ import subprocess
 import sys
 import textwrap
 
-from .test_imports import BLOCKER
+#: Prepended to the code: a finder that refuses the compiler's dependencies (and cocotb, sklearn).
+BLOCKER = textwrap.dedent("""
+    import sys
+    BLOCKED = {"onnx", "onnxruntime", "llvmlite", "xgboost", "google.protobuf", "cocotb", "sklearn"}
+    class Blocker:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED or name in BLOCKED:
+                raise ImportError(f"blocked import of {name}")
+            return None
+    sys.meta_path.insert(0, Blocker())
+""")
 
 #: Appended to the code: an import of onnx by the way (even one that is caught) fails the run.
 _NO_LEAK = textwrap.dedent("""

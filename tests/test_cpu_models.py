@@ -104,7 +104,7 @@ def test_device_options_and_errors():
 
 def test_runtime_import_does_not_load_llvmlite(tmp_path):
     """A board has no llvmlite: the runtime imports, lists "cpu", and creating it says what is missing."""
-    from .test_imports import BLOCKER
+    from .numpy_only import BLOCKER
 
     path = weft.compile(models.mlp(), target="cpu").save(tmp_path / "mlp.weft")
     code = BLOCKER + (
