@@ -10,9 +10,12 @@ and index and stops, draining the bursts it has in flight.
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
 from typing import TYPE_CHECKING
 
 from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -21,9 +24,11 @@ from weft.config import INSN_BITS
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import BurstReader, RowUnpacker
 from weft.hw.regs import ErrorCode
-from weft.hw.unit import DISPATCH_LAYOUT
+from weft.hw.unit import dispatch_layout, register_widths
 from weft.isa.constants import AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
+from weft.isa.program import DEP_FLAGS
+from weft.isa.semantics import FLAG_QUEUE
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -31,7 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["Fetch", "check_insn"]
 
 _INSN_BYTES = INSN_BITS // 8
-_COUNT_BITS = 32
 
 
 def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Signal
@@ -44,14 +48,17 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
     alu = data.View(layout.formats["alu"].as_struct_layout(), word)
     op = head.opcode
     is_load, is_store = op == Opcode.LOAD, op == Opcode.STORE
-    unit = Signal(2, name="unit")
+    unit = Signal(range(len(Unit)), name="unit")
     m.d.comb += unit.eq(Mux(is_store, Unit.STORE,
                             Mux(is_load & ((mem.mem_id == MemId.INP) | (mem.mem_id == MemId.WGT)), Unit.LOAD,
                                 Unit.COMPUTE)))
     legal_load_mem = Cat(*[mem.mem_id == mid for mid in (MemId.UOP, MemId.WGT, MemId.INP, MemId.ACC,
                                                           MemId.ACC_NARROW)]).any()
-    bad_flags = Mux(unit == Unit.LOAD, head.pop_prev | head.push_prev,
-                    Mux(unit == Unit.STORE, head.pop_next | head.push_next, 0))
+    bad_flags: Value | int = 0  # a flag the unit has no token queue for
+    for u in reversed(Unit):
+        illegal = [getattr(head, flag) for flag in DEP_FLAGS if flag not in FLAG_QUEUE[u]]
+        if illegal:
+            bad_flags = Mux(unit == u, reduce(operator.or_, illegal), bad_flags)
     active = (is_load | is_store) & (mem.x_size != 0)
     pads = Cat(mem.y_pad_0, mem.y_pad_1, mem.x_pad_0, mem.x_pad_1).any()
     no_pad = is_store | (is_load & ((mem.mem_id == MemId.UOP) | (mem.mem_id == MemId.WGT)))
@@ -86,7 +93,7 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
         ((op == Opcode.FINISH) & ~is_last, ErrorCode.FINISH_NOT_LAST),
         ((op != Opcode.FINISH) & is_last, ErrorCode.NO_FINISH),
     ]
-    code = Signal(8, name="check_code")
+    code = Signal(register_widths(c)["error_code"], name="check_code")
     for cond, err in reversed(checks):  # the first failing check wins
         with m.If(cond):
             m.d.comb += code.eq(err)
@@ -98,11 +105,13 @@ class Fetch(wiring.Component):
 
     def __init__(self, config: AcceleratorConfig):
         self.config = config
+        regs = register_widths(config)
         super().__init__({
-            "start": In(1), "insn_addr": In(ADDR_BITS), "insn_count": In(_COUNT_BITS), "halt": In(1),
+            "start": In(1), "insn_addr": In(regs["insn_addr"]), "insn_count": In(regs["insn_count"]),
+            "halt": In(1),
             "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width)),
-            "queues": Out(stream.Signature(DISPATCH_LAYOUT)).array(3),  # by Unit
-            "error": Out(1), "error_code": Out(8), "error_index": Out(32),
+            "queues": Out(stream.Signature(dispatch_layout(config))).array(len(Unit)),  # by Unit
+            "error": Out(1), "error_code": Out(regs["error_code"]), "error_index": Out(regs["error_index"]),
             "idle": Out(1), "all_dispatched": Out(1), "stall": Out(1), "dispatch": Out(1),
         })
 
@@ -110,14 +119,15 @@ class Fetch(wiring.Component):
         m = Module()
         c = self.config
         B = c.bus_width // 8
-        m.submodules.reader = reader = BurstReader(bus_bytes=B, count_bits=_COUNT_BITS + 5)
-        m.submodules.unpack = unpack = RowUnpacker(bus_bytes=B, elem_bytes=_INSN_BYTES, count_bits=_COUNT_BITS)
+        count_bits = len(self.insn_count)
+        m.submodules.reader = reader = BurstReader(bus_bytes=B, count_bits=count_bits + 5)
+        m.submodules.unpack = unpack = RowUnpacker(bus_bytes=B, elem_bytes=_INSN_BYTES, count_bits=count_bits)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         wiring.connect(m, reader.beats, unpack.beats)
 
         running = Signal()  # dispatching: from start until FINISH, an error or a halt
         launch = Signal()
-        index = Signal(_COUNT_BITS)
+        index = Signal(count_bits)
         m.d.sync += launch.eq(self.start)
         first = Cat(Const(0, exact_log2(B)), self.insn_addr[exact_log2(B):])
         end = Signal(ADDR_BITS + 6)
