@@ -1,11 +1,12 @@
 """The fetch unit: reads the instruction stream with AXI4 bursts, checks and routes each instruction.
 
-Fetch decodes opcode and memory id with the ISA's own StructLayouts and dispatches LOAD INP/WGT to the load
-queue, STORE to the store queue and everything else to the compute queue, in stream order; it stalls while
-the target queue is full and never drops an instruction. Each instruction is checked before dispatch, in
-the functional simulator's order (illegal opcode, memory id, dependency flag, ALU op, padding, SRAM range,
-micro-op range, FINISH placement); the first illegal one is not dispatched: fetch reports its error code
-and index and stops, draining the bursts it has in flight.
+Fetch decodes opcode and memory id with the ISA's own StructLayouts and dispatches each instruction to the
+queue of the unit that runs it (:mod:`weft.isa.semantics`: LOAD INP/WGT to the load queue, STORE to the
+store queue, everything else to the compute queue), in stream order; it stalls while the target queue is
+full and never drops an instruction. Each instruction is checked before dispatch, in the functional
+simulator's order (illegal opcode, memory id, dependency flag, ALU op, padding, SRAM range, micro-op range,
+FINISH placement), with the memory ids, flags and padding rules of the same module; the first illegal one
+is not dispatched: fetch reports its error code and index and stops, draining the bursts it has in flight.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from weft.hw.unit import dispatch_layout, register_widths
 from weft.isa.constants import AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
 from weft.isa.program import DEP_FLAGS
-from weft.isa.semantics import FLAG_QUEUE
+from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, unit_of
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 __all__ = ["Fetch", "check_insn"]
 
 _INSN_BYTES = INSN_BITS // 8
+
+
+def _one_of(value: Value, members: list[int]) -> Value:
+    return reduce(operator.or_, [value == member for member in members])
 
 
 def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Signal
@@ -49,11 +54,11 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
     op = head.opcode
     is_load, is_store = op == Opcode.LOAD, op == Opcode.STORE
     unit = Signal(range(len(Unit)), name="unit")
+    load_unit_mems = [mid for mid in MemId if unit_of(Opcode.LOAD, mid) == Unit.LOAD]
     m.d.comb += unit.eq(Mux(is_store, Unit.STORE,
-                            Mux(is_load & ((mem.mem_id == MemId.INP) | (mem.mem_id == MemId.WGT)), Unit.LOAD,
-                                Unit.COMPUTE)))
-    legal_load_mem = Cat(*[mem.mem_id == mid for mid in (MemId.UOP, MemId.WGT, MemId.INP, MemId.ACC,
-                                                          MemId.ACC_NARROW)]).any()
+                            Mux(is_load & _one_of(mem.mem_id, load_unit_mems), Unit.LOAD, Unit.COMPUTE)))
+    bad_mem = reduce(operator.or_, [(op == opcode) & ~Cat(*[mem.mem_id == mid for mid in mems]).any()
+                                    for opcode, (mems, _) in MEMS.items()])
     bad_flags: Value | int = 0  # a flag the unit has no token queue for
     for u in reversed(Unit):
         illegal = [getattr(head, flag) for flag in DEP_FLAGS if flag not in FLAG_QUEUE[u]]
@@ -61,7 +66,8 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
             bad_flags = Mux(unit == u, reduce(operator.or_, illegal), bad_flags)
     active = (is_load | is_store) & (mem.x_size != 0)
     pads = Cat(mem.y_pad_0, mem.y_pad_1, mem.x_pad_0, mem.x_pad_1).any()
-    no_pad = is_store | (is_load & ((mem.mem_id == MemId.UOP) | (mem.mem_id == MemId.WGT)))
+    unpadded = [mid for mid in MEMS[Opcode.LOAD][0] if mid not in PADDED_MEMS]
+    no_pad = is_store | (is_load & _one_of(mem.mem_id, unpadded))
     height = Signal(layout.size_bits + 5)
     width = Signal(layout.size_bits + 5)
     sram_end = Signal(layout.sram_bits + 2 * len(height) + 1)
@@ -84,7 +90,7 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
     uop_end = Mux(op == Opcode.GEMM, loop.uop_end, alu.uop_end)
     checks = [
         (op > max(Opcode), ErrorCode.ILLEGAL_OPCODE),
-        ((is_load & ~legal_load_mem) | (is_store & (mem.mem_id != MemId.OUT)), ErrorCode.ILLEGAL_MEM_ID),
+        (bad_mem, ErrorCode.ILLEGAL_MEM_ID),
         (bad_flags, ErrorCode.ILLEGAL_DEP_FLAG),
         ((op == Opcode.ALU) & (alu.alu_op > max(AluOp)), ErrorCode.ILLEGAL_ALU_OP),
         (active & no_pad & pads, ErrorCode.BAD_PADDING),
