@@ -164,7 +164,7 @@ class ComputeUnit(UnitBase):
         launched = Signal()
         gen = Signal()
         aborted = Signal()
-        k = Signal(c.uop_index_bits + 1)
+        k = Signal(d.gemm.uop_end.shape())  # walks [uop_bgn, uop_end)
         i = Signal(layout.iter_bits)
         j = Signal(layout.iter_bits)
         off_bits = max(c.acc_index_bits, c.inp_index_bits, c.wgt_index_bits) + layout.iter_bits + 1

@@ -459,7 +459,7 @@ class Store2D(wiring.Component):
                      seg_q.r_en.eq(packer.cmd.ready)]
 
         # Segments (one per DRAM row) and their bursts on AW; burst lengths queue up for WLAST.
-        m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=8, depth=8)
+        m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=len(axi.awlen), depth=8)
         seg_y = Signal.like(f.y_size)
         row_addr = Signal.like(f.dram_base)
         in_burst = Signal()
@@ -488,7 +488,7 @@ class Store2D(wiring.Component):
                 m.d.sync += in_burst.eq(0)
 
         # W: packed beats, WLAST from the burst lengths.
-        w_count = Signal(8)
+        w_count = Signal(len(axi.awlen))
         m.d.comb += [
             axi.wdata.eq(packer.beats.payload.data), axi.wstrb.eq(packer.beats.payload.strb),
             axi.wvalid.eq(packer.beats.valid & len_q.r_rdy), axi.wlast.eq(w_count == len_q.r_data),
