@@ -32,8 +32,8 @@ from amaranth.lib.wiring import In, Out
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.datapath import GEMM_LATENCY, GemmCore, alu_lane, elements, saturate_row, sign_extend_row
 from weft.hw.dma import Load2D
-from weft.hw.regs import ErrorCode
-from weft.hw.unit import UnitBase, register_widths, request_dma_once
+from weft.hw.regs import ErrorCode, register_widths
+from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId, Opcode, Unit
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.hw.axi import RESP_OKAY, axi4_lite_signature
-from weft.hw.regs import DATA_BITS, addr_bits, register_map, value_widths
+from weft.hw.regs import DATA_BITS, addr_bits, register_map, register_widths
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -32,7 +32,7 @@ class ControlBlock(wiring.Component):
     def __init__(self, config: AcceleratorConfig):
         self.regs = register_map(config)
         self.addr_bits = addr_bits(self.regs)
-        widths = value_widths(self.regs)
+        widths = register_widths(config)
         access: dict[str, str] = {}
         for reg in self.regs:
             for f in reg.fields:

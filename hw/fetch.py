@@ -24,8 +24,8 @@ from amaranth.utils import exact_log2
 from weft.config import INSN_BITS
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import BurstReader, RowUnpacker
-from weft.hw.regs import ErrorCode
-from weft.hw.unit import dispatch_layout, register_widths
+from weft.hw.regs import ErrorCode, register_widths
+from weft.hw.unit import dispatch_layout
 from weft.isa.constants import AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
 from weft.isa.program import DEP_FLAGS

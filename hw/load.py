@@ -10,7 +10,8 @@ from amaranth.lib.wiring import Out
 
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import Load2D
-from weft.hw.unit import UnitBase, register_widths, request_dma_once
+from weft.hw.regs import register_widths
+from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId, Unit
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACCESS_KINDS", "COUNTERS", "DATA_BITS", "ERROR_DOCS", "HW_VERSION", "ErrorCode", "RegField",
-    "Register", "addr_bits", "register_map", "registers_spec", "value_widths",
+    "Register", "addr_bits", "register_map", "register_widths", "registers_spec",
 ]
 
 #: (major, minor) of the hardware and its register map; a driver refuses a major it does not know.
@@ -178,11 +178,11 @@ def register_map(config: AcceleratorConfig) -> tuple[Register, ...]:
     return tuple(sorted(regs, key=lambda r: r.offset))
 
 
-def value_widths(regs: tuple[Register, ...]) -> dict[str, int]:
-    """Bits of the value behind each field name: the width of the hardware port the field shows or drives
-    (a counter is one 64-bit value seen through its LO and HI registers)."""
+def register_widths(config: AcceleratorConfig) -> dict[str, int]:
+    """Bits of the value behind each field name: the width of every hardware port that shows, drives or
+    carries it (a counter is one 64-bit value seen through its LO and HI registers)."""
     widths: dict[str, int] = {}
-    for reg in regs:
+    for reg in register_map(config):
         for f in reg.fields:
             widths[f.name] = max(widths.get(f.name, 0), f.source_lsb + f.width)
     return widths

@@ -26,9 +26,9 @@ from weft.hw.compute import ComputeUnit
 from weft.hw.control import ControlBlock
 from weft.hw.fetch import Fetch
 from weft.hw.load import LoadUnit
-from weft.hw.regs import COUNTERS, ErrorCode, addr_bits, register_map
+from weft.hw.regs import COUNTERS, ErrorCode, addr_bits, register_map, register_widths
 from weft.hw.store import StoreUnit
-from weft.hw.unit import TokenQueue, UnitBase, register_widths
+from weft.hw.unit import TokenQueue, UnitBase
 from weft.isa.constants import Unit
 from weft.isa.semantics import QUEUES
 

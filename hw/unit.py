@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 
 from weft.config import INSN_BITS
 from weft.hw.dma import command_from
-from weft.hw.regs import register_map, value_widths
+from weft.hw.regs import register_widths
 from weft.isa.constants import Unit
 from weft.isa.encoding import layout_of
 from weft.isa.semantics import FLAG_QUEUE, QUEUES
@@ -27,12 +27,7 @@ from weft.isa.semantics import FLAG_QUEUE, QUEUES
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["TokenQueue", "UnitBase", "dispatch_layout", "register_widths", "request_dma_once"]
-
-
-def register_widths(config: AcceleratorConfig) -> dict[str, int]:
-    """Bits of each register value (by field name): the width of every port that carries one."""
-    return value_widths(register_map(config))
+__all__ = ["TokenQueue", "UnitBase", "dispatch_layout", "request_dma_once"]
 
 
 def dispatch_layout(config: AcceleratorConfig) -> data.StructLayout:

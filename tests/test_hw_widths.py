@@ -18,7 +18,7 @@ from weft.hw.control import ControlBlock
 from weft.hw.dma import Load2D, Store2D
 from weft.hw.fetch import Fetch
 from weft.hw.load import LoadUnit
-from weft.hw.regs import COUNTERS, register_map, value_widths
+from weft.hw.regs import COUNTERS, register_widths
 from weft.hw.store import StoreUnit
 from weft.hw.top import Core
 from weft.isa import Field, Format, IsaLayout, MemId, Opcode, layout_of
@@ -61,7 +61,7 @@ def test_each_dma_command_field_is_the_isa_field_it_carries(name):
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_each_port_that_carries_a_register_value_is_as_wide_as_its_field(name):
     config = PRESETS[name]
-    widths = value_widths(register_map(config))
+    widths = register_widths(config)
     counters = {name for name, _ in COUNTERS}
     components = [Core(config), Fetch(config), *_units(config), ControlBlock(config)]
     for component in components:
