@@ -21,19 +21,20 @@ so the next one (and the tokens it pushes) see every write.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from amaranth import Cat, Module, Mux, Signal
+from amaranth.hdl import Value
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.datapath import GEMM_LATENCY, GemmCore, alu_lane, elements, saturate_row, sign_extend_row
 from weft.hw.dma import Load2D
-from weft.hw.regs import ErrorCode
+from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.unit import UnitBase, request_dma_once
-from weft.isa.constants import MemId, Opcode
-from weft.isa.encoding import layout_of
+from weft.isa.constants import MemId, Opcode, Unit
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -44,41 +45,93 @@ __all__ = ["ComputeUnit"]
 _UOP, _ACC, _ACC_NARROW = range(3)
 
 
+@dataclass(frozen=True)
+class _Insn:
+    """The current instruction in each format it may have, and which kind it is."""
+
+    mem: data.View
+    gemm: data.View
+    alu: data.View
+    is_load: Value
+    is_gemm: Value
+    is_alu: Value
+    is_finish: Value
+    looped: Value
+
+    def loop_field(self, name: str) -> Value:
+        """A field GEMM and ALU share, from the format of the current instruction."""
+        return Mux(self.is_gemm, getattr(self.gemm, name), getattr(self.alu, name))
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """The loop generator (stage A): its state and the row offsets of the execution it issues."""
+
+    launched: Signal
+    gen: Signal
+    aborted: Signal
+    issue: Value
+    #: dst, src, wgt -> (outer, inner) row offset.
+    offs: dict[str, tuple[Signal, Signal]]
+    off_bits: int
+
+
+@dataclass(frozen=True)
+class _Buffers:
+    """The micro-op buffer and the accumulator (with its two read ports, dst and src), owned by the unit."""
+
+    uop_w: memory.WritePort
+    uop_r: memory.ReadPort
+    acc_w: memory.WritePort
+    acc_rd: memory.ReadPort
+    acc_rs: memory.ReadPort
+
+
 class ComputeUnit(UnitBase):
     """LOAD UOP/ACC/ACC_NARROW, GEMM, ALU and FINISH. Reads inp and wgt, writes out."""
 
     def __init__(self, config: AcceleratorConfig):
         c = config
-        self.config = c
-        self.layout = layout_of(c)
-        super().__init__(
-            flags={"pop_prev": "l2g", "pop_next": "s2g", "push_prev": "g2l", "push_next": "g2s"},
-            members={
-                "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=c.bus_width)),
-                "inp_addr": Out(c.inp_index_bits), "inp_data": In(c.inp_row_bits),
-                "wgt_addr": Out(c.wgt_index_bits), "wgt_data": In(c.wgt_row_bits),
-                "out_w": Out(data.StructLayout({"en": 1, "addr": c.acc_index_bits, "data": c.out_row_bits})),
-                "finished": Out(1), "finish_index": Out(32),
-                "error": Out(1), "error_code": Out(8), "error_index": Out(32),
-                "mac_active": Out(1), "alu_active": Out(1),
-            },
-        )
+        regs = register_widths(c)
+        super().__init__(c, Unit.COMPUTE, {
+            "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=c.bus_width)),
+            "inp_addr": Out(c.inp_index_bits), "inp_data": In(c.inp_row_bits),
+            "wgt_addr": Out(c.wgt_index_bits), "wgt_data": In(c.wgt_row_bits),
+            "out_w": Out(data.StructLayout({"en": 1, "addr": c.acc_index_bits, "data": c.out_row_bits})),
+            "finished": Out(1), "finish_index": Out(regs["error_index"]),
+            "error": Out(1), "error_code": Out(regs["error_code"]), "error_index": Out(regs["error_index"]),
+            "mac_active": Out(1), "alu_active": Out(1),
+        })
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
-        c, layout = self.config, self.layout
         done = Signal()
-        insn, index, start = self.gate(m, layout.formats["finish"].as_struct_layout(), done)
-        head = data.View(layout.formats["finish"].as_struct_layout(), insn)
-        mem_f = data.View(layout.formats["mem"].as_struct_layout(), insn)
-        gemm_f = data.View(layout.formats["gemm"].as_struct_layout(), insn)
-        alu_f = data.View(layout.formats["alu"].as_struct_layout(), insn)
-        is_load = head.opcode == Opcode.LOAD
-        is_gemm = head.opcode == Opcode.GEMM
-        is_alu = head.opcode == Opcode.ALU
-        is_finish = head.opcode == Opcode.FINISH
+        insn, index, start = self.gate(m, done)
+        head = self.view(insn, "finish")
+        is_gemm, is_alu = head.opcode == Opcode.GEMM, head.opcode == Opcode.ALU
+        d = _Insn(mem=self.view(insn, "mem"), gemm=self.view(insn, "gemm"), alu=self.view(insn, "alu"),
+                  is_load=head.opcode == Opcode.LOAD, is_gemm=is_gemm, is_alu=is_alu,
+                  is_finish=head.opcode == Opcode.FINISH, looped=is_gemm | is_alu)
+        bufs = self._buffers(m)
+        dma, load_over = self._loads(m, d, start, bufs)
+        loop = self._loop_generator(m, d, start, bufs)
+        valid = {s: Signal(name=f"valid_{s}") for s in "bcdef"}
+        dst, src = self._row_indices(m, d, index, bufs, loop, valid)
+        new_f = self._datapath(m, d, bufs, valid, dst, src)
+        self._write_back(m, d, dma, bufs, valid, dst, new_f)
+        drained = ~Cat(*valid.values()).any()
+        loop_done = d.looped & loop.launched & ~loop.gen & drained
 
-        # ---- buffers owned by this unit ---------------------------------------------------------------
+        # FINISH, bus errors, completion.
+        with m.If(self.busy & d.is_finish):
+            m.d.sync += [self.finished.eq(1), self.finish_index.eq(index)]
+        with m.If(dma.error & ~self.error):
+            m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index)]
+        m.d.comb += done.eq(self.busy & ((d.is_load & load_over) | loop_done | d.is_finish))
+        return m
+
+    def _buffers(self, m: Module) -> _Buffers:
+        c = self.config
         m.submodules.uop_mem = uop_mem = memory.Memory(shape=c.uop_bits, depth=c.uop_rows, init=[])
         m.submodules.acc_mem = acc_mem = memory.Memory(shape=c.acc_row_bits, depth=c.acc_rows, init=[])
         uop_w = uop_mem.write_port()
@@ -86,54 +139,52 @@ class ComputeUnit(UnitBase):
         acc_w = acc_mem.write_port()
         acc_rd = acc_mem.read_port(transparent_for=(acc_w,))
         acc_rs = acc_mem.read_port(transparent_for=(acc_w,))
+        return _Buffers(uop_w, uop_r, acc_w, acc_rd, acc_rs)
 
-        # ---- loads ------------------------------------------------------------------------------------
+    def _loads(self, m: Module, d: _Insn, start: Signal, bufs: _Buffers) -> tuple[Load2D, Value]:
+        """LOAD UOP, ACC and ACC_NARROW: the DMA (writing the uop buffer here, the accumulator in
+        :meth:`_write_back`) and whether the load is over."""
+        c = self.config
         m.submodules.dma = dma = Load2D(
             bus_bytes=c.bus_width // 8, targets=(c.uop_bits // 8, c.acc_row_bits // 8, c.out_row_bits // 8),
-            sram_bits=layout.sram_bits, size_bits=layout.size_bits)
+            mem_format=self.layout.formats["mem"])
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
-        load_over = request_dma_once(m, dma, self.busy & is_load, mem_f.x_size, start)
-        target = Mux(mem_f.mem_id == MemId.UOP, _UOP, Mux(mem_f.mem_id == MemId.ACC, _ACC, _ACC_NARROW))
+        mem_id = d.mem.mem_id
+        target = Mux(mem_id == MemId.UOP, _UOP, Mux(mem_id == MemId.ACC, _ACC, _ACC_NARROW))
+        over = request_dma_once(m, dma, self.busy & d.is_load, d.mem, start, target=target)
         m.d.comb += [
-            dma.cmd.payload.target.eq(target),
-            *[getattr(dma.cmd.payload, name).eq(getattr(mem_f, name)) for name in (
-                "sram_base", "dram_base", "y_size", "x_size", "x_stride", "y_pad_0", "y_pad_1", "x_pad_0",
-                "x_pad_1")],
-            uop_w.en.eq(dma.write.en & (dma.write.target == _UOP)),
-            uop_w.addr.eq(dma.write.addr), uop_w.data.eq(dma.write.data),
+            bufs.uop_w.en.eq(dma.write.en & (dma.write.target == _UOP)),
+            bufs.uop_w.addr.eq(dma.write.addr), bufs.uop_w.data.eq(dma.write.data),
         ]
-        load_done = is_load & load_over
+        return dma, over
 
-        # ---- loop generator (stage A) ----------------------------------------------------------------
-        gemm = is_gemm
+    def _loop_generator(self, m: Module, d: _Insn, start: Signal, bufs: _Buffers) -> _Loop:
+        """Stage A: one micro-op execution per cycle, k innermost, with the row offsets of i and j."""
+        c, layout = self.config, self.layout
         launched = Signal()
         gen = Signal()
         aborted = Signal()
-        k = Signal(c.uop_index_bits + 1)
+        k = Signal(d.gemm.uop_end.shape())  # walks [uop_bgn, uop_end)
         i = Signal(layout.iter_bits)
         j = Signal(layout.iter_bits)
         off_bits = max(c.acc_index_bits, c.inp_index_bits, c.wgt_index_bits) + layout.iter_bits + 1
         offs = {name: (Signal(off_bits, name=f"{name}_out"), Signal(off_bits, name=f"{name}_in"))
                 for name in ("dst", "src", "wgt")}
-        def either(name: str) -> Mux:  # a loop field, from the format of the current instruction
-            return Mux(gemm, getattr(gemm_f, name), getattr(alu_f, name))
-
         factors = {
-            "dst": (either("dst_factor_out"), either("dst_factor_in")),
-            "src": (either("src_factor_out"), either("src_factor_in")),
-            "wgt": (gemm_f.wgt_factor_out, gemm_f.wgt_factor_in),
+            "dst": (d.loop_field("dst_factor_out"), d.loop_field("dst_factor_in")),
+            "src": (d.loop_field("src_factor_out"), d.loop_field("src_factor_in")),
+            "wgt": (d.gemm.wgt_factor_out, d.gemm.wgt_factor_in),
         }
-        uop_bgn, uop_end = either("uop_bgn"), either("uop_end")
-        iter_out, iter_in = either("iter_out"), either("iter_in")
-        looped = is_gemm | is_alu
-        with m.If(self.busy & looped & ~launched):
+        uop_bgn, uop_end = d.loop_field("uop_bgn"), d.loop_field("uop_end")
+        iter_out, iter_in = d.loop_field("iter_out"), d.loop_field("iter_in")
+        with m.If(self.busy & d.looped & ~launched):
             m.d.sync += [launched.eq(1), gen.eq((iter_out != 0) & (iter_in != 0)), k.eq(uop_bgn),
                          i.eq(0), j.eq(0), aborted.eq(0)]
             for out_off, in_off in offs.values():
                 m.d.sync += [out_off.eq(0), in_off.eq(0)]
         with m.If(start):
             m.d.sync += launched.eq(0)
-        m.d.comb += uop_r.addr.eq(k)
+        m.d.comb += bufs.uop_r.addr.eq(k)
         issue = gen & ~aborted
         with m.If(issue):
             with m.If(k == uop_end - 1):
@@ -154,62 +205,78 @@ class ComputeUnit(UnitBase):
                 m.d.sync += k.eq(k + 1)
         with m.If(aborted):
             m.d.sync += gen.eq(0)
+        return _Loop(launched, gen, aborted, issue, offs, off_bits)
 
-        # ---- stage B: row indices ----------------------------------------------------------------------
-        valid = {s: Signal(name=f"valid_{s}") for s in "bcdef"}
-        off_b = {name: Signal(off_bits + 1, name=f"{name}_off_b") for name in offs}
-        m.d.sync += valid["b"].eq(issue)
-        for name, (out_off, in_off) in offs.items():
+    def _row_indices(self, m: Module, d: _Insn, index: Signal, bufs: _Buffers, loop: _Loop,
+                     valid: dict[str, Signal]) -> tuple[dict[str, Signal], dict[str, Signal]]:
+        """Stage B: the micro-op's rows plus the loop offsets, range-checked (an execution past a buffer's
+        end aborts the loop with LOOP_RANGE); the inp and wgt read addresses. Returns the dst and src row
+        registers of the later stages."""
+        c = self.config
+        off_b = {name: Signal(loop.off_bits + 1, name=f"{name}_off_b") for name in loop.offs}
+        m.d.sync += valid["b"].eq(loop.issue)
+        for name, (out_off, in_off) in loop.offs.items():
             m.d.sync += off_b[name].eq(out_off + in_off)
-        uop = data.View(layout.uop.as_struct_layout(), uop_r.data)
-        idx_bits = off_bits + 2
+        uop = data.View(self.layout.uop.as_struct_layout(), bufs.uop_r.data)
+        idx_bits = loop.off_bits + 2
         dst_b, src_b, wgt_b = (Signal(idx_bits, name=f"{n}_b") for n in ("dst", "src", "wgt"))
         m.d.comb += [dst_b.eq(uop.dst + off_b["dst"]), src_b.eq(uop.src + off_b["src"]),
                      wgt_b.eq(uop.wgt + off_b["wgt"])]
-        reads_inp = is_gemm & ~gemm_f.reset
-        reads_acc_src = is_alu & ~alu_f.use_imm
+        reads_inp = d.is_gemm & ~d.gemm.reset
+        reads_acc_src = d.is_alu & ~d.alu.use_imm
         bad = Signal()
         m.d.comb += bad.eq(
             (dst_b >= c.acc_rows)
             | (reads_inp & ((src_b >= c.inp_rows) | (wgt_b >= c.wgt_rows)))
             | (reads_acc_src & (src_b >= c.acc_rows)))
         m.d.comb += [self.inp_addr.eq(src_b), self.wgt_addr.eq(wgt_b)]
-        with m.If(valid["b"] & bad & ~aborted):
-            m.d.sync += aborted.eq(1)
+        with m.If(valid["b"] & bad & ~loop.aborted):
+            m.d.sync += loop.aborted.eq(1)
             with m.If(~self.error):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.LOOP_RANGE),
                              self.error_index.eq(index)]
         dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdef"}
         src = {s: Signal(c.acc_index_bits, name=f"src_{s}") for s in "cd"}
-        m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~aborted), dst["c"].eq(dst_b), src["c"].eq(src_b)]
+        m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~loop.aborted), dst["c"].eq(dst_b), src["c"].eq(src_b)]
+        return dst, src
 
-        # ---- stages C, D: GEMM core; accumulator read addresses ----------------------------------------
+    def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
+                  src: dict[str, Signal]) -> Signal:
+        """Stages C and D (the GEMM core; accumulator read addresses) and E (acc + sum for GEMM, the ALU
+        op for ALU). Returns the new accumulator row of stage F."""
+        c = self.config
         m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
                                             inp_width=c.inp_width, wgt_width=c.wgt_width)
         assert GEMM_LATENCY == 2  # C and D
         m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data)]
         m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"]), src["d"].eq(src["c"])]
         m.d.comb += [
-            self.mac_active.eq(valid["c"] & is_gemm & ~gemm_f.reset),
-            self.alu_active.eq(valid["c"] & is_alu),
-            acc_rd.addr.eq(dst["d"]), acc_rs.addr.eq(src["d"]),
+            self.mac_active.eq(valid["c"] & d.is_gemm & ~d.gemm.reset),
+            self.alu_active.eq(valid["c"] & d.is_alu),
+            bufs.acc_rd.addr.eq(dst["d"]), bufs.acc_rs.addr.eq(src["d"]),
         ]
 
-        # ---- stage E: combine ----------------------------------------------------------------------------
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"])]
         lanes = c.batch * c.block_out
-        old = elements(acc_rd.data, c.acc_width)
+        old = elements(bufs.acc_rd.data, c.acc_width)
         sums = elements(core.sums, core.sum_bits)
-        operand = elements(acc_rs.data, c.acc_width)
+        operand = elements(bufs.acc_rs.data, c.acc_width)
+        alu_f = d.alu
         imm = alu_f.imm.as_signed()
-        gemm_row = Cat(*[Mux(gemm_f.reset, 0, (old[n] + sums[n])[:c.acc_width]) for n in range(lanes)])
+        gemm_row = Cat(*[Mux(d.gemm.reset, 0, (old[n] + sums[n])[:c.acc_width]) for n in range(lanes)])
         alu_row = Cat(*[alu_lane(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, operand[n]), c.acc_width)
                         for n in range(lanes)])
         new_f = Signal(c.acc_row_bits)
-        m.d.sync += [valid["f"].eq(valid["e"]), dst["f"].eq(dst["e"]), new_f.eq(Mux(is_gemm, gemm_row, alu_row))]
+        m.d.sync += [valid["f"].eq(valid["e"]), dst["f"].eq(dst["e"]), new_f.eq(Mux(d.is_gemm, gemm_row, alu_row))]
+        return new_f
 
-        # ---- stage F: write back (or a load writes the accumulator) ----------------------------------------
-        loading = self.busy & is_load
+    def _write_back(self, m: Module, d: _Insn, dma: Load2D, bufs: _Buffers, valid: dict[str, Signal],
+                    dst: dict[str, Signal], new_f: Signal) -> None:
+        """Stage F: write acc[dst] and out[dst] = saturate(acc[dst]); while a load runs, it writes the
+        accumulator instead."""
+        c = self.config
+        acc_w = bufs.acc_w
+        loading = self.busy & d.is_load
         with m.If(loading):
             narrow = sign_extend_row(dma.write.data[:c.out_row_bits], c.out_width, c.acc_width)
             m.d.comb += [
@@ -223,13 +290,3 @@ class ComputeUnit(UnitBase):
             self.out_w.en.eq(valid["f"]), self.out_w.addr.eq(dst["f"]),
             self.out_w.data.eq(saturate_row(new_f, c.acc_width, c.out_width)),
         ]
-        drained = ~Cat(*valid.values()).any()
-        loop_done = looped & launched & ~gen & drained
-
-        # ---- FINISH, bus errors, completion --------------------------------------------------------------
-        with m.If(self.busy & is_finish):
-            m.d.sync += [self.finished.eq(1), self.finish_index.eq(index)]
-        with m.If(dma.error & ~self.error):
-            m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index)]
-        m.d.comb += done.eq(self.busy & (load_done | loop_done | is_finish))
-        return m

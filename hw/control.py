@@ -16,7 +16,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.hw.axi import RESP_OKAY, axi4_lite_signature
-from weft.hw.regs import DATA_BITS, addr_bits, register_map
+from weft.hw.regs import DATA_BITS, addr_bits, register_map, register_widths
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -32,13 +32,12 @@ class ControlBlock(wiring.Component):
     def __init__(self, config: AcceleratorConfig):
         self.regs = register_map(config)
         self.addr_bits = addr_bits(self.regs)
-        widths: dict[str, int] = {}
+        widths = register_widths(config)
         access: dict[str, str] = {}
         for reg in self.regs:
             for f in reg.fields:
                 if access.setdefault(f.name, f.access) != f.access:
                     raise ValueError(f"register field '{f.name}' appears with two access kinds")
-                widths[f.name] = max(widths.get(f.name, 0), f.source_lsb + f.width)
         inits = {f.name: f.value for reg in self.regs for f in reg.fields if f.access == "rw"}
         members: dict[str, object] = {"bus": In(axi4_lite_signature(addr_bits=self.addr_bits))}
         for name, kind in access.items():

@@ -16,14 +16,18 @@ beat (E < B, possibly starting mid-beat: element addresses need only be element 
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from typing import Any
+
+from amaranth import Cat, Const, Module, Mux, ShapeLike, Signal, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from weft.hw.axi import ADDR_BITS, BURST_INCR, CACHE_BITS, RESP_OKAY, axi4_write_signature, read_client_signature
+from weft.isa.layout import Format
 
-__all__ = ["BurstReader", "Load2D", "RowPacker", "RowUnpacker", "Store2D", "load_cmd_layout", "store_cmd_layout"]
+__all__ = ["LOAD_FIELDS", "STORE_FIELDS", "BurstReader", "Load2D", "RowPacker", "RowUnpacker", "Store2D",
+           "command_from", "load_cmd_layout", "store_cmd_layout"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
 MAX_BURST = 16
@@ -105,9 +109,9 @@ class BurstReader(wiring.Component):
         return m
 
 
-class RowUnpacker(wiring.Component):
-    """Beats into elements of `elem_bytes`: per command, `count` elements starting at element lane `lane`
-    of the first beat (lane is 0 when elements fill whole beats). Every beat of a command is consumed."""
+class _RowConverter(wiring.Component):
+    """Between beats of `bus_bytes` and elements of `elem_bytes`; per command, `count` elements starting at
+    element lane `lane` of the first beat (lane is 0 when elements fill whole beats)."""
 
     def __init__(self, *, bus_bytes: int, elem_bytes: int, count_bits: int):
         self.bus_bytes, self.elem_bytes = bus_bytes, elem_bytes
@@ -115,9 +119,19 @@ class RowUnpacker(wiring.Component):
         super().__init__({
             "cmd": In(stream.Signature(data.StructLayout({
                 "lane": max(1, exact_log2(self.lanes)), "count": count_bits}))),
-            "beats": In(stream.Signature(bus_bytes * 8)),
-            "elems": Out(stream.Signature(elem_bytes * 8)),
+            **self.data_ports(),
         })
+
+    def data_ports(self) -> dict[str, wiring.Member]:
+        """The beat and element streams, in the direction of the conversion."""
+        raise NotImplementedError
+
+
+class RowUnpacker(_RowConverter):
+    """Beats into elements of `elem_bytes`. Every beat of a command is consumed."""
+
+    def data_ports(self) -> dict[str, wiring.Member]:
+        return {"beats": In(stream.Signature(self.bus_bytes * 8)), "elems": Out(stream.Signature(self.elem_bytes * 8))}
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
@@ -171,18 +185,31 @@ class RowUnpacker(wiring.Component):
         return m
 
 
-def load_cmd_layout(*, sram_bits: int, size_bits: int, targets: int) -> data.StructLayout:
+#: The mem-format fields a 2-D store takes from its instruction; a load takes the padding too.
+STORE_FIELDS = ("sram_base", "dram_base", "y_size", "x_size", "x_stride")
+LOAD_FIELDS = (*STORE_FIELDS, "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1")
+
+
+def _isa_members(mem_format: Format, names: tuple[str, ...]) -> dict[str, ShapeLike]:
+    """The shapes of fields `names` of the ISA's mem format: a wider ISA field makes a wider command."""
+    fields = [mem_format.field(name) for name in names]
+    return {f.name: signed(f.width) if f.signed else unsigned(f.width) for f in fields}
+
+
+def load_cmd_layout(mem_format: Format, *, targets: int) -> data.StructLayout:
     """The fields of a LOAD that the DMA needs (the unit resolves mem_id into a target index)."""
-    return data.StructLayout({
-        "target": range(max(2, targets)), "sram_base": sram_bits, "dram_base": 32, "y_size": size_bits,
-        "x_size": size_bits, "x_stride": 16, "y_pad_0": 4, "y_pad_1": 4, "x_pad_0": 4, "x_pad_1": 4,
-    })
+    return data.StructLayout({"target": range(max(2, targets)), **_isa_members(mem_format, LOAD_FIELDS)})
 
 
-def store_cmd_layout(*, sram_bits: int, size_bits: int) -> data.StructLayout:
-    return data.StructLayout({
-        "sram_base": sram_bits, "dram_base": 32, "y_size": size_bits, "x_size": size_bits, "x_stride": 16,
-    })
+def store_cmd_layout(mem_format: Format) -> data.StructLayout:
+    """The fields of a STORE that the DMA needs."""
+    return data.StructLayout(_isa_members(mem_format, STORE_FIELDS))
+
+
+def command_from(payload: data.View, insn: data.View) -> list[Any]:
+    """Assign each ISA field of the DMA command `payload` from the mem-format view `insn` (not the target)."""
+    names = [name for name in payload.shape().members if name in LOAD_FIELDS]
+    return [getattr(payload, name).eq(getattr(insn, name)) for name in names]
 
 
 def _segment(m: Module, row_addr: Signal, x_size: Signal, elem_bytes: int, bus_bytes: int
@@ -213,13 +240,13 @@ class Load2D(wiring.Component):
     (a no-op) itself: every command here moves at least one element per DRAM row.
     """
 
-    def __init__(self, *, bus_bytes: int, targets: tuple[int, ...], sram_bits: int, size_bits: int,
-                 unpack_depth: int = 8):
+    def __init__(self, *, bus_bytes: int, targets: tuple[int, ...], mem_format: Format, unpack_depth: int = 8):
         self.bus_bytes, self.targets = bus_bytes, tuple(targets)
         self.unpack_depth = unpack_depth
         self.data_bits = max(targets) * 8
-        self.cmd_layout = load_cmd_layout(sram_bits=sram_bits, size_bits=size_bits, targets=len(targets))
-        self.count_bits = size_bits + 9
+        self.cmd_layout = load_cmd_layout(mem_format, targets=len(targets))
+        sram_bits = mem_format.field("sram_base").width
+        self.count_bits = mem_format.field("x_size").width + 9
         super().__init__({
             "cmd": In(stream.Signature(self.cmd_layout)),
             "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=bus_bytes * 8)),
@@ -242,7 +269,7 @@ class Load2D(wiring.Component):
 
         # Issue: one read per DRAM row.
         issue_y = Signal.like(f.y_size)
-        row_addr = Signal(32)
+        row_addr = Signal.like(f.dram_base)
         issuing = issue_y != f.y_size
         unpackers, queues, ready = [], [], []
         for t, elem_bytes in enumerate(self.targets):
@@ -308,19 +335,14 @@ class Load2D(wiring.Component):
         return m
 
 
-class RowPacker(wiring.Component):
-    """Elements of `elem_bytes` into beats with byte strobes; per command, `count` elements starting at
-    lane `lane` of the first beat (the inverse of :class:`RowUnpacker`)."""
+class RowPacker(_RowConverter):
+    """Elements of `elem_bytes` into beats with byte strobes (the inverse of :class:`RowUnpacker`)."""
 
-    def __init__(self, *, bus_bytes: int, elem_bytes: int, count_bits: int):
-        self.bus_bytes, self.elem_bytes = bus_bytes, elem_bytes
-        self.lanes = max(1, bus_bytes // elem_bytes)
-        super().__init__({
-            "cmd": In(stream.Signature(data.StructLayout({
-                "lane": max(1, exact_log2(self.lanes)), "count": count_bits}))),
-            "elems": In(stream.Signature(elem_bytes * 8)),
-            "beats": Out(stream.Signature(data.StructLayout({"data": bus_bytes * 8, "strb": bus_bytes}))),
-        })
+    def data_ports(self) -> dict[str, wiring.Member]:
+        return {
+            "elems": In(stream.Signature(self.elem_bytes * 8)),
+            "beats": Out(stream.Signature(data.StructLayout({"data": self.bus_bytes * 8, "strb": self.bus_bytes}))),
+        }
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
@@ -394,15 +416,14 @@ class Store2D(wiring.Component):
 
     ROW_QUEUE = 4
 
-    def __init__(self, *, bus_bytes: int, elem_bytes: int, sram_bits: int, size_bits: int,
-                 max_burst: int = MAX_BURST):
+    def __init__(self, *, bus_bytes: int, elem_bytes: int, mem_format: Format, max_burst: int = MAX_BURST):
         self.bus_bytes, self.elem_bytes, self.max_burst = bus_bytes, elem_bytes, max_burst
-        self.cmd_layout = store_cmd_layout(sram_bits=sram_bits, size_bits=size_bits)
-        self.count_bits = size_bits + 9
+        self.cmd_layout = store_cmd_layout(mem_format)
+        self.count_bits = mem_format.field("x_size").width + 9
         super().__init__({
             "cmd": In(stream.Signature(self.cmd_layout)),
             "axi": Out(axi4_write_signature(addr_bits=ADDR_BITS, data_bits=bus_bytes * 8, id_bits=1)),
-            "rd_addr": Out(sram_bits),
+            "rd_addr": Out(mem_format.field("sram_base").width),
             "rd_en": Out(1),
             "rd_data": In(elem_bytes * 8),
             "busy": Out(1),
@@ -438,9 +459,9 @@ class Store2D(wiring.Component):
                      seg_q.r_en.eq(packer.cmd.ready)]
 
         # Segments (one per DRAM row) and their bursts on AW; burst lengths queue up for WLAST.
-        m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=8, depth=8)
+        m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=len(axi.awlen), depth=8)
         seg_y = Signal.like(f.y_size)
-        row_addr = Signal(32)
+        row_addr = Signal.like(f.dram_base)
         in_burst = Signal()
         addr = Signal(ADDR_BITS)
         remaining = Signal(self.count_bits)
@@ -467,7 +488,7 @@ class Store2D(wiring.Component):
                 m.d.sync += in_burst.eq(0)
 
         # W: packed beats, WLAST from the burst lengths.
-        w_count = Signal(8)
+        w_count = Signal(len(axi.awlen))
         m.d.comb += [
             axi.wdata.eq(packer.beats.payload.data), axi.wstrb.eq(packer.beats.payload.strb),
             axi.wvalid.eq(packer.beats.valid & len_q.r_rdy), axi.wlast.eq(w_count == len_q.r_data),

@@ -1,18 +1,22 @@
 """The fetch unit: reads the instruction stream with AXI4 bursts, checks and routes each instruction.
 
-Fetch decodes opcode and memory id with the ISA's own StructLayouts and dispatches LOAD INP/WGT to the load
-queue, STORE to the store queue and everything else to the compute queue, in stream order; it stalls while
-the target queue is full and never drops an instruction. Each instruction is checked before dispatch, in
-the functional simulator's order (illegal opcode, memory id, dependency flag, ALU op, padding, SRAM range,
-micro-op range, FINISH placement); the first illegal one is not dispatched: fetch reports its error code
-and index and stops, draining the bursts it has in flight.
+Fetch decodes opcode and memory id with the ISA's own StructLayouts and dispatches each instruction to the
+queue of the unit that runs it (:mod:`weft.isa.semantics`: LOAD INP/WGT to the load queue, STORE to the
+store queue, everything else to the compute queue), in stream order; it stalls while the target queue is
+full and never drops an instruction. Each instruction is checked before dispatch, in the functional
+simulator's order (illegal opcode, memory id, dependency flag, ALU op, padding, SRAM range, micro-op range,
+FINISH placement), with the memory ids, flags and padding rules of the same module; the first illegal one
+is not dispatched: fetch reports its error code and index and stops, draining the bursts it has in flight.
 """
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
 from typing import TYPE_CHECKING
 
 from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -20,10 +24,12 @@ from amaranth.utils import exact_log2
 from weft.config import INSN_BITS
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import BurstReader, RowUnpacker
-from weft.hw.regs import ErrorCode
-from weft.hw.unit import DISPATCH_LAYOUT
+from weft.hw.regs import ErrorCode, register_widths
+from weft.hw.unit import dispatch_layout
 from weft.isa.constants import AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
+from weft.isa.program import DEP_FLAGS
+from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, unit_of
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -31,7 +37,10 @@ if TYPE_CHECKING:
 __all__ = ["Fetch", "check_insn"]
 
 _INSN_BYTES = INSN_BITS // 8
-_COUNT_BITS = 32
+
+
+def _one_of(value: Value, members: list[int]) -> Value:
+    return reduce(operator.or_, [value == member for member in members])
 
 
 def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Signal
@@ -44,17 +53,21 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
     alu = data.View(layout.formats["alu"].as_struct_layout(), word)
     op = head.opcode
     is_load, is_store = op == Opcode.LOAD, op == Opcode.STORE
-    unit = Signal(2, name="unit")
+    unit = Signal(range(len(Unit)), name="unit")
+    load_unit_mems = [mid for mid in MemId if unit_of(Opcode.LOAD, mid) == Unit.LOAD]
     m.d.comb += unit.eq(Mux(is_store, Unit.STORE,
-                            Mux(is_load & ((mem.mem_id == MemId.INP) | (mem.mem_id == MemId.WGT)), Unit.LOAD,
-                                Unit.COMPUTE)))
-    legal_load_mem = Cat(*[mem.mem_id == mid for mid in (MemId.UOP, MemId.WGT, MemId.INP, MemId.ACC,
-                                                          MemId.ACC_NARROW)]).any()
-    bad_flags = Mux(unit == Unit.LOAD, head.pop_prev | head.push_prev,
-                    Mux(unit == Unit.STORE, head.pop_next | head.push_next, 0))
+                            Mux(is_load & _one_of(mem.mem_id, load_unit_mems), Unit.LOAD, Unit.COMPUTE)))
+    bad_mem = reduce(operator.or_, [(op == opcode) & ~Cat(*[mem.mem_id == mid for mid in mems]).any()
+                                    for opcode, (mems, _) in MEMS.items()])
+    bad_flags: Value | int = 0  # a flag the unit has no token queue for
+    for u in reversed(Unit):
+        illegal = [getattr(head, flag) for flag in DEP_FLAGS if flag not in FLAG_QUEUE[u]]
+        if illegal:
+            bad_flags = Mux(unit == u, reduce(operator.or_, illegal), bad_flags)
     active = (is_load | is_store) & (mem.x_size != 0)
     pads = Cat(mem.y_pad_0, mem.y_pad_1, mem.x_pad_0, mem.x_pad_1).any()
-    no_pad = is_store | (is_load & ((mem.mem_id == MemId.UOP) | (mem.mem_id == MemId.WGT)))
+    unpadded = [mid for mid in MEMS[Opcode.LOAD][0] if mid not in PADDED_MEMS]
+    no_pad = is_store | (is_load & _one_of(mem.mem_id, unpadded))
     height = Signal(layout.size_bits + 5)
     width = Signal(layout.size_bits + 5)
     sram_end = Signal(layout.sram_bits + 2 * len(height) + 1)
@@ -77,7 +90,7 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
     uop_end = Mux(op == Opcode.GEMM, loop.uop_end, alu.uop_end)
     checks = [
         (op > max(Opcode), ErrorCode.ILLEGAL_OPCODE),
-        ((is_load & ~legal_load_mem) | (is_store & (mem.mem_id != MemId.OUT)), ErrorCode.ILLEGAL_MEM_ID),
+        (bad_mem, ErrorCode.ILLEGAL_MEM_ID),
         (bad_flags, ErrorCode.ILLEGAL_DEP_FLAG),
         ((op == Opcode.ALU) & (alu.alu_op > max(AluOp)), ErrorCode.ILLEGAL_ALU_OP),
         (active & no_pad & pads, ErrorCode.BAD_PADDING),
@@ -86,7 +99,7 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
         ((op == Opcode.FINISH) & ~is_last, ErrorCode.FINISH_NOT_LAST),
         ((op != Opcode.FINISH) & is_last, ErrorCode.NO_FINISH),
     ]
-    code = Signal(8, name="check_code")
+    code = Signal(register_widths(c)["error_code"], name="check_code")
     for cond, err in reversed(checks):  # the first failing check wins
         with m.If(cond):
             m.d.comb += code.eq(err)
@@ -98,11 +111,13 @@ class Fetch(wiring.Component):
 
     def __init__(self, config: AcceleratorConfig):
         self.config = config
+        regs = register_widths(config)
         super().__init__({
-            "start": In(1), "insn_addr": In(ADDR_BITS), "insn_count": In(_COUNT_BITS), "halt": In(1),
+            "start": In(1), "insn_addr": In(regs["insn_addr"]), "insn_count": In(regs["insn_count"]),
+            "halt": In(1),
             "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width)),
-            "queues": Out(stream.Signature(DISPATCH_LAYOUT)).array(3),  # by Unit
-            "error": Out(1), "error_code": Out(8), "error_index": Out(32),
+            "queues": Out(stream.Signature(dispatch_layout(config))).array(len(Unit)),  # by Unit
+            "error": Out(1), "error_code": Out(regs["error_code"]), "error_index": Out(regs["error_index"]),
             "idle": Out(1), "all_dispatched": Out(1), "stall": Out(1), "dispatch": Out(1),
         })
 
@@ -110,14 +125,15 @@ class Fetch(wiring.Component):
         m = Module()
         c = self.config
         B = c.bus_width // 8
-        m.submodules.reader = reader = BurstReader(bus_bytes=B, count_bits=_COUNT_BITS + 5)
-        m.submodules.unpack = unpack = RowUnpacker(bus_bytes=B, elem_bytes=_INSN_BYTES, count_bits=_COUNT_BITS)
+        count_bits = len(self.insn_count)
+        m.submodules.reader = reader = BurstReader(bus_bytes=B, count_bits=count_bits + 5)
+        m.submodules.unpack = unpack = RowUnpacker(bus_bytes=B, elem_bytes=_INSN_BYTES, count_bits=count_bits)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         wiring.connect(m, reader.beats, unpack.beats)
 
         running = Signal()  # dispatching: from start until FINISH, an error or a halt
         launch = Signal()
-        index = Signal(_COUNT_BITS)
+        index = Signal(count_bits)
         m.d.sync += launch.eq(self.start)
         first = Cat(Const(0, exact_log2(B)), self.insn_addr[exact_log2(B):])
         end = Signal(ADDR_BITS + 6)

