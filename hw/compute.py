@@ -35,6 +35,7 @@ from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId, Opcode, Unit
+from weft.isa.semantics import row_bytes
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -145,8 +146,9 @@ class ComputeUnit(UnitBase):
         """LOAD UOP, ACC and ACC_NARROW: the DMA (writing the uop buffer here, the accumulator in
         :meth:`_write_back`) and whether the load is over."""
         c = self.config
+        rows = row_bytes(c)
         m.submodules.dma = dma = Load2D(
-            bus_bytes=c.bus_width // 8, targets=(c.uop_bits // 8, c.acc_row_bits // 8, c.out_row_bits // 8),
+            bus_bytes=c.bus_width // 8, targets=(rows[MemId.UOP], rows[MemId.ACC], rows[MemId.ACC_NARROW]),
             mem_format=self.layout.formats["mem"])
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
         mem_id = d.mem.mem_id

@@ -21,12 +21,11 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from weft.config import INSN_BITS
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import BurstReader, RowUnpacker
 from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.unit import dispatch_layout
-from weft.isa.constants import AluOp, MemId, Opcode, Unit
+from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
 from weft.isa.program import DEP_FLAGS
 from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, unit_of
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Fetch", "check_insn"]
 
-_INSN_BYTES = INSN_BITS // 8
 
 
 def _one_of(value: Value, members: list[int]) -> Value:
@@ -127,7 +125,7 @@ class Fetch(wiring.Component):
         B = c.bus_width // 8
         count_bits = len(self.insn_count)
         m.submodules.reader = reader = BurstReader(bus_bytes=B, count_bits=count_bits + 5)
-        m.submodules.unpack = unpack = RowUnpacker(bus_bytes=B, elem_bytes=_INSN_BYTES, count_bits=count_bits)
+        m.submodules.unpack = unpack = RowUnpacker(bus_bytes=B, elem_bytes=INSN_BYTES, count_bits=count_bits)
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         wiring.connect(m, reader.beats, unpack.beats)
 
@@ -137,9 +135,9 @@ class Fetch(wiring.Component):
         m.d.sync += launch.eq(self.start)
         first = Cat(Const(0, exact_log2(B)), self.insn_addr[exact_log2(B):])
         end = Signal(ADDR_BITS + 6)
-        m.d.comb += end.eq(self.insn_addr + (self.insn_count << exact_log2(_INSN_BYTES)))
+        m.d.comb += end.eq(self.insn_addr + (self.insn_count << exact_log2(INSN_BYTES)))
         with m.If(launch):
-            with m.If(self.insn_addr[:exact_log2(_INSN_BYTES)] != 0):
+            with m.If(self.insn_addr[:exact_log2(INSN_BYTES)] != 0):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.INSN_ADDR_MISALIGNED),
                              self.error_index.eq(0)]
             with m.Elif(self.insn_count == 0):
@@ -151,8 +149,8 @@ class Fetch(wiring.Component):
                     reader.cmd.payload.beats.eq((end - first + B - 1) >> exact_log2(B)),
                     unpack.cmd.valid.eq(1), unpack.cmd.payload.count.eq(self.insn_count),
                 ]
-                if B > _INSN_BYTES:
-                    m.d.comb += unpack.cmd.payload.lane.eq(self.insn_addr[exact_log2(_INSN_BYTES):exact_log2(B)])
+                if B > INSN_BYTES:
+                    m.d.comb += unpack.cmd.payload.lane.eq(self.insn_addr[exact_log2(INSN_BYTES):exact_log2(B)])
 
         word = unpack.elems.payload
         is_last = index == self.insn_count - 1

@@ -13,6 +13,7 @@ from weft.hw.dma import Load2D
 from weft.hw.regs import register_widths
 from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId, Unit
+from weft.isa.semantics import row_bytes
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -43,7 +44,8 @@ class LoadUnit(UnitBase):
         done = Signal()
         insn, index, start = self.gate(m, done)
         f = self.view(insn, "mem")
-        m.submodules.dma = dma = Load2D(bus_bytes=c.bus_width // 8, targets=(c.wgt_row_bits // 8, c.inp_row_bits // 8),
+        rows = row_bytes(c)
+        m.submodules.dma = dma = Load2D(bus_bytes=c.bus_width // 8, targets=(rows[MemId.WGT], rows[MemId.INP]),
                                         mem_format=self.layout.formats["mem"])
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
         over = request_dma_once(m, dma, self.busy, f, start, target=f.mem_id == MemId.INP)

@@ -12,7 +12,8 @@ from weft.hw.axi import ADDR_BITS, axi4_write_signature
 from weft.hw.dma import Store2D
 from weft.hw.regs import register_widths
 from weft.hw.unit import UnitBase, request_dma_once
-from weft.isa.constants import Unit
+from weft.isa.constants import MemId, Unit
+from weft.isa.semantics import row_bytes
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -37,7 +38,7 @@ class StoreUnit(UnitBase):
         c = self.config
         done = Signal()
         insn, index, start = self.gate(m, done)
-        m.submodules.dma = dma = Store2D(bus_bytes=c.bus_width // 8, elem_bytes=c.out_row_bits // 8,
+        m.submodules.dma = dma = Store2D(bus_bytes=c.bus_width // 8, elem_bytes=row_bytes(c)[MemId.OUT],
                                          mem_format=self.layout.formats["mem"])
         wiring.connect(m, wiring.flipped(self.axi), dma.axi)
         over = request_dma_once(m, dma, self.busy, self.view(insn, "mem"), start)

@@ -78,7 +78,9 @@ def fingerprint() -> str:
 
     digest = hashlib.sha256(amaranth.__version__.encode())
     sources = [p for p in sorted((_PACKAGE / "hw").glob("*.py")) if p.name not in _NOT_HARDWARE]
-    sources += [_PACKAGE / "isa" / name for name in ("constants.py", "layout.py", "encoding.py")]
+    # every isa module the hardware reads: the layouts, and the routing, flag and legality rules
+    sources += [_PACKAGE / "isa" / name for name in ("constants.py", "layout.py", "encoding.py", "semantics.py",
+                                                      "program.py")]
     for path in [*sources, _PACKAGE / "config.py"]:
         digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:12]

@@ -15,9 +15,8 @@ import pytest
 from weft.isa.semantics import QUEUES
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Not the product's sources (tests, builds, environments). hw/ is left out too: its units still name their
-#: queues and row sizes themselves until they are built on isa.semantics.
-SKIPPED = {"tests", "build", ".venv", ".git", "weft.egg-info", "hw"}
+#: Not the product's sources (tests, builds, environments).
+SKIPPED = {"tests", "build", ".venv", ".git", "weft.egg-info"}
 
 
 @cache

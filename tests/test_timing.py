@@ -24,7 +24,7 @@ from weft.hw.axi import ReadArbiter
 from weft.hw.datapath import GEMM_LATENCY
 from weft.hw.dma import MAX_BURST, BurstReader, Load2D, Store2D
 from weft.hw.regs import COUNTERS
-from weft.isa import MemId, ProgramBuilder
+from weft.isa import MemId, ProgramBuilder, layout_of
 from weft.isa.semantics import UNIT_NAMES
 from weft.sim.dram import Dram
 from weft.sim.dram_timing import TIMINGS, DramTiming
@@ -331,10 +331,10 @@ def test_microarch_matches_the_rtl():
     assert arch.max_burst == MAX_BURST
     assert arch.reader_beats == inspect.signature(BurstReader).parameters["depth"].default
     assert arch.unpack_queue == inspect.signature(Load2D).parameters["unpack_depth"].default
-    store = _elaborated(Store2D(bus_bytes=8, elem_bytes=16, sram_bits=11, size_bits=12))
+    store = _elaborated(Store2D(bus_bytes=8, elem_bytes=16, mem_format=layout_of(TINY).formats["mem"]))
     assert arch.store_seg_queue == store.submodules["seg_queue"].depth
     assert arch.store_len_queue == store.submodules["len_queue"].depth
-    load = _elaborated(Load2D(bus_bytes=8, targets=(16, 4), sram_bits=11, size_bits=12))
+    load = _elaborated(Load2D(bus_bytes=8, targets=(16, 4), mem_format=layout_of(TINY).formats["mem"]))
     assert load.submodules["reader"].max_burst == arch.max_burst
     # Loop generator, micro-op word, the GEMM core's stages, accumulator, write back.
     assert arch.loop_stages == 4 + GEMM_LATENCY
