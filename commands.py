@@ -82,12 +82,17 @@ def run_isa(args: argparse.Namespace) -> int:
         text = c_header(config)
     else:
         text = markdown(config)
-    if args.output:
-        with user_file(args.output, "output"):
-            Path(args.output).write_text(text)
+    _write_text(text, args.output)
+    return 0
+
+
+def _write_text(text: str, output: str | None) -> None:
+    """`text` into the file `output` names, or to standard output without one."""
+    if output:
+        with user_file(output, "output"):
+            Path(output).write_text(text)
     else:
         sys.stdout.write(text)
-    return 0
 
 
 def add_asm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,12 +107,7 @@ def run_asm(args: argparse.Namespace) -> int:
     name = "standard input" if args.input == "-" else args.input
     data = sys.stdin.buffer.read() if args.input == "-" else read_input(args.input, "input")
     if args.disassemble:
-        text = disassemble(decode_insns(config, check_words(data, name, INSN_BYTES)))
-        if args.output:
-            with user_file(args.output, "output"):
-                Path(args.output).write_text(text)
-        else:
-            sys.stdout.write(text)
+        _write_text(disassemble(decode_insns(config, check_words(data, name, INSN_BYTES))), args.output)
         return 0
     try:
         insns = assemble(read_source(data, name))

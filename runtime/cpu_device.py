@@ -40,8 +40,16 @@ class _GeneratedCode(Device):
 
     plan: Any = None
 
-    def _needs_llvmlite(self, err: ImportError) -> DeviceError:
-        return DeviceError(f"device '{self.name}' needs llvmlite ({err}); install weft[compiler]")
+    def load(self, artifact: Artifact) -> None:
+        super().load(artifact)
+        try:
+            self.plan = self._plan(artifact)
+        except ImportError as err:  # the back end imports llvmlite, optional on a board
+            raise DeviceError(f"device '{self.name}' needs llvmlite ({err}); install weft[compiler]") from None
+
+    def _plan(self, artifact: Artifact) -> Any:
+        """The back end's plan of the artifact's graph (imported here: llvmlite is optional on a board)."""
+        raise NotImplementedError
 
     def _checked_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.plan is None or self.artifact is None:
@@ -71,16 +79,13 @@ class CpuDevice(_GeneratedCode):
         self.cache_dir = cache_dir
         self.tuning_log = tuning_log
 
-    def load(self, artifact: Artifact) -> None:
-        super().load(artifact)
+    def _plan(self, artifact: Artifact) -> Any:
+        # The runtime's one way into the compiler, made lazily: host code needs llvmlite, optional on a board.
+        from weft.compiler.llvm.graph import plan_graph
+
         try:
-            # The runtime's one way into the compiler, made lazily: host code needs llvmlite, optional on a board.
-            from weft.compiler.llvm.graph import plan_graph
-        except ImportError as err:
-            raise self._needs_llvmlite(err) from None
-        try:
-            self.plan = plan_graph(artifact.graph, cache_dir=self.cache_dir, tuning_log=self.tuning_log,
-                                   threads=self.threads)
+            return plan_graph(artifact.graph, cache_dir=self.cache_dir, tuning_log=self.tuning_log,
+                              threads=self.threads)
         except ValueError as err:  # an unreadable tuning log
             if self.tuning_log is None:
                 raise
@@ -105,15 +110,12 @@ class CudaDevice(_GeneratedCode):
         super().__init__(config)
         self.device_index = device_index
 
-    def load(self, artifact: Artifact) -> None:
-        super().load(artifact)
+    def _plan(self, artifact: Artifact) -> Any:
+        # The runtime's one way into the compiler, made lazily: host code needs llvmlite, optional on a board.
+        from weft.compiler.llvm.cuda import CudaError, plan_cuda
+
         try:
-            # The runtime's one way into the compiler, made lazily: host code needs llvmlite, optional on a board.
-            from weft.compiler.llvm.cuda import CudaError, plan_cuda
-        except ImportError as err:
-            raise self._needs_llvmlite(err) from None
-        try:
-            self.plan = plan_cuda(artifact.graph, device_index=self.device_index)
+            return plan_cuda(artifact.graph, device_index=self.device_index)
         except CudaError as err:
             raise DeviceError(f"device 'cuda': {err}") from None
 

@@ -67,6 +67,19 @@ def _auto_channels(c: AcceleratorConfig) -> int:
     return max(channels, c.block_in, c.block_out)
 
 
+def _expected_rows(c: AcceleratorConfig, x: np.ndarray, w: np.ndarray, shift: int) -> bytes:
+    """The output rows the program must store: im2col in float64 (exact for these sizes), then the
+    requantizing ReLU, packed as the out rows (H, W, ocb) of (batch, block_out)."""
+    batch, size, _, channels = x.shape
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0))).astype(np.float64)
+    cols = np.stack([xp[:, kh:kh + size, kw:kw + size, :] for kh in range(3) for kw in range(3)], axis=3)
+    acc = cols.reshape(-1, 9 * channels) @ w.transpose(2, 3, 1, 0).reshape(9 * channels, channels)
+    acc = wrap(acc.astype(np.int64), c.acc_width).reshape(batch, size, size, channels)
+    out = np.clip(np.maximum(acc >> shift, 0), -(1 << (c.out_width - 1)), (1 << (c.out_width - 1)) - 1)
+    rows = out.reshape(batch, size, size, channels // c.block_out, c.block_out).transpose(1, 2, 3, 0, 4)
+    return pack(rows.reshape(-1, batch * c.block_out), c.out_width).tobytes()
+
+
 def conv_workload(config: AcceleratorConfig, size: int = 56, channels: int | None = None, shift: int = 8,
                   seed: int = 0, buffers: int = 2) -> ConvWorkload:
     """Build the conv program (size x size x channels -> channels, 3x3) for `config`.
@@ -154,15 +167,7 @@ def conv_workload(config: AcceleratorConfig, size: int = 56, channels: int | Non
     dram.write(addr["inp"], inp_bytes)
     dram.write(addr["wgt"], wgt_bytes)
 
-    # Reference: im2col in float64 (exact for these sizes), then the requantizing ReLU.
-    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0))).astype(np.float64)
-    cols = np.stack([xp[:, kh:kh + size, kw:kw + size, :] for kh in range(3) for kw in range(3)], axis=3)
-    acc = cols.reshape(-1, 9 * channels) @ w.transpose(2, 3, 1, 0).reshape(9 * channels, channels)
-    acc = wrap(acc.astype(np.int64), c.acc_width).reshape(batch, size, size, channels)
-    out = np.clip(np.maximum(acc >> shift, 0), -(1 << (c.out_width - 1)), (1 << (c.out_width - 1)) - 1)
-    out_rows_ref = out.reshape(batch, size, size, ocb, c.block_out).transpose(1, 2, 3, 0, 4)
-    expected = pack(out_rows_ref.reshape(-1, batch * c.block_out), c.out_width).tobytes()
-
+    expected = _expected_rows(c, x, w, shift)
     macs = batch * size * size * channels * channels * 9
     description = {
         "op": "conv2d 3x3 stride 1 pad 1 + requantizing ReLU (ALU shr, max)",
