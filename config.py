@@ -20,7 +20,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from weft.errors import WeftError, read_input
+from weft.errors import ConfigError, read_input
+from weft.isa.constants import INSN_BITS
+from weft.isa.layout import IsaLayout
 
 __all__ = [
     "PRESETS",
@@ -29,18 +31,6 @@ __all__ = [
     "load_config",
 ]
 
-
-class ConfigError(WeftError, ValueError):
-    """A config that breaks a rule. The message names the field and the rule."""
-
-    def __init__(self, field_name: str, message: str):
-        self.field = field_name
-        super().__init__(f"config field '{field_name}': {message}")
-
-
-#: Instruction word width in bits: an architectural constant of the ISA (as in VTA). The config is
-#: rejected when a field derived from it no longer fits in this word.
-INSN_BITS = 128
 
 _DATA_WIDTHS = (2, 4, 8, 16)
 _ACC_WIDTHS = (16, 32)
@@ -159,8 +149,6 @@ class AcceleratorConfig:
             if not _is_pow2(value) or value < 2:
                 raise ConfigError(name, f"must be a power of two >= 2, got {value!r}")
         # Derived ISA fields must fit the instruction word: build the layout once to check.
-        from weft.isa.layout import IsaLayout  # local import: the ISA depends on the config
-
         IsaLayout.check_fits(self)
 
     # ---- rows and element sizes -------------------------------------------------------------------
@@ -289,8 +277,6 @@ class AcceleratorConfig:
 
     def describe(self) -> dict[str, Any]:  # keys beside "config": DESCRIBED
         """The resolved config with its hash and every derived value (what `weft config` prints)."""
-        from weft.isa.layout import IsaLayout
-
         layout = IsaLayout(self)
         return {
             "config": self.to_dict(),

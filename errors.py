@@ -12,11 +12,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["UsageError", "UserFileError", "WeftError", "is_user_error", "read_input", "user_file"]
+__all__ = ["ConfigError", "UsageError", "UserFileError", "WeftError", "is_user_error", "read_input", "user_file"]
 
 
 class WeftError(Exception):
     """Base of errors caused by the user's input (a model, a config, a program, an artifact)."""
+
+
+class ConfigError(WeftError, ValueError):
+    """A config that breaks a rule (:mod:`weft.config` and the ISA layout raise it; ``weft.config.ConfigError``
+    is the same class). The message names the field and the rule."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"config field '{field_name}': {message}")
 
 
 class UsageError(WeftError, ValueError):

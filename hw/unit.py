@@ -17,10 +17,9 @@ from amaranth.hdl import Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from weft.config import INSN_BITS
 from weft.hw.dma import command_from
 from weft.hw.regs import register_widths
-from weft.isa.constants import Unit
+from weft.isa.constants import INSN_BITS, Unit
 from weft.isa.encoding import layout_of
 from weft.isa.semantics import FLAG_QUEUE, QUEUES
 

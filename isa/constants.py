@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from weft.config import INSN_BITS
+#: Instruction word width in bits: an architectural constant of the ISA (as in VTA). A config is rejected
+#: when a field derived from it no longer fits in this word.
+INSN_BITS = 128
+
 
 __all__ = [
     "ALU_OP_BITS",
@@ -16,6 +19,7 @@ __all__ = [
     "DRAM_ADDR_BITS",
     "DRAM_STRIDE_BITS",
     "IMM_BITS",
+    "INSN_BITS",
     "INSN_BYTES",
     "MEM_ID_BITS",
     "OPCODE_BITS",

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
+from weft.errors import ConfigError
 from weft.isa.constants import (
     ALU_OP_BITS,
     DRAM_ADDR_BITS,
     DRAM_STRIDE_BITS,
     IMM_BITS,
+    INSN_BITS,
     MEM_ID_BITS,
     OPCODE_BITS,
     PAD_BITS,
@@ -120,8 +122,6 @@ class IsaLayout:
     """Every bit layout of the ISA for one config."""
 
     def __init__(self, config: AcceleratorConfig):
-        from weft.config import INSN_BITS
-
         self.config = config
         self.insn_bits = INSN_BITS
         c = config
@@ -183,8 +183,6 @@ class IsaLayout:
     def check_fits(config: AcceleratorConfig) -> None:
         """Raise ConfigError when a derived field no longer fits the instruction or micro-op word; the
         message names the fields and, for each buffer, the largest size that would fit."""
-        from weft.config import ConfigError
-
         problem = IsaLayout._overflow(config)
         if problem is None:
             return
@@ -217,8 +215,6 @@ class IsaLayout:
     @staticmethod
     def _fitting_sizes(config: AcceleratorConfig) -> list[tuple[str, int]]:
         """For each buffer, the largest power-of-two size below today's that makes the config fit."""
-        from weft.config import ConfigError
-
         found = []
         for name in _BUFFERS:
             size = getattr(config, name) // 2

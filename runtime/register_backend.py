@@ -17,6 +17,7 @@ import numpy as np
 from weft.hw.regs import COUNTERS, HW_VERSION, ErrorCode, register_map
 from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import decode_insns
+from weft.runtime.fsim_device import new_timing_model
 from weft.sim.dram import Dram
 from weft.sim.fsim import DeadlockError, FunctionalSimulator, SimError
 
@@ -115,7 +116,6 @@ class FsimBackend:
         self.sim = FunctionalSimulator(config)
         self.regs = {r.name: r for r in register_map(config)}
         self.by_offset = {r.offset: r for r in self.regs.values()}
-        from weft.runtime.fsim_device import new_timing_model
 
         self.timing = new_timing_model(config) if timing else None
         self.reset()

@@ -32,6 +32,8 @@ from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer, Prog
 from weft.runtime.driver import Driver, DriverPrograms
 from weft.runtime.register_backend import FIRST_ADDRESS, BackendHardware
 from weft.runtime.trace import RtlLayer, activity_rows
+from weft.sim.cosim import build
+from weft.sim.dram_timing import TIMINGS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -71,9 +73,6 @@ class RtlBackend:
                  timing: str = "pynq", read_latency: int | None = None, write_latency: int | None = None,
                  read_duty: float | None = None, write_duty: float | None = None, build_root: Path | None = None,
                  trace: bool = False):
-        from weft.sim.cosim import build
-        from weft.sim.dram_timing import TIMINGS
-
         if timing not in TIMINGS:
             raise DeviceError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
         overrides = {k: v for k, v in (("read_latency", read_latency), ("write_latency", write_latency),

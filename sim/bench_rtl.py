@@ -27,7 +27,13 @@ from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
 from weft.isa.arith import pack
 from weft.isa.constants import INSN_BYTES
 from weft.isa.semantics import UNIT_NAMES, named_row_bytes
+from weft.progress import Progress
+from weft.sim.cosim import check_job, job_from_program, run_jobs, simulator_available
 from weft.sim.dram import Dram
+from weft.sim.dram_timing import TIMINGS
+from weft.sim.fsim import FunctionalSimulator
+from weft.sim.timing import TimingModel
+from weft.sim.timing_calibrate import calibration_figures
 
 __all__ = ["bench_rtl", "gemm_stream"]
 
@@ -130,11 +136,6 @@ def gemm_stream(config: AcceleratorConfig, blocks: int, seed: int = 0) -> tuple[
 
 
 def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> dict[str, Any]:
-    from weft.sim.cosim import check_job, job_from_program, run_jobs
-    from weft.sim.dram_timing import TIMINGS
-    from weft.sim.fsim import FunctionalSimulator
-    from weft.sim.timing import TimingModel
-
     insns, dram, shape = gemm_stream(config, blocks)
     job = job_from_program(config, insns, dram, label="gemm stream")
     expected = Dram(job.dram.size)
@@ -179,10 +180,6 @@ def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: s
     Cycle counts are deterministic; only the speeds vary from run to run. Other options of `weft bench`
     (``model``) do not apply and are refused. A progress bar on stderr (a terminal only) follows the runs.
     """
-    from weft.progress import Progress
-    from weft.sim.cosim import simulator_available
-    from weft.sim.dram_timing import TIMINGS
-    from weft.sim.timing_calibrate import calibration_figures
 
     if options:
         raise UsageError(f"bench rtl takes no option {', '.join(sorted(options))}")

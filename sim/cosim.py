@@ -32,11 +32,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from weft.errors import UsageError, WeftError
+from weft.hw.regs import ErrorCode
 from weft.isa.asm import format_insn
 from weft.isa.constants import MemId, Opcode
 from weft.isa.encoding import encode_insns
 from weft.isa.semantics import UNIT_NAMES, row_bytes
+from weft.sim.dram import Dram
+from weft.sim.dram_timing import TIMINGS
 from weft.sim.fsim import FunctionalSimulator, SimError, insn_region
+from weft.sim.randprog import random_program
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -223,7 +227,6 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
     stalls; `log_level` is cocotb's (the simulator's log is kept only when a run fails); `progress`
     advances once per finished job.
     """
-    from weft.sim.dram_timing import TIMINGS
 
     if timing not in TIMINGS:
         raise UsageError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
@@ -396,8 +399,6 @@ def check_job(config: AcceleratorConfig, result: JobResult, expected: np.ndarray
     if rep["timed_out"]:
         return f"timed out after {rep['sim_cycles']} cycles (status {rep['status']})"
     if rep["status"].get("error") or rep["error_code"]:
-        from weft.hw.regs import ErrorCode
-
         code = rep["error_code"]
         name = ErrorCode(code).name if code in set(ErrorCode) else str(code)
         i = rep["error_index"]
@@ -416,7 +417,6 @@ def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_i
                **program_options: Any) -> RandomReport:
     """Random legal programs (:func:`weft.sim.randprog.random_program`) on the RTL and on the oracle;
     `progress` advances once per seed the RTL has run."""
-    from weft.sim.randprog import random_program
 
     started = time.perf_counter()
     report = RandomReport(config=config.name, sim=sim, timing=timing)
@@ -449,8 +449,6 @@ def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_i
 
 
 def _as_dram(image: np.ndarray) -> Dram:
-    from weft.sim.dram import Dram
-
     dram = Dram(image.size)
     dram.data[:] = image
     return dram

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from weft.cli_common import add_config_option
+from weft.cli_common import add_config_option, print_json
+from weft.config import load_config
 from weft.errors import UsageError
+from weft.progress import Progress
+from weft.sim.cosim import run_random
 
 __all__ = ["add_cosim_arguments", "run_cosim"]
 
@@ -22,11 +25,6 @@ def add_cosim_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cosim(args: argparse.Namespace) -> int:
-    from weft.cli_common import print_json
-    from weft.config import load_config
-    from weft.progress import Progress
-    from weft.sim.cosim import run_random
-
     if args.count < 1:
         raise UsageError(f"--count must be at least 1, got {args.count}")
     config = load_config(args.config)

@@ -17,10 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
+from weft.isa.encoding import encode_insns
 from weft.isa.semantics import row_bytes
+from weft.sim.bench import conv_workload
+from weft.sim.cosim import check_job, job_from_program, run_jobs
 from weft.sim.dram import Dram
 from weft.sim.dram_timing import TIMINGS
 from weft.sim.fsim import FunctionalSimulator, insn_region
+from weft.sim.randprog import random_program
 from weft.sim.timing import TimingModel
 
 if TYPE_CHECKING:
@@ -70,14 +74,12 @@ class Comparison:
 # ---- streams -----------------------------------------------------------------------------------------------
 def random_streams(config: AcceleratorConfig, seeds: Sequence[int], n_insns: int = 120) -> list[Stream]:
     """The random regression streams (legal by construction) of :func:`weft.sim.randprog.random_program`."""
-    from weft.sim.randprog import random_program
 
     return [Stream(f"random seed {seed}", *random_program(config, seed, n_insns)) for seed in seeds]
 
 
 def conv_stream(config: AcceleratorConfig, size: int = 56, buffers: int = 2) -> Stream:
     """The conv workload of the fsim benchmark (3x3 conv + requantizing ReLU, tiled, double-buffered)."""
-    from weft.sim.bench import conv_workload
 
     work = conv_workload(config, size=size, buffers=buffers)
     return Stream(f"conv {size}x{size} buffers={buffers}", work.insns, work.dram)
@@ -173,7 +175,6 @@ def directed_streams(config: AcceleratorConfig) -> list[Stream]:
 # ---- running -----------------------------------------------------------------------------------------------
 def _image(config: AcceleratorConfig, stream: Stream) -> tuple[Dram, int]:
     """A copy of the stream's DRAM with the instructions at the top (where the cosimulation puts them)."""
-    from weft.isa.encoding import encode_insns
 
     words = np.frombuffer(encode_insns(config, stream.insns), dtype=np.uint8)
     image = Dram(stream.dram.size)
@@ -197,7 +198,6 @@ def model_stream(config: AcceleratorConfig, stream: Stream, timing: str = "pynq"
 def compare(config: AcceleratorConfig, streams: Sequence[Stream], *, sim: str = "verilator",
             timing: str = "pynq") -> list[Comparison]:
     """Run `streams` on the RTL (one simulator process, in order, as on the board) and on the timing model."""
-    from weft.sim.cosim import check_job, job_from_program, run_jobs
 
     # One instance: the SRAMs carry over from stream to stream as they do in the RTL.
     oracle = FunctionalSimulator(config, timing=TimingModel(config, TIMINGS[timing]))

@@ -12,7 +12,7 @@ from amaranth import Shape, signed, unsigned
 from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
 
-from weft.config import INSN_BITS, PRESETS
+from weft.config import PRESETS
 from weft.hw.compute import ComputeUnit
 from weft.hw.control import ControlBlock
 from weft.hw.dma import Load2D, Store2D
@@ -22,6 +22,7 @@ from weft.hw.regs import COUNTERS, register_widths
 from weft.hw.store import StoreUnit
 from weft.hw.top import Core
 from weft.isa import Field, Format, IsaLayout, MemId, Opcode, layout_of
+from weft.isa.constants import INSN_BITS
 
 #: Ports that carry an instruction index without being named after a register: ERROR_INDEX shows them.
 _INDEX_PORTS = ("head_index", "finish_index")
