@@ -129,7 +129,7 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from weft.demo import run_demo as demo
+    from weft.demo import run_demo as demo  # the demo compiles: onnx, loaded only when it runs
 
     return demo(load_config(args.config), seed=args.seed, model=args.model)
 

@@ -8,8 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weft.cli_common import add_config_option
+from weft.cli_common import add_config_option, print_json
 from weft.config import load_config
+from weft.hw.regs import registers_spec
+from weft.hw.synth import BOARDS, default_cache, fits, place_and_route_ecp5, synthesize
+from weft.isa import c_header, isa_spec
 
 __all__ = ["RTL_FILES", "add_rtl_arguments", "add_synth_arguments", "run_rtl", "run_synth", "write_rtl"]
 
@@ -19,9 +22,7 @@ RTL_FILES = {"verilog": "weft_top.v", "spec": "weft_spec.json", "header": "weft_
 
 def write_rtl(config: Any, out_dir: Path) -> dict[str, str]:
     """Write the Verilog, the spec JSON (ISA + register map) and the C header of `config` to `out_dir`."""
-    from weft.hw.regs import registers_spec
-    from weft.hw.top import generate_verilog
-    from weft.isa import c_header, isa_spec
+    from weft.hw.top import generate_verilog  # amaranth: loaded only by the commands that build hardware
 
     out_dir.mkdir(parents=True, exist_ok=True)
     registers = registers_spec(config)
@@ -44,8 +45,6 @@ def add_rtl_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_rtl(args: argparse.Namespace) -> int:
-    from weft.cli_common import print_json
-
     config = load_config(args.config)
     started = time.perf_counter()
     written = write_rtl(config, Path(args.output))
@@ -55,8 +54,6 @@ def run_rtl(args: argparse.Namespace) -> int:
 
 
 def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
-    from weft.hw.synth import BOARDS
-
     add_config_option(parser)
     parser.add_argument("--board", choices=sorted(BOARDS), default=None,
                         help="check the fit on this board's part (default: every board); UltraScale+ parts "
@@ -73,7 +70,6 @@ def synth_report(config: Any, *, family: str = "xc7", board: str | None = None, 
                  cache: bool = True) -> dict[str, Any]:
     """Area (LUT, FF, BRAM36, DSP) of `config`, its fit on `board` (or every board), and ECP5 Fmax if
     `pnr` is "ecp5"."""
-    from weft.hw.synth import BOARDS, default_cache, fits, place_and_route_ecp5, synthesize
 
     where = default_cache() if cache else None
     report = synthesize(config, family=family, cache=where)
@@ -85,8 +81,6 @@ def synth_report(config: Any, *, family: str = "xc7", board: str | None = None, 
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from weft.cli_common import print_json
-
     report = synth_report(load_config(args.config), family=args.family, board=args.board, pnr=args.pnr,
                           cache=not args.no_cache)
     print_json(report)

