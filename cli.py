@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("weft.commands", "run a benchmark and print its figures as JSON"),
     "rtl": ("weft.hw.cli", "write the accelerator's Verilog, spec JSON and C header"),
     "cosim": ("weft.sim.cosim_cli", "random cosimulation of the RTL against the functional simulator"),
+    "model": ("weft.compiler.model_cli", "write a built-in test model (.onnx) or random calibration inputs for it"),
     "compile": ("weft.compiler.cli", "compile an ONNX model into a .weft artifact"),
     "run": ("weft.runtime.cli", "run a .weft artifact on a device"),
     "inspect": ("weft.compiler.cli", "print the partitioned graph of a .weft artifact"),

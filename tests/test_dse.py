@@ -81,10 +81,10 @@ def test_weft_dse_writes_csv_and_plot(model, tmp_path, capsys):
     assert main(["dse", str(model), "--config", "tiny", "--sweep", "block=4,8,3", "--area", "none",
                  "--workers", "2", "-o", str(stem)]) == 0
     out = capsys.readouterr()
-    assert "skipped {'block': 3.0}" in out.err and "2 points, 1 skipped" in out.out
+    assert "skipped tiny-block3: config field" in out.err and "2 points, 1 skipped" in out.out
     rows = list(csv.DictReader(stem.with_suffix(".csv").read_text().splitlines()))
-    assert [r["config"] for r in rows] == ["tiny-block4", "tiny-block8", "tiny-skipped"]
-    assert int(rows[1]["cycles"]) > 0 and rows[2]["error"].startswith("config field")
+    assert [r["config"] for r in rows] == ["tiny-block4", "tiny-block8", "tiny-block3"]
+    assert rows[2]["block"] == "3" and int(rows[1]["cycles"]) > 0 and rows[2]["error"].startswith("config field")
     assert stem.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from weft.cli_common import add_config_option
-from weft.compiler.dse.knobs import KNOBS, expand_grid, parse_sweep
+from weft.compiler.dse.knobs import KNOBS, expand_grid, parse_sweep, point_name
 from weft.compiler.dse.pareto import pareto_front, plot_pareto, write_csv
 from weft.compiler.dse.sweep import run_sweep
 from weft.config import load_config
@@ -40,14 +40,14 @@ def run_dse(args: argparse.Namespace) -> int:
     base = load_config(args.config)
     valid, skipped = expand_grid(base, parse_sweep(args.sweep))
     for knobs, reason in skipped:
-        print(f"skipped {knobs}: {reason}", file=sys.stderr)
+        print(f"skipped {point_name(base.name, knobs)}: {reason}", file=sys.stderr)
     if not valid:
         raise UsageError("every point of the sweep breaks a config rule; nothing to run")
     area = args.area == "synth"
     with Progress(len(valid), "dse") as bar:
         rows = run_sweep(model, valid, area=area, family=args.family, seed=args.seed, workers=args.workers,
                          scheduler=args.scheduler, on_done=lambda _: bar.advance())
-    rows += [{"config": f"{base.name}-skipped", **knobs, "error": reason} for knobs, reason in skipped]
+    rows += [{"config": point_name(base.name, knobs), **knobs, "error": reason} for knobs, reason in skipped]
     x = args.resource if area else "macs_per_cycle"
     front = set(pareto_front(rows, x))
     for i, r in enumerate(rows):

@@ -9,7 +9,7 @@ from typing import Any
 from weft.config import AcceleratorConfig, ConfigError
 from weft.errors import UsageError
 
-__all__ = ["KNOBS", "expand_grid", "parse_sweep"]
+__all__ = ["KNOBS", "expand_grid", "parse_sweep", "point_name"]
 
 
 def _kib(field: str) -> Callable[[float], dict[str, Any]]:
@@ -49,10 +49,17 @@ def parse_sweep(specs: Sequence[str]) -> dict[str, list[float]]:
         if name in sweep:
             raise UsageError(f"--sweep '{spec}': knob '{name}' is swept twice")
         try:
-            sweep[name] = [float(v) for v in values.split(",")]
+            numbers = [float(v) for v in values.split(",")]
         except ValueError:
             raise UsageError(f"--sweep '{spec}': values must be numbers") from None
+        # Whole numbers stay ints, so a point reads `block 8` in messages and the CSV, not `8.0`.
+        sweep[name] = [int(v) if v.is_integer() else v for v in numbers]
     return sweep
+
+
+def point_name(base: str, knobs: dict[str, float]) -> str:
+    """A design point's name: its base config's and its knob values, ``default-block8-acc_kib64``."""
+    return "-".join([base, *(f"{n}{v:g}" for n, v in knobs.items())])
 
 
 def expand_grid(base: AcceleratorConfig, sweep: dict[str, list[float]]
@@ -67,9 +74,8 @@ def expand_grid(base: AcceleratorConfig, sweep: dict[str, list[float]]
         changes: dict[str, Any] = {}
         for n, v in knobs.items():
             changes.update(KNOBS[n][1](v))
-        label = "-".join(f"{n}{v:g}" for n, v in knobs.items()) or base.name
         try:
-            valid.append((knobs, base.replace(name=f"{base.name}-{label}", **changes)))
+            valid.append((knobs, base.replace(name=point_name(base.name, knobs), **changes)))
         except ConfigError as err:
             skipped.append((knobs, str(err)))
     return valid, skipped
