@@ -34,17 +34,22 @@ NOT_RUN = {"json", "text"}
 #: What a `# needs: X` mark may name: hardware a CI machine does not have.
 HARDWARE = {"board", "gpu", "vivado"}
 
-#: Commands (by prefix) that take minutes; the default suite leaves them, and those reading their outputs,
-#: to the slow test.
+#: Commands (by prefix) that take more than a few seconds: the default suite leaves them, and those reading
+#: their outputs, to the slow test, and keeps to about a minute.
 LONG = (
+    "weft demo",
     "weft bench ",
     "weft tune ",
     "weft dse ",
     "weft synth ",
-    "weft cosim --config default",
+    "weft cosim ",
+    "weft rtl ",
+    "weft bitstream --board",  # generates the design's Verilog
+    "weft run resnet18.weft --device fsim",
+    "weft run small.weft --device rtl",  # builds the design with Verilator
+    "weft report ",
     "weft compile resnet18.onnx -o tuned.weft",  # reads tune.jsonl
     "weft run r18cpu.weft --device cpu --device-option threads=2 --device-option tuning_log=",  # reads cpu.jsonl
-    "weft run small.weft --device rtl",  # builds the design with Verilator
 )
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
@@ -119,6 +124,11 @@ def _run(step: Step, cwd: Path, timeout: float) -> subprocess.CompletedProcess[s
     return subprocess.run(args, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
+def _blocks(lang: str) -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
+
+
 def _follow(tmp_path: Path, *, long: bool) -> None:
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     skipped: list[str] = []
@@ -163,3 +173,20 @@ def test_readme_lists_the_models() -> None:
     text = README.read_text(encoding="utf-8")
     missing = [name for name in MODELS if f"`{name}`" not in text]
     assert not missing, f"README.md does not name the built-in models {missing}"
+
+
+def test_readme_lists_every_imported_op() -> None:
+    from weft.compiler.onnx_import import SUPPORTED_OPS
+
+    lists = [b for b in _blocks("text") if "Conv, " in b]
+    assert len(lists) == 1, "README.md: the op list is one ```text block"
+    assert set(lists[0].replace(",", " ").split()) == set(SUPPORTED_OPS)
+
+
+def test_readme_config_examples_load(tmp_path: Path) -> None:
+    from weft.config import load_config
+
+    for n, block in enumerate(_blocks("json")):
+        path = tmp_path / f"example{n}.json"
+        path.write_text(block, encoding="utf-8")
+        load_config(str(path))
