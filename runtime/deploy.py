@@ -127,7 +127,10 @@ def main(argv=None):
     latency = float(np.median(times))
     print(f"latency {latency * 1e3:.3f} ms (median of {len(times)}), throughput {batch / latency:.1f} inferences/s")
     stats = sess.stats or {}
-    print(f"accelerator cycles {stats.get('cycles')}")
+    if stats.get("cycles") is not None:  # None on devices that do not count cycles (fsim without timing, cpu)
+        print(f"accelerator cycles {stats['cycles']:,}")
+    else:
+        print(f"cycles: n/a (device {args.device} does not count accelerator cycles)")
     close = getattr(sess.device, "close", None)
     if close is not None:
         close()

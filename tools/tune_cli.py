@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from weft.cli_common import add_config_option, print_json
@@ -21,6 +22,7 @@ from weft.tools.board_measurer import BoardMeasurer
 
 if TYPE_CHECKING:
     from weft.compiler.tune.measure import Measurer
+    from weft.compiler.tune.tuner import LayerResult
     from weft.config import AcceleratorConfig
 
 __all__ = ["add_tune_arguments", "run_tune"]
@@ -85,7 +87,7 @@ def run_tune(args: argparse.Namespace) -> int:
         results = tune_host(graph, args.threads or default_threads(), trials=args.trials, tuner=args.tuner,
                             log=TuningLog(args.output), seed=args.seed, batch=args.batch,
                             layers=args.layers.split(",") if args.layers else None, transfer=not args.no_transfer)
-        print_json([r.summary() for r in results])
+        _report(results)
         return 0
 
     cfg = load_config(args.config)
@@ -108,8 +110,15 @@ def run_tune(args: argparse.Namespace) -> int:
         close = getattr(measurer, "close", None)
         if close is not None:
             close()
-    print_json([r.summary() for r in results])
+    _report(results)
     return 0
+
+
+def _report(results: list[LayerResult]) -> None:
+    """The results as JSON on stdout (what scripts read) and one line per layer, its unit named, on stderr."""
+    print_json([r.summary() for r in results])
+    for r in results:
+        print(r.line(), file=sys.stderr)
 
 
 def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:
