@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ __all__ = [
     "BitstreamError",
     "Board",
     "add_bitstream_arguments",
+    "check_board_fit",
     "find_bitstreams",
     "lookup",
     "make_manifest",
@@ -242,6 +244,26 @@ def lookup(board_name: str, config: AcceleratorConfig, root: str | Path | None =
                          f"have: {have}")
 
 
+def check_board_fit(board_name: str, config: AcceleratorConfig, *, force: bool = False) -> str | None:
+    """Refuse (BitstreamError) a `config` that does not fit the board's FPGA, naming what overflows and what
+    the check used (:func:`weft.hw.synth.board_fit`); with `force`, the same text comes back as a warning
+    instead. None when it fits."""
+    from weft.hw.synth import board_fit  # the host's side: a board never builds projects
+
+    board = board_of(board_name)
+    fit = board_fit(config, board.name)
+    if fit["fits"]:
+        return None
+    over = ", ".join(f"{k} {fit['area'][k]:g} ({100 * v:.0f}%)" for k, v in fit["utilization"].items() if v > 1)
+    fitting = [m["config_name"] for _, m in find_bitstreams() if m["board"] == board.name]
+    hint = f"; the shipped project for {board.name} uses config {', '.join(fitting)}" if fitting else ""
+    text = (f"config '{config.name}' does not fit the {fit['part']} of {board.name}: {over} of the part "
+            f"({fit['source']}){hint}")
+    if not force:
+        raise BitstreamError(f"{text}; pass --force to go on anyway")
+    return text
+
+
 # ---- `weft bitstream` ----------------------------------------------------------------------------------------
 def add_bitstream_arguments(parser: Any) -> None:
     parser.add_argument("action", nargs="?", default="project", choices=("project", "list", "record"),
@@ -253,6 +275,8 @@ def add_bitstream_arguments(parser: Any) -> None:
     parser.add_argument("--vivado", default=None, help="Vivado version the script is for (default: the board's)")
     parser.add_argument("--root", default=None, help=f"folder of projects for list (default: {DEFAULT_ROOT})")
     parser.add_argument("--project", help="project folder (record)")
+    parser.add_argument("--force", action="store_true",
+                        help="write the project even when the config does not fit the board's FPGA (project)")
 
 
 def run_bitstream(args: Any) -> int:
@@ -274,6 +298,9 @@ def run_bitstream(args: Any) -> int:
     if not args.board:
         raise BitstreamError(f"--board is required (boards: {', '.join(BOARDS)})")
     config = load_config(args.config)
+    warning = check_board_fit(args.board, config, force=args.force)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     folder = write_project(args.board, config, args.output or args.root or DEFAULT_ROOT, vivado=args.vivado)
     print(f"wrote {folder}: build.tcl (Vivado {args.vivado or board_of(args.board).vivado}), weft_top.v, "
           "manifest.json; run `vivado -mode batch -source build.tcl` there, then `weft bitstream record "
