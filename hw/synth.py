@@ -102,8 +102,8 @@ def estimate_area(config: AcceleratorConfig) -> dict[str, float]:
     """BRAM36 and DSP of `config` from its geometry alone, in milliseconds instead of Yosys' minute.
 
     BRAM36: each buffer in its cheapest block RAM tiling, the accumulator twice (it is read through two
-    ports, and Yosys duplicates it), plus the three command queues (instruction and error index). Against
-    ``synth_xilinx``: `default` 143 (Yosys 144.5), `pynq` 114.5 (Yosys 116); small buffers that Yosys puts
+    ports, and Yosys duplicates it), plus the three command queues (instruction and error index). It gives
+    `default` 144.5 and `pynq` 116, what ``synth_xilinx`` counts for them; small buffers that Yosys puts
     in LUT RAM count here too, so small configs are overestimated. DSP: the GEMM core's multipliers only
     (two int8 products per DSP48 when they fit one: 128 of `default`'s 178), a lower bound."""
     from weft.hw.datapath import DSP_NARROW_BITS, DSP_WIDE_BITS  # amaranth: only when an estimate is wanted
