@@ -39,7 +39,7 @@ def _table(layers: list[dict[str, Any]], peak: int) -> list[str]:
     layer's zero weights outside its groups do not count)."""
     width = max([len(layer["name"]) for layer in layers] + [5])
     head = (f"{'#':>3}  {'layer':<{width}}  {'op':<10} {'where':<6} {'MACs':>13} {'insns':>6} {'DRAM bytes':>11} "
-            f"{'cycles':>11} {'GEMM %':>6} {'ms':>7}")
+            f"{'cycles':>11} {'GEMM %':>6} {'sim ms':>7}")
     lines = [head, "-" * len(head)]
     for k, layer in enumerate(layers):
         accel = layer["target"] == "accel"
@@ -51,6 +51,9 @@ def _table(layers: list[dict[str, Any]], peak: int) -> list[str]:
             f"{k:>3}  {layer['name']:<{width}}  {layer['op']:<10} {layer['target']:<6} {layer['macs']:>13,} "
             f"{_fmt_int(insns):>6} {_fmt_int(moved):>11} {_fmt_int(cycles):>11} {util:>6} "
             f"{layer['seconds'] * 1e3:>7.1f}")
+    # `cycles` is the accelerator's time; `sim ms` the simulator's wall time on this machine, which a reader
+    # would otherwise take for the layer's latency on the board.
+    lines.append("cycles: accelerator clock cycles (timing model); sim ms: wall time the simulator took here")
     return lines
 
 

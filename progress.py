@@ -1,18 +1,24 @@
-"""A progress bar on stderr for sweeps, tuning and long simulations.
+"""A progress bar on stderr for sweeps, tuning and long simulations, and a status line for waits with no
+steps to count (a Verilator build, a synthesis run).
 
-No dependency, and quiet when stderr is not a terminal (tests, logs, pipes), so callers never branch on it.
+No dependency. The bar is quiet when stderr is not a terminal (tests, logs, pipes), so callers never branch
+on it; a wait writes a line before and one after there, so a log shows what took the time.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import TextIO, TypeVar
 
-__all__ = ["Progress", "progress"]
+__all__ = ["Progress", "Waiting", "progress"]
 
 T = TypeVar("T")
+
+#: Streams a live bar has left mid-line (drawn with "\r", no newline yet): a wait starts a new line there.
+_MID_LINE: set[int] = set()
 
 
 class Progress:
@@ -74,12 +80,14 @@ class Progress:
         self.stream.write("\r" + text.ljust(self._width))
         self._width = len(text)
         self.stream.flush()
+        _MID_LINE.add(id(self.stream))
 
     def close(self) -> None:
         if self.enabled:
             self._draw(time.monotonic())
             self.stream.write("\n")
             self.stream.flush()
+            _MID_LINE.discard(id(self.stream))
 
 
 def progress(items: Iterable[T], label: str, total: int | None = None, *,
@@ -91,3 +99,58 @@ def progress(items: Iterable[T], label: str, total: int | None = None, *,
         for item in items:
             yield item
             bar.advance()
+
+
+class Waiting:
+    """``with Waiting("building the RTL simulation of config tiny", "about 80 s"): ...``: a status line.
+
+    On a terminal: the text, its `note` (an estimate, where a log goes) and the seconds so far, redrawn
+    every `interval` seconds from a thread, then "done in N s" (or "failed after N s") on the same line.
+    Elsewhere: the text and note on a line of their own, then the outcome on another. Whatever the wait
+    runs must not write to the stream meanwhile (send a tool's narration to a log file), or the lines mix."""
+
+    def __init__(self, text: str, note: str = "", *, stream: TextIO | None = None, enabled: bool | None = None,
+                 interval: float = 1.0):
+        self.text = text
+        self.head = f"{text} ({note})" if note else text
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = self.stream.isatty() if enabled is None else enabled
+        self.interval = interval
+        self._started = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Waiting:
+        self._started = time.monotonic()
+        if id(self.stream) in _MID_LINE:  # under a bar (a sweep synthesizing each point): leave its line be
+            self.stream.write("\n")
+            _MID_LINE.discard(id(self.stream))
+        if self.live:
+            self._draw(f"{self.head}... 0s")
+            self._thread = threading.Thread(target=self._tick, name="weft-waiting", daemon=True)
+            self._thread.start()
+        else:
+            self.stream.write(f"{self.head}...\n")
+            self.stream.flush()
+        return self
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._draw(f"{self.head}... {time.monotonic() - self._started:.0f}s")
+
+    def _draw(self, text: str) -> None:
+        self.stream.write("\r" + text)
+        self.stream.flush()
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        outcome = "failed after" if kind is not None else "done in"
+        line = f"{self.text}: {outcome} {time.monotonic() - self._started:.0f} s"
+        if self.live:
+            # Pad over the longer "... Ns" text the thread drew last.
+            self._draw(line.ljust(len(self.head) + 12) + "\n")
+        else:
+            self.stream.write(line + "\n")
+            self.stream.flush()

@@ -41,10 +41,24 @@ class Pass:
     doc: str
 
 
+#: Abbreviations whose period ends no sentence.
+_ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.")
+
+
 def _first_sentence(fn: Callable) -> str:
+    """The docstring's first sentence: up to the first period followed by a space that is outside
+    parentheses and not an abbreviation's ("(e.g. a Pad)" would otherwise end it)."""
     text = " ".join((fn.__doc__ or "").split())
-    end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif (ch == "." and depth == 0 and text[i + 1:i + 2] == " "
+              and not text[: i + 1].lower().endswith(_ABBREVIATIONS)):
+            return text[: i + 1]
+    return text
 
 
 def _p(name: str, fn: Callable[[Graph], Graph], doc: str | None = None) -> Pass:

@@ -13,6 +13,7 @@ from weft.config import load_config
 from weft.hw.regs import registers_spec
 from weft.hw.synth import BOARDS, default_cache, fits, place_and_route_ecp5, synthesize
 from weft.isa import c_header, isa_spec
+from weft.progress import Waiting
 
 __all__ = ["RTL_FILES", "add_rtl_arguments", "add_synth_arguments", "run_rtl", "run_synth", "write_rtl"]
 
@@ -26,8 +27,10 @@ def write_rtl(config: Any, out_dir: Path) -> dict[str, str]:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     registers = registers_spec(config)
+    with Waiting(f"generating the Verilog of config {config.name}"):
+        verilog = generate_verilog(config)
     texts = {
-        "verilog": generate_verilog(config),
+        "verilog": verilog,
         "spec": json.dumps(isa_spec(config, registers=registers), indent=2) + "\n",
         "header": c_header(config, registers=registers),
     }

@@ -9,7 +9,8 @@ command, and the script checks the running Vivado against it (a hard-coded versi
 
 A manifest: format and version, board, part, Vivado version, config (as data) and its hash, clock, and the
 names and SHA-256 of the ``.bit`` and ``.hwh`` once built (null before). :func:`find_bitstreams` reads
-every manifest under a root and :func:`lookup` picks the one for a board and config, checking checksums.
+every manifest under a root (by default ``./bitstreams``, where ``weft bitstream`` writes, then the
+projects shipped with weft) and :func:`lookup` picks the one for a board and config, checking checksums.
 Imports the standard library only (the board runtime reads manifests).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,7 @@ __all__ = [
     "BitstreamError",
     "Board",
     "add_bitstream_arguments",
+    "check_board_fit",
     "find_bitstreams",
     "lookup",
     "make_manifest",
@@ -40,11 +43,16 @@ __all__ = [
     "read_manifest",
     "record_build",
     "run_bitstream",
+    "search_roots",
     "write_project",
 ]
 
 MANIFEST_FORMAT = ("weft-bitstream", 1)
+#: The board projects shipped with weft (the repository's ``bitstreams/``): searched after :data:`OUTPUT_ROOT`.
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "bitstreams"
+#: Where ``weft bitstream`` writes a project unless given ``-o``: ``bitstreams/`` in the current folder (the
+#: installed package may be read-only), and where lookups look first.
+OUTPUT_ROOT = Path("bitstreams")
 
 
 class BitstreamError(WeftError):
@@ -194,8 +202,10 @@ def write_project(board_name: str, config: AcceleratorConfig, out: str | Path, *
         folder.mkdir(parents=True, exist_ok=True)
     if verilog is None:
         from weft.hw.top import generate_verilog  # optional dependency: amaranth
+        from weft.progress import Waiting
 
-        verilog = generate_verilog(config)
+        with Waiting(f"generating the Verilog of config {config.name}"):
+            verilog = generate_verilog(config)
     (folder / "weft_top.v").write_text(verilog)
     (folder / "build.tcl").write_text(project_tcl(board, config, vivado=vivado))
     manifest = make_manifest(board, config, vivado=vivado, directory=folder)
@@ -213,10 +223,21 @@ def record_build(folder: str | Path) -> dict[str, Any]:
     return manifest
 
 
+def search_roots(root: str | Path | None = None) -> list[Path]:
+    """[`root`], or by default ``./bitstreams`` (what ``weft bitstream`` wrote here) then the projects
+    shipped with weft, once each (in a development checkout run from its root they are one folder)."""
+    if root is not None:
+        return [Path(root)]
+    roots: list[Path] = []
+    for path in (OUTPUT_ROOT, DEFAULT_ROOT):
+        if path.is_dir() and all(path.resolve() != r.resolve() for r in roots):
+            roots.append(path)
+    return roots
+
+
 def find_bitstreams(root: str | Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
-    """(folder, manifest) of every project under `root` (default: the repository's ``bitstreams/``)."""
-    root = Path(root) if root is not None else DEFAULT_ROOT
-    return [(p.parent, read_manifest(p)) for p in sorted(root.glob("*/manifest.json"))]
+    """(folder, manifest) of every project under `root` (default: :func:`search_roots`)."""
+    return [(p.parent, read_manifest(p)) for r in search_roots(root) for p in sorted(r.glob("*/manifest.json"))]
 
 
 def lookup(board_name: str, config: AcceleratorConfig, root: str | Path | None = None, *,
@@ -242,6 +263,26 @@ def lookup(board_name: str, config: AcceleratorConfig, root: str | Path | None =
                          f"have: {have}")
 
 
+def check_board_fit(board_name: str, config: AcceleratorConfig, *, force: bool = False) -> str | None:
+    """Refuse (BitstreamError) a `config` that does not fit the board's FPGA, naming what overflows and what
+    the check used (:func:`weft.hw.synth.board_fit`); with `force`, the same text comes back as a warning
+    instead. None when it fits."""
+    from weft.hw.synth import board_fit  # the host's side: a board never builds projects
+
+    board = board_of(board_name)
+    fit = board_fit(config, board.name)
+    if fit["fits"]:
+        return None
+    over = ", ".join(f"{k} {fit['area'][k]:g} ({100 * v:.0f}%)" for k, v in fit["utilization"].items() if v > 1)
+    fitting = [m["config_name"] for _, m in find_bitstreams(DEFAULT_ROOT) if m["board"] == board.name]
+    hint = f"; the shipped project for {board.name} uses config {', '.join(fitting)}" if fitting else ""
+    text = (f"config '{config.name}' does not fit the {fit['part']} of {board.name}: {over} of the part "
+            f"({fit['source']}){hint}")
+    if not force:
+        raise BitstreamError(f"{text}; pass --force to go on anyway")
+    return text
+
+
 # ---- `weft bitstream` ----------------------------------------------------------------------------------------
 def add_bitstream_arguments(parser: Any) -> None:
     parser.add_argument("action", nargs="?", default="project", choices=("project", "list", "record"),
@@ -249,17 +290,22 @@ def add_bitstream_arguments(parser: Any) -> None:
                              "and their configs; record: refresh a project's manifest after Vivado built it")
     parser.add_argument("--board", choices=sorted(BOARDS), help="target board (project)")
     parser.add_argument("--config", default="default", help="config preset or file (project; default: default)")
-    parser.add_argument("-o", "--output", help="folder the project folder goes in (project; default: --root)")
+    parser.add_argument("-o", "--output",
+                        help="folder the project folder goes in (project; default: --root, else ./bitstreams)")
     parser.add_argument("--vivado", default=None, help="Vivado version the script is for (default: the board's)")
-    parser.add_argument("--root", default=None, help=f"folder of projects for list (default: {DEFAULT_ROOT})")
+    parser.add_argument("--root", default=None,
+                        help="folder of projects for list (default: ./bitstreams, then the projects shipped with "
+                             "weft)")
     parser.add_argument("--project", help="project folder (record)")
+    parser.add_argument("--force", action="store_true",
+                        help="write the project even when the config does not fit the board's FPGA (project)")
 
 
 def run_bitstream(args: Any) -> int:
     if args.action == "list":
         found = find_bitstreams(args.root)
         if not found:
-            print(f"no bitstream projects under {args.root or DEFAULT_ROOT}")
+            print(f"no bitstream projects under {', '.join(map(str, search_roots(args.root))) or OUTPUT_ROOT}")
         for folder, m in found:
             built = "built" if m["bit"] and m["hwh"] else "not built"
             print(f"{m['board']:<11} config {m['config_name']} ({m['config_hash']}) {m['clock_mhz']} MHz "
@@ -274,7 +320,10 @@ def run_bitstream(args: Any) -> int:
     if not args.board:
         raise BitstreamError(f"--board is required (boards: {', '.join(BOARDS)})")
     config = load_config(args.config)
-    folder = write_project(args.board, config, args.output or args.root or DEFAULT_ROOT, vivado=args.vivado)
+    warning = check_board_fit(args.board, config, force=args.force)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    folder = write_project(args.board, config, args.output or args.root or OUTPUT_ROOT, vivado=args.vivado)
     print(f"wrote {folder}: build.tcl (Vivado {args.vivado or board_of(args.board).vivado}), weft_top.v, "
           "manifest.json; run `vivado -mode batch -source build.tcl` there, then `weft bitstream record "
           f"--project {folder}`")

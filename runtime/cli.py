@@ -91,6 +91,29 @@ def follow_layers(device: Device, bar: Progress) -> None:
     device.on_layer = on_layer  # type: ignore[attr-defined]
 
 
+def cycles_text(stats: dict[str, Any]) -> str:
+    """The run's accelerator cycles, or why there are none: ref, cpu and cuda do not model the accelerator's
+    clock (their ``stats["cycles"]`` is None)."""
+    if stats["cycles"] is not None:
+        return f"{stats['cycles']:,} accelerator cycles"
+    return f"cycles: n/a (device {stats['device']} does not count accelerator cycles)"
+
+
+def tuning_log_text(device: Device, stats: dict[str, Any], log: object) -> str:
+    """Whether ``--device-option tuning_log=...`` changed anything: how many convolutions took a logged
+    schedule (a log timed with another thread count or on another CPU gives none)."""
+    convs = len(getattr(getattr(device, "plan", None), "convs", {}) or {})
+    tuned = stats.get("tuned_convs")
+    if tuned is None:
+        return f"tuning log {log}: not used (device {stats['device']} takes no tuning log)"
+    text = f"tuning log {log}: applied to {tuned} of {convs} convolutions"
+    if not tuned:
+        threads = stats.get("threads")
+        text += (f" (it holds no schedule timed on this CPU with {threads} threads for these workloads; "
+                 "the heuristic's tiles were used)")
+    return text
+
+
 def run_run(args: argparse.Namespace) -> int:
     import io
 
@@ -129,7 +152,9 @@ def run_run(args: argparse.Namespace) -> int:
         stats = sess.stats
         assert stats is not None
         print(f"device {stats['device']}: {stats['macs']:,} MACs, {100 * stats['accel_mac_fraction']:.1f}% on the "
-              f"accelerator, {stats['seconds'] * 1e3:.1f} ms, cycles {stats['cycles']}")
+              f"accelerator, {stats['seconds'] * 1e3:.1f} ms wall time, {cycles_text(stats)}")
+        if "tuning_log" in options:
+            print(tuning_log_text(sess.device, stats, options["tuning_log"]))
         if args.output:
             buf = io.BytesIO()
             np.savez(buf, **dict(zip(names, outputs, strict=True)))

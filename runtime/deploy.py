@@ -30,7 +30,7 @@ from weft.core.artifact import load_artifact
 from weft.errors import WeftError, user_file
 from weft.hw.regs import registers_spec
 from weft.isa import isa_spec
-from weft.runtime.bitstreams import BitstreamError, board_of, lookup
+from weft.runtime.bitstreams import BitstreamError, board_of, check_board_fit, lookup
 
 __all__ = ["BLOCKED", "MARKER", "DeployError", "add_deploy_arguments", "board_modules", "deploy", "run_deploy"]
 
@@ -127,7 +127,10 @@ def main(argv=None):
     latency = float(np.median(times))
     print(f"latency {latency * 1e3:.3f} ms (median of {len(times)}), throughput {batch / latency:.1f} inferences/s")
     stats = sess.stats or {}
-    print(f"accelerator cycles {stats.get('cycles')}")
+    if stats.get("cycles") is not None:  # None on devices that do not count cycles (fsim without timing, cpu)
+        print(f"accelerator cycles {stats['cycles']:,}")
+    else:
+        print(f"cycles: n/a (device {args.device} does not count accelerator cycles)")
     close = getattr(sess.device, "close", None)
     if close is not None:
         close()
@@ -231,10 +234,17 @@ def add_deploy_arguments(parser: Any) -> None:
     parser.add_argument("artifact", help="a .weft file compiled for the accelerator")
     parser.add_argument("--board", required=True, help="target board (pynq-z1, pynq-z2, ultra96-v2, zcu104, kv260)")
     parser.add_argument("-o", "--output", required=True, help="folder to write")
-    parser.add_argument("--bitstreams", default=None, help="folder of bitstream projects (default: bitstreams/)")
+    parser.add_argument("--bitstreams", default=None,
+                        help="folder of bitstream projects (default: ./bitstreams, then those shipped with weft)")
+    parser.add_argument("--force", action="store_true",
+                        help="deploy even when the artifact's config does not fit the board's FPGA")
 
 
 def run_deploy(args: Any) -> int:
+    board_of(args.board)  # an unknown board is the first thing to say
+    warning = check_board_fit(args.board, load_artifact(args.artifact).config, force=args.force)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     info = deploy(args.artifact, args.board, args.output, bitstream_root=args.bitstreams)
     print(f"wrote {args.output}: model.weft, run.py, weft_run.ipynb, board runtime ({info['files']} modules), "
           f"bitstream {'included' if info['bitstream'] else 'missing (see README.txt)'}")

@@ -106,6 +106,10 @@ class PynqDevice(Device):
         if bitstream is None:
             raise DeviceError("device 'pynq' needs the bitstream: InferenceSession(art, device='pynq', "
                               "bitstream='weft.bit') (its manifest.json beside it)")
+        if not Path(bitstream).is_file():  # said before pynq's Overlay, whose error names the .hwh or a manifest
+            raise DeviceError(f"device 'pynq': bitstream file {bitstream} does not exist (build it in Vivado from the "
+                              "project `weft bitstream --board B --config C` writes, then `weft bitstream record`; "
+                              "or give its path: bitstream=PATH)")
         manifest = read_manifest(bitstream)
         if manifest.get("config_hash") is not None:
             check_config_hash(config.hash, manifest["config_hash"], where=f"bitstream {bitstream} (its manifest)")

@@ -5,8 +5,10 @@ The same DRAM image and instruction stream go to both; the final DRAM images mus
 simulator process runs a batch of jobs in order on one accelerator instance, so the on-chip buffers carry
 over from job to job; the functional simulator runs the batch the same way on one instance.
 
-Builds are cached under ``build/`` by (config hash, fingerprint of the generator's sources, simulator),
-with a file lock so parallel test workers share one build. A :class:`weft.progress.Progress` given to
+Builds are cached in the user cache folder (``rtl/`` in :func:`weft.cache.cache_dir`) by (config hash,
+fingerprint of the generator's sources, simulator), with a file lock so parallel test workers share one
+build. A build says what it waits for on one status line (:class:`weft.progress.Waiting`) and sends the
+simulator's and cocotb's narration to its log, unless `verbose`. A :class:`weft.progress.Progress` given to
 :func:`run_jobs` or :func:`run_random` advances as each job's report appears (a thread watches the work
 directory while the simulator runs, so the simulation itself pays nothing).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -31,12 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from weft.cache import cache_dir
 from weft.errors import UsageError, WeftError
 from weft.hw.regs import ErrorCode
 from weft.isa.asm import format_insn
 from weft.isa.constants import MemId, Opcode
 from weft.isa.encoding import encode_insns
 from weft.isa.semantics import UNIT_NAMES, row_bytes
+from weft.progress import Waiting
 from weft.sim.dram import Dram
 from weft.sim.dram_timing import TIMINGS
 from weft.sim.fsim import FunctionalSimulator, SimError, insn_region
@@ -71,8 +76,8 @@ def simulator_available(sim: str) -> bool:
 
 
 def default_build_root() -> Path:
-    """``build/`` beside the package sources (the repository root in a development checkout)."""
-    return _PACKAGE / "build"
+    """The user cache folder (:func:`weft.cache.cache_dir`): the builds go in its ``rtl/``."""
+    return cache_dir()
 
 
 def fingerprint() -> str:
@@ -123,7 +128,9 @@ def verilog_path(config: AcceleratorConfig, build_root: Path | None = None) -> P
 
             root.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(generate_verilog(config))
+            with Waiting(f"generating the Verilog of config {config.name}", "first time for this design"):
+                verilog = generate_verilog(config)
+            tmp.write_text(verilog)
             tmp.replace(path)
             _prune(root)
     return path
@@ -139,8 +146,30 @@ def _prune(current: Path) -> None:
             old.with_name(f"{old.name}.lock").unlink(missing_ok=True)
 
 
-def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None) -> Path:
-    """Compile the Verilog of `config` for `sim` (cached); returns the build directory."""
+def _last_build_seconds(root: Path, sim: str) -> float | None:
+    """How long the last `sim` build under `root` took (any config): the estimate a first build shows."""
+    try:
+        return float(json.loads((root / "build_seconds.json").read_text())[sim])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _record_build_seconds(root: Path, sim: str, seconds: float) -> None:
+    path = root / "build_seconds.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[sim] = round(seconds, 1)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None, *, verbose: bool = False) -> Path:
+    """Compile the Verilog of `config` for `sim` (cached); returns the build directory. A first build
+    shows one status line on stderr; the simulator's output goes to ``build_<sim>.log`` in the build's
+    folder, and cocotb's narration after it (to stderr with `verbose`)."""
     if not simulator_available(sim):
         raise CosimError(f"{SIMULATORS[sim]} is not installed: cannot cosimulate on {sim}")
     source = verilog_path(config, build_root)
@@ -160,8 +189,18 @@ def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None) -
                                      "--x-assign", "fast", "--x-initial", "fast", "--output-split", "20000"]
         saved = os.environ.get("MAKEFLAGS")
         os.environ["MAKEFLAGS"] = f"-j{max(1, min(4, os.cpu_count() or 1))}"
+        rtl_root = source.parent.parent
+        last = _last_build_seconds(rtl_root, sim)
+        estimate = f"the last {sim} build took {last:.0f} s" if last is not None else \
+            "Verilator takes a minute or more" if sim == "verilator" else "Icarus takes seconds"
+        started = time.monotonic()
+        # The runner narrates ("INFO: Running command ...") on stdout, which belongs to our callers: the
+        # narration goes after the tools' output in the log, or to stderr when verbose.
+        narration = io.StringIO()
         try:
-            with redirect_stdout(sys.stderr):  # the runner narrates on stdout, which belongs to our callers
+            with Waiting(f"building the {sim} simulation of config {config.name}",
+                         f"first time for this design; {estimate}; log: {log}", enabled=False if verbose else None), \
+                    redirect_stdout(sys.stderr if verbose else narration):
                 runner.build(verilog_sources=[source], hdl_toplevel="weft_top", build_dir=build_dir,
                              log_file=log, **options)
         except SystemExit as err:
@@ -171,6 +210,10 @@ def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None) -
                 os.environ.pop("MAKEFLAGS", None)
             else:
                 os.environ["MAKEFLAGS"] = saved
+            if narration.getvalue() and log.exists():
+                with open(log, "a") as handle:
+                    handle.write(narration.getvalue())
+        _record_build_seconds(rtl_root, sim, time.monotonic() - started)
         stamp.write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
     return build_dir
 
@@ -220,17 +263,18 @@ def job_from_program(config: AcceleratorConfig, insns: np.ndarray, dram: Dram, l
 
 def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing: str = "ideal",
              build_root: Path | None = None, seed: int = 0, log_level: str = "WARNING",
-             progress: Progress | None = None) -> list[JobResult]:
+             progress: Progress | None = None, verbose: bool = False) -> list[JobResult]:
     """Run `jobs` in order in one simulator process; returns the RTL's final DRAM and registers of each.
 
     `timing` names the DRAM model (:data:`weft.sim.dram_timing.TIMINGS`); `seed` seeds its random
     stalls; `log_level` is cocotb's (the simulator's log is kept only when a run fails); `progress`
-    advances once per finished job.
+    advances once per finished job; cocotb's narration (its commands, its results.xml) goes to stderr
+    only with `verbose`.
     """
 
     if timing not in TIMINGS:
         raise UsageError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
-    build_dir = build(config, sim, build_root)
+    build_dir = build(config, sim, build_root, verbose=verbose)
 
     size = 1 << max(12, (max(job.dram.size for job in jobs) - 1).bit_length())
     timing_dict = TIMINGS[timing].to_dict() | {"seed": seed}
@@ -250,7 +294,7 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
         log = work / "sim.log"
         follower = _JobFollower(jobs, [Path(e["report_out"]) for e in entries], progress)
         try:
-            with redirect_stdout(sys.stderr):
+            with redirect_stdout(sys.stderr if verbose else io.StringIO()):
                 runner.test(test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
                             build_dir=build_dir, test_dir=work,
                             extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": log_level},
@@ -392,6 +436,24 @@ class RandomReport:
             "failures": [{"seed": r.seed, "problem": r.problem} for r in self.results if not r.passed],
         }
 
+    def junit(self) -> str:
+        """A JUnit XML report, one test case per seed whose failure text is the mismatch: what CI reads.
+        (cocotb's own results.xml holds one case for the whole batch and knows nothing of mismatches, which
+        are judged here against the functional simulator.)"""
+        from xml.etree import ElementTree as ET
+
+        root = ET.Element("testsuites")
+        suite = ET.SubElement(root, "testsuite", name=f"weft cosim {self.config} on {self.sim}",
+                              tests=str(len(self.results)), failures=str(self.failed), errors="0",
+                              time=f"{self.wall_s:.2f}")
+        for r in self.results:
+            case = ET.SubElement(suite, "testcase", classname=f"cosim.{self.config}.{self.sim}.{self.timing}",
+                                 name=f"seed {r.seed}")
+            if not r.passed:
+                ET.SubElement(case, "failure", message=r.problem.splitlines()[0] if r.problem else "failed"
+                              ).text = r.problem
+        return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
 
 def check_job(config: AcceleratorConfig, result: JobResult, expected: np.ndarray, insns: np.ndarray) -> str:
     """'' when the RTL run matches the oracle, else what went wrong."""
@@ -414,9 +476,9 @@ def check_job(config: AcceleratorConfig, result: JobResult, expected: np.ndarray
 
 def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_insns: int = 120,
                timing: str = "ideal", build_root: Path | None = None, progress: Progress | None = None,
-               **program_options: Any) -> RandomReport:
+               verbose: bool = False, **program_options: Any) -> RandomReport:
     """Random legal programs (:func:`weft.sim.randprog.random_program`) on the RTL and on the oracle;
-    `progress` advances once per seed the RTL has run."""
+    `progress` advances once per seed the RTL has run; `verbose` as :func:`run_jobs`."""
 
     started = time.perf_counter()
     report = RandomReport(config=config.name, sim=sim, timing=timing)
@@ -437,7 +499,7 @@ def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_i
         programs.append(insns)
         stats.append(st)
     results = run_jobs(config, sim, jobs, timing=timing, build_root=build_root, seed=int(seeds[0]) if seeds else 0,
-                       progress=progress)
+                       progress=progress, verbose=verbose)
     for seed, result, want, insns, st in zip(seeds, results, expected, programs, stats, strict=True):
         problem = check_job(config, result, want, insns)
         mismatch = compare(config, want, result.dram, insns) if "DRAM byte" in problem else None

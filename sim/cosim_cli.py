@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from weft.cli_common import add_config_option, print_json
 from weft.config import load_config
-from weft.errors import UsageError
+from weft.core.files import write_atomic
+from weft.errors import UsageError, user_file
 from weft.progress import Progress
 from weft.sim.cosim import run_random
 
@@ -22,6 +24,11 @@ def add_cosim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insns", type=int, default=150, help="instructions per random program (about)")
     parser.add_argument("--dram", choices=("ideal", "pynq", "stress"), default="stress",
                         help="DRAM model: no latency, Pynq-Z1-like, or random stalls")
+    parser.add_argument("--junit", metavar="FILE.xml",
+                        help="also write a JUnit XML report (one test case per seed) for CI")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show cocotb's commands on stderr (the simulator's build output is always in the "
+                             "build's log, whose path the first build prints)")
 
 
 def run_cosim(args: argparse.Namespace) -> int:
@@ -30,8 +37,12 @@ def run_cosim(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     seeds = list(range(args.seed, args.seed + args.count))
     with Progress(len(seeds), f"cosim {config.name} on {args.sim}") as bar:
-        report = run_random(config, args.sim, seeds, n_insns=args.insns, timing=args.dram, progress=bar)
+        report = run_random(config, args.sim, seeds, n_insns=args.insns, timing=args.dram, progress=bar,
+                            verbose=args.verbose)
     print_json(report.summary())
+    if args.junit:
+        with user_file(args.junit, "JUnit report"):
+            write_atomic(Path(args.junit), report.junit().encode())
     for result in report.results:
         if not result.passed:
             print(f"FAIL seed {result.seed}: {result.problem}", file=sys.stderr)

@@ -4,23 +4,26 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from weft.cli_common import add_config_option, print_json
 from weft.compiler.tune.host import tune_host
-from weft.compiler.tune.log import TuningLog
+from weft.compiler.tune.log import TuningLog, workload_key
 from weft.compiler.tune.measure import RtlMeasurer, TimingMeasurer, layers_of
 from weft.compiler.tune.parallel import PoolMeasurer
 from weft.compiler.tune.tuner import tune_model
 from weft.config import load_config
 from weft.core.errors import CalibrationWarning
 from weft.errors import UsageError
+from weft.progress import Waiting
 from weft.runtime.cli import parse_device_option
 from weft.runtime.cpu_device import default_threads
 from weft.tools.board_measurer import BoardMeasurer
 
 if TYPE_CHECKING:
     from weft.compiler.tune.measure import Measurer
+    from weft.compiler.tune.tuner import LayerResult
     from weft.config import AcceleratorConfig
 
 __all__ = ["add_tune_arguments", "run_tune"]
@@ -81,15 +84,16 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.target == "cpu":
         if args.measure != "timing" or args.jobs is not None:  # CPU time is measured here, one kernel at a time
             raise UsageError("--target cpu times kernels on this CPU, one at a time: no --measure or --jobs")
-        graph = compile_model(args.model, target="cpu", config=args.config).graph
+        with Waiting(f"compiling {args.model} for the host"):
+            graph = compile_model(args.model, target="cpu", config=args.config).graph
         results = tune_host(graph, args.threads or default_threads(), trials=args.trials, tuner=args.tuner,
                             log=TuningLog(args.output), seed=args.seed, batch=args.batch,
                             layers=args.layers.split(",") if args.layers else None, transfer=not args.no_transfer)
-        print_json([r.summary() for r in results])
+        _report(results)
         return 0
 
     cfg = load_config(args.config)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), Waiting(f"compiling {args.model} for config {cfg.name}"):
         warnings.simplefilter("ignore", CalibrationWarning)  # schedules and cycles do not depend on the data
         art = compile_model(args.model, config=cfg, codegen=False, seed=args.seed)
     layers = layers_of(art.graph, cfg)
@@ -100,6 +104,9 @@ def run_tune(args: argparse.Namespace) -> int:
             raise UsageError(f"'{unknown[0]}' is not an accelerator layer of the model")
         layers = [x for x in layers if x.geom.name in wanted]
     measurer = _measurer(args, cfg)
+    workloads = len({workload_key(x.geom) for x in layers})
+    print(f"tuning {len(layers)} accelerator layers ({workloads} distinct workloads), {args.trials} trials each, "
+          f"measured by {measurer.name}: one progress line per workload", file=sys.stderr)
     try:
         results = tune_model(layers, cfg, measurer, trials=args.trials, tuner=args.tuner,
                              log=TuningLog(args.output), seed=args.seed, batch=args.batch,
@@ -108,8 +115,15 @@ def run_tune(args: argparse.Namespace) -> int:
         close = getattr(measurer, "close", None)
         if close is not None:
             close()
-    print_json([r.summary() for r in results])
+    _report(results)
     return 0
+
+
+def _report(results: list[LayerResult]) -> None:
+    """The results as JSON on stdout (what scripts read) and one line per layer, its unit named, on stderr."""
+    print_json([r.summary() for r in results])
+    for r in results:
+        print(r.line(), file=sys.stderr)
 
 
 def _measurer(args: argparse.Namespace, cfg: AcceleratorConfig) -> Measurer:

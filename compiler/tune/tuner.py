@@ -105,9 +105,26 @@ class LayerResult:
     costs: np.ndarray | None = field(default=None, repr=False)
 
     def summary(self) -> dict[str, Any]:
-        return {"layer": self.layer, "space": self.space, "trials": len(self.history), "unit": self.unit,
-                "default_cycles": self.default_cycles, "best_cycles": self.best_cycles,
-                "best_schedule": _to_dict(self.best), "default_schedule": _to_dict(self.default)}
+        """The JSON ``weft tune`` prints. ``default_cycles`` / ``best_cycles`` hold the cost in `unit`
+        whatever it is (a log reader keys on them); a unit other than cycles (host kernels: "ns") also
+        gets keys named for it, ``default_ns`` / ``best_ns``."""
+        out = {"layer": self.layer, "space": self.space, "trials": len(self.history), "unit": self.unit,
+               "default_cycles": self.default_cycles, "best_cycles": self.best_cycles,
+               "best_schedule": _to_dict(self.best), "default_schedule": _to_dict(self.default)}
+        if self.unit != "cycles":
+            out[f"default_{self.unit}"] = self.default_cycles
+            out[f"best_{self.unit}"] = self.best_cycles
+        return out
+
+    def line(self) -> str:
+        """One line for a person: the layer, its untuned and best cost in its unit, the speedup."""
+        if self.best_cycles is None:
+            return f"{self.layer}: no schedule measured successfully in {len(self.history)} trials"
+        text = f"{self.layer}: best {self.best_cycles:,} {self.unit}"
+        if self.default_cycles and self.best_cycles:
+            text += (f", untuned {self.default_cycles:,} {self.unit} "
+                     f"({self.default_cycles / self.best_cycles:.2f}x faster)")
+        return text + f" after {len(self.history)} trials"
 
 
 def _to_dict(s: Any) -> dict[str, Any] | None:
@@ -165,7 +182,7 @@ def tune_task(task: TuningTask, measurer: Measurer, *, trials: int, tuner: str =
                                 task.unit))
         if progress is not None:
             best = min((c for c in measured.values() if c is not None), default=None)
-            progress.advance(len(history) - progress.done, f"best {best}" if best is not None else "")
+            progress.advance(len(history) - progress.done, f"best {best:,} {task.unit}" if best is not None else "")
 
     default, default_cycles = default_of(task, measurer)
     if include_default and default in sp and sp.index(default) not in measured:
