@@ -54,6 +54,16 @@ def _bits_for(count: int) -> int:
     return max(1, math.ceil(math.log2(count))) if count > 1 else 1
 
 
+#: Each data buffer's row: the config fields whose product is its lanes, then its element width. A row is one
+#: vector (batch x block) of inputs, accumulators or outputs, or one block_out x block_in weight tile.
+_ROW_SHAPE: dict[str, tuple[str, ...]] = {
+    "inp": ("batch", "block_in", "inp_width"),
+    "wgt": ("block_out", "block_in", "wgt_width"),
+    "acc": ("batch", "block_out", "acc_width"),
+    "out": ("batch", "block_out", "out_width"),
+}
+
+
 @dataclass(frozen=True)
 class AcceleratorConfig:
     """One accelerator design point.
@@ -152,67 +162,45 @@ class AcceleratorConfig:
         IsaLayout.check_fits(self)
 
     # ---- rows and element sizes -------------------------------------------------------------------
-    @property
-    def inp_row_bits(self) -> int:
-        return self.batch * self.block_in * self.inp_width
+    def row_bits(self, memory: str) -> int:
+        """Bits of one row of an on-chip buffer ("uop", "inp", "wgt", "acc", "out")."""
+        if memory == "uop":
+            return self.uop_bits
+        *lanes, width = _ROW_SHAPE[memory]
+        return math.prod(getattr(self, name) for name in lanes) * getattr(self, width)
 
-    @property
-    def wgt_row_bits(self) -> int:
-        return self.block_out * self.block_in * self.wgt_width
+    def rows(self, memory: str) -> int:
+        """Rows of an on-chip buffer ("uop", "inp", "wgt", "acc", "out")."""
+        size = getattr(self, f"{memory}_buff_bytes")
+        assert size is not None  # out_buff_bytes is filled in by __post_init__
+        return size * 8 // self.row_bits(memory)
 
-    @property
-    def acc_row_bits(self) -> int:
-        return self.batch * self.block_out * self.acc_width
+    inp_row_bits = property(lambda self: self.row_bits("inp"), doc="Bits of an input row.")
+    wgt_row_bits = property(lambda self: self.row_bits("wgt"), doc="Bits of a weight row (one tile).")
+    acc_row_bits = property(lambda self: self.row_bits("acc"), doc="Bits of an accumulator row.")
+    out_row_bits = property(lambda self: self.row_bits("out"), doc="Bits of an output row.")
 
-    @property
-    def out_row_bits(self) -> int:
-        return self.batch * self.block_out * self.out_width
-
-    @property
-    def inp_rows(self) -> int:
-        return self.inp_buff_bytes * 8 // self.inp_row_bits
-
-    @property
-    def wgt_rows(self) -> int:
-        return self.wgt_buff_bytes * 8 // self.wgt_row_bits
-
-    @property
-    def acc_rows(self) -> int:
-        return self.acc_buff_bytes * 8 // self.acc_row_bits
-
-    @property
-    def out_rows(self) -> int:
-        assert self.out_buff_bytes is not None
-        return self.out_buff_bytes * 8 // self.out_row_bits
-
-    @property
-    def uop_rows(self) -> int:
-        return self.uop_buff_bytes * 8 // self.uop_bits
+    inp_rows = property(lambda self: self.rows("inp"), doc="Rows of the input buffer.")
+    wgt_rows = property(lambda self: self.rows("wgt"), doc="Rows of the weight buffer.")
+    acc_rows = property(lambda self: self.rows("acc"), doc="Rows of the accumulator buffer.")
+    out_rows = property(lambda self: self.rows("out"), doc="Rows of the output buffer.")
+    uop_rows = property(lambda self: self.rows("uop"), doc="Micro-ops the uop buffer holds.")
 
     # ---- index widths -----------------------------------------------------------------------------
-    @property
-    def inp_index_bits(self) -> int:
-        return _bits_for(self.inp_rows)
+    def index_bits(self, memory: str) -> int:
+        """Bits of an address into an on-chip buffer ("uop", "inp", "wgt", "acc", "out")."""
+        return _bits_for(self.rows(memory))
 
-    @property
-    def wgt_index_bits(self) -> int:
-        return _bits_for(self.wgt_rows)
-
-    @property
-    def acc_index_bits(self) -> int:
-        return _bits_for(self.acc_rows)
-
-    @property
-    def uop_index_bits(self) -> int:
-        return _bits_for(self.uop_rows)
+    inp_index_bits = property(lambda self: self.index_bits("inp"), doc="Bits of an input buffer address.")
+    wgt_index_bits = property(lambda self: self.index_bits("wgt"), doc="Bits of a weight buffer address.")
+    acc_index_bits = property(lambda self: self.index_bits("acc"), doc="Bits of an accumulator buffer address.")
+    uop_index_bits = property(lambda self: self.index_bits("uop"), doc="Bits of a uop buffer address.")
 
     @property
     def uop_field_bits(self) -> tuple[int, int, int]:
         """(dst, src, wgt) field widths of a micro-op: dst indexes acc, src inp (GEMM) or acc (ALU)."""
-        # The acc depth depends only on acc_buff_bytes and widths, so this does not recurse via uop_rows.
-        acc = _bits_for(self.acc_buff_bytes * 8 // self.acc_row_bits)
-        inp = _bits_for(self.inp_buff_bytes * 8 // self.inp_row_bits)
-        wgt = _bits_for(self.wgt_buff_bytes * 8 // self.wgt_row_bits)
+        # the data buffers' depths do not depend on the micro-op width, so this does not recurse via uop_rows
+        acc, inp, wgt = (self.index_bits(memory) for memory in ("acc", "inp", "wgt"))
         return acc, max(acc, inp), wgt
 
     @property

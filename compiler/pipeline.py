@@ -65,23 +65,18 @@ def _p(name: str, fn: Callable[[Graph], Graph], doc: str | None = None) -> Pass:
     return Pass(name, fn, doc or _first_sentence(fn))
 
 
+def _named(fn: Callable[[Graph], Graph]) -> Pass:
+    """A pass named after its function, described by its docstring's first sentence."""
+    return _p(fn.__name__, fn)
+
+
 def float_passes() -> list[Pass]:
     """The target-independent float passes: cleanup, then shaping into accelerator-sized layers."""
-    return [
-        _p("infer_shapes", passes.infer_shapes),
-        _p("fold_constants", passes.fold_constants),
-        _p("remove_identity", passes.remove_identity),
-        _p("remove_dead", passes.remove_dead),
-        _p("fold_pad", fusion.fold_pad),
-        _p("lower_dense", fusion.lower_dense),
-        _p("fold_batchnorm", fusion.fold_batchnorm),
-        _p("fold_affine", fusion.fold_affine),
-        _p("flatten_dense", fusion.flatten_dense),
-        _p("fuse_residual", fusion.fuse_residual),
-        _p("fuse_activation", fusion.fuse_activation),
-        _p("lower_affine", fusion.lower_affine),
-        _p("remove_dead_2", passes.remove_dead, "drop nodes and constants the fusions left unused"),
-    ]
+    cleanup = [passes.infer_shapes, passes.fold_constants, passes.remove_identity, passes.remove_dead]
+    shaping = [fusion.fold_pad, fusion.lower_dense, fusion.fold_batchnorm, fusion.fold_affine, fusion.flatten_dense,
+               fusion.fuse_residual, fusion.fuse_activation, fusion.lower_affine]
+    return [*map(_named, cleanup + shaping),
+            _p("remove_dead_2", passes.remove_dead, "drop nodes and constants the fusions left unused")]
 
 
 def build_pipeline(target: str, config: AcceleratorConfig,

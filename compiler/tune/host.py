@@ -168,11 +168,9 @@ class HostConvTask:
     def space(self) -> ConvSpace:
         return ConvSpace(self.subject.workload, self.machine)
 
-    def parse(self, data: Mapping[str, Any]) -> ConvSchedule:
-        return ConvSchedule.from_dict(data)
-
-    def to_dict(self, schedule: ConvSchedule) -> dict[str, Any]:
-        return schedule.to_dict()
+    # a logged schedule dict <-> a point: the schedule type's own (de)serialization
+    parse = staticmethod(ConvSchedule.from_dict)
+    to_dict = staticmethod(ConvSchedule.to_dict)
 
     def defaults(self) -> list[ConvSchedule]:
         spec = self.subject.workload.spec

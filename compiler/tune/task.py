@@ -87,14 +87,12 @@ class AccelTask:
     def space(self) -> SearchSpace:
         return SearchSpace(self.subject.geom, self.config)
 
-    def parse(self, data: Mapping[str, Any]) -> Schedule:
-        return Schedule.from_dict(data)
-
-    def to_dict(self, schedule: Schedule) -> dict[str, Any]:
-        return schedule.to_dict()
-
     def defaults(self) -> list[Schedule]:
         return ranked(self.subject.geom, self.config)[:32]
+
+    # a logged schedule dict <-> a point: the schedule type's own (de)serialization
+    parse = staticmethod(Schedule.from_dict)
+    to_dict = staticmethod(Schedule.to_dict)
 
     def features_of(self, workload: str, schedule: Mapping[str, Any]) -> np.ndarray | None:
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import cocotb
@@ -107,40 +107,55 @@ class _Timed:
             channel.set_pause_generator(pauses)
 
 
+    async def _answer_in_order(self, recv: Callable[[], Awaitable[Any]], take: Callable[[Any], Awaitable[Any]],
+                               latency: int, send: Callable[[Any], Awaitable[None]]) -> None:
+        """Receive requests with `recv`, take each in (`take` returns its answer), and `send` the answers in
+        order, each `latency` cycles after it was taken, while more requests come in."""
+        pending: deque[tuple[float, Any]] = deque()
+        arrived = Event()
+
+        async def sender() -> None:
+            while True:
+                await send(await _when_due(pending, arrived))
+
+        task = cocotb.start_soon(sender())
+        try:
+            while True:
+                answer = await take(await recv())
+                pending.append((get_sim_time("ns") + latency * self.period_ns, answer))
+                arrived.set()
+        finally:
+            task.kill()
+
+
+async def _as_is(request: Any) -> Any:
+    return request
+
+
 class _TimedRead(_Timed, AxiRamRead):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._pace(self.r_channel, self.timing.read_duty, self.timing.random_stalls, self.timing.seed)
 
     async def _process_read(self) -> None:
-        pending: deque[tuple[float, Any]] = deque()
-        arrived = Event()
-        sender = cocotb.start_soon(self._send(pending, arrived))
-        try:
-            while True:
-                ar = await self.ar_channel.recv()
-                pending.append((get_sim_time("ns") + self.timing.read_latency * self.period_ns, ar))
-                arrived.set()
-        finally:
-            sender.kill()
+        # the burst's R beats start read_latency cycles after its AR handshake
+        await self._answer_in_order(self.ar_channel.recv, _as_is, self.timing.read_latency, self._send_burst)
 
-    async def _send(self, pending: deque, arrived: Event) -> None:
-        while True:
-            ar = await _when_due(pending, arrived)
-            arid, addr, length = int(ar.arid), int(ar.araddr), int(ar.arlen) + 1
-            self.checker.burst("read", addr, length, int(ar.arsize), int(ar.arburst))
-            self.bursts += 1
-            lanes = self.byte_lanes
-            for n in range(length):
-                word = (addr + n * lanes) // lanes * lanes
-                r = self.r_channel._transaction_obj()
-                r.rid, r.rlast = arid, n == length - 1
-                if self.faults.hit(word, lanes):
-                    r.rresp, r.rdata = AxiResp.SLVERR, 0
-                else:
-                    r.rresp = AxiResp.OKAY
-                    r.rdata = int.from_bytes(self.read(word % self.size, lanes), "little")
-                await self.r_channel.send(r)
+    async def _send_burst(self, ar: Any) -> None:
+        arid, addr, length = int(ar.arid), int(ar.araddr), int(ar.arlen) + 1
+        self.checker.burst("read", addr, length, int(ar.arsize), int(ar.arburst))
+        self.bursts += 1
+        lanes = self.byte_lanes
+        for n in range(length):
+            word = (addr + n * lanes) // lanes * lanes
+            r = self.r_channel._transaction_obj()
+            r.rid, r.rlast = arid, n == length - 1
+            if self.faults.hit(word, lanes):
+                r.rresp, r.rdata = AxiResp.SLVERR, 0
+            else:
+                r.rresp = AxiResp.OKAY
+                r.rdata = int.from_bytes(self.read(word % self.size, lanes), "little")
+            await self.r_channel.send(r)
 
 
 class _TimedWrite(_Timed, AxiRamWrite):
@@ -149,40 +164,32 @@ class _TimedWrite(_Timed, AxiRamWrite):
         self._pace(self.w_channel, self.timing.write_duty, self.timing.random_stalls, self.timing.seed + 1)
 
     async def _process_write(self) -> None:
-        pending: deque[tuple[float, Any]] = deque()
-        arrived = Event()
-        responder = cocotb.start_soon(self._respond(pending, arrived))
-        try:
-            while True:
-                aw = await self.aw_channel.recv()
-                awid, addr, length = int(aw.awid), int(aw.awaddr), int(aw.awlen) + 1
-                self.checker.burst("write", addr, length, int(aw.awsize), int(aw.awburst))
-                self.bursts += 1
-                lanes = self.byte_lanes
-                failed = False
-                for n in range(length):
-                    w = await self.w_channel.recv()
-                    if int(w.wlast) != (n == length - 1):
-                        self.checker.violations.append(
-                            f"write burst at 0x{addr:08x}: WLAST {int(w.wlast)} on beat {n} of {length}")
-                    data, strb = int(w.wdata).to_bytes(lanes, "little"), int(w.wstrb)
-                    base = (addr + n * lanes) // lanes * lanes
-                    if self.faults.hit(base, lanes):
-                        failed = True
-                        continue
-                    for lane in range(lanes):
-                        if strb >> lane & 1:
-                            self.mem[(base + lane) % self.size] = data[lane]
-                b = self.b_channel._transaction_obj()
-                b.bid, b.bresp = awid, AxiResp.SLVERR if failed else AxiResp.OKAY
-                pending.append((get_sim_time("ns") + self.timing.write_latency * self.period_ns, b))
-                arrived.set()
-        finally:
-            responder.kill()
+        # the B response comes write_latency cycles after the burst's last W beat
+        await self._answer_in_order(self.aw_channel.recv, self._take_burst, self.timing.write_latency,
+                                    self.b_channel.send)
 
-    async def _respond(self, pending: deque, arrived: Event) -> None:
-        while True:
-            await self.b_channel.send(await _when_due(pending, arrived))
+    async def _take_burst(self, aw: Any) -> Any:
+        awid, addr, length = int(aw.awid), int(aw.awaddr), int(aw.awlen) + 1
+        self.checker.burst("write", addr, length, int(aw.awsize), int(aw.awburst))
+        self.bursts += 1
+        lanes = self.byte_lanes
+        failed = False
+        for n in range(length):
+            w = await self.w_channel.recv()
+            if int(w.wlast) != (n == length - 1):
+                self.checker.violations.append(
+                    f"write burst at 0x{addr:08x}: WLAST {int(w.wlast)} on beat {n} of {length}")
+            data, strb = int(w.wdata).to_bytes(lanes, "little"), int(w.wstrb)
+            base = (addr + n * lanes) // lanes * lanes
+            if self.faults.hit(base, lanes):
+                failed = True
+                continue
+            for lane in range(lanes):
+                if strb >> lane & 1:
+                    self.mem[(base + lane) % self.size] = data[lane]
+        b = self.b_channel._transaction_obj()
+        b.bid, b.bresp = awid, AxiResp.SLVERR if failed else AxiResp.OKAY
+        return b
 
 
 class DramModel(AxiRam):
