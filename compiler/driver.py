@@ -85,7 +85,9 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
         elif calibration is None:
             warnings.warn(
                 f"no calibration data: calibrating on {DEFAULT_SAMPLES} batches of seeded random inputs "
-                f"(seed {seed}); int8 accuracy on real data may suffer (pass calibration=...)",
+                f"(seed {seed}); int8 accuracy on real data may suffer (give calibration data: "
+                "`weft compile --calibration FILE.npz`, calibration= in Python; "
+                "`weft model NAME --samples N` writes such a file)",
                 CalibrationWarning, stacklevel=3)
             batches = random_batches(graph, DEFAULT_SAMPLES, seed)
             calibration_info = {"source": "random", "seed": seed, "batches": len(batches)}
