@@ -223,15 +223,24 @@ def _saturating(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bi
                 x_bound: np.ndarray, acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int, hi: int,
                 *, vector: bool = False) -> tuple[tuple[Step, ...], float]:
     """For factors too large to rescale the whole accumulator range: clamp the accumulator first to
-    +-L, where |x| >= L already saturates the output (the mapping is monotonic, so this is exact), then
-    rescale the small range that is left."""
+    [below, above], beyond which the output is already clamped to lo or hi (the mapping is monotonic, so
+    this is exact), then rescale the small range that is left. The clamp is as tight as the output range
+    allows (with ReLU, lo = 0, nothing below -1 matters): the smaller the range, the wider the multiplier."""
     channels = real.size
-    limit = np.where(real != 0, np.ceil((1 << (out_width - 1)) / np.maximum(np.abs(real), 1e-300)) + 1, 0)
-    limit = np.minimum(limit, x_bound).astype(np.int64)
+    safe = np.where(real != 0, real, 1.0)
+    # x * real >= hi + |real| (or <= lo - |real|) rounds to at least hi (at most lo) whatever the rescale's
+    # error, which is far below half an output unit
+    ends = np.stack([np.floor(lo / safe) - 1, np.ceil(hi / safe) + 1, np.floor(hi / safe) - 1,
+                     np.ceil(lo / safe) + 1])
+    below = np.where(real > 0, ends[0], ends[2])
+    above = np.where(real > 0, ends[1], ends[3])
+    below = np.where(real != 0, np.maximum(below, -x_bound), 0).astype(np.int64)
+    above = np.where(real != 0, np.minimum(above, x_bound), 0).astype(np.int64)
+    limit = np.maximum(np.abs(below), np.abs(above))
     steps: list[Step] = []
     if np.any(bias_i):
         steps.append(_uniform_or_vec("add", bias_i, imm_range))
-    steps += [_uniform_or_vec("max", -limit, imm_range), _uniform_or_vec("min", limit, imm_range)]
+    steps += [_uniform_or_vec("max", below, imm_range), _uniform_or_vec("min", above, imm_range)]
     uniform = bool(np.all(real == real[0])) and not vector
     rs = solve_rescale(real, limit, acc_width, out_width, 0, imm_range[1] if uniform else None)
     steps += rescale_steps(rs, channels, imm_range)

@@ -127,20 +127,17 @@ def test_symmetric_qdq_model_matches_onnxruntime_without_calibration(symmetric: 
     want, got = _ort(symmetric, xs), _weft(art, xs)
     assert cosine(got, want) >= 0.999
     # Logits are int8 at the model's output scale. The model's arithmetic is float32 rounded at each
-    # QuantizeLinear; weft's is a 32-bit fixed-point rescale whose error (<= ~1e-3 of an LSB with the
-    # precise epilogue of a QDQ model) still rounds a value the other way when it lies that close to .5,
-    # and one such flip in a pooled feature moves a logit by an LSB or two. Measured: 98.9% of logits
-    # equal, none off by more than 2 LSBs, top-1 equal on 99 of 100 (the other is a 2-LSB near-tie).
-    # onnxruntime's own int8 kernels (its default optimization level) agree with this same reference on
-    # 42% of logits and 94 of 100 top-1.
+    # QuantizeLinear; weft's is a 32-bit fixed-point rescale whose error (~1e-4 of an LSB with the precise
+    # epilogue of a QDQ model) can still round a value the other way when it lies that close to .5, and
+    # one such flip in a pooled feature moves a logit by an LSB or two. Measured: 99.4% of logits equal,
+    # none off by more than 1 LSB, top-1 equal on all 100 (on 1,000 inputs: 99.5%, 2 LSBs at most, top-1
+    # 1,000 of 1,000). onnxruntime's own int8 kernels (its default optimization level) agree with this same
+    # reference on 42% of logits and 94 of 100 top-1.
     lsb = _output_scale(symmetric)
     steps = np.round((got - want) / lsb)
-    assert (steps == 0).mean() >= 0.97
+    assert (steps == 0).mean() >= 0.99
     assert np.abs(steps).max() <= 2
-    top2 = np.sort(want, axis=1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] > 2.5 * lsb
-    np.testing.assert_array_equal(got[clear].argmax(1), want[clear].argmax(1))
-    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.99
+    np.testing.assert_array_equal(got.argmax(1), want.argmax(1))
     np.testing.assert_array_equal(_weft(art, xs[:3], "fsim"), got[:3])
 
 
