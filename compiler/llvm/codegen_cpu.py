@@ -115,6 +115,16 @@ exit:
   ret void
 }
 
+; a job has been posted since `seen` when the sequence number moved and is even (odd: one is being posted)
+define internal i1 @weft.posted(i64 %s, i64 %seen) nounwind alwaysinline {
+entry:
+  %fresh = icmp ne i64 %s, %seen
+  %low = and i64 %s, 1
+  %even = icmp eq i64 %low, 0
+  %ready = and i1 %fresh, %even
+  ret i1 %ready
+}
+
 define internal ptr @weft.worker(ptr %unused) nounwind {
 entry:
   br label %idle
@@ -124,10 +134,7 @@ idle:
 spin:
   %spins = phi i32 [ 0, %idle ], [ %spins1, %again ], [ 0, %woken ]
   %s = load atomic i64, ptr @weft.seq acquire, align 8
-  %fresh = icmp ne i64 %s, %seen
-  %low = and i64 %s, 1
-  %even = icmp eq i64 %low, 0
-  %ready = and i1 %fresh, %even
+  %ready = call i1 @weft.posted(i64 %s, i64 %seen)
   br i1 %ready, label %join, label %wait
 wait:
   %patient = icmp ult i32 %spins, SPINS
@@ -139,11 +146,8 @@ again:
 sleep:
   %l1 = call i32 @pthread_mutex_lock(ptr @weft.mutex)
   %s2 = load atomic i64, ptr @weft.seq acquire, align 8
-  %same = icmp eq i64 %s2, %seen
-  %low2 = and i64 %s2, 1
-  %odd = icmp ne i64 %low2, 0
-  %nothing = or i1 %same, %odd
-  br i1 %nothing, label %block, label %woke
+  %posted = call i1 @weft.posted(i64 %s2, i64 %seen)
+  br i1 %posted, label %woke, label %block
 block:
   %w = call i32 @pthread_cond_wait(ptr @weft.cond, ptr @weft.mutex)
   br label %woke
