@@ -13,11 +13,11 @@ from amaranth.hdl import Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from weft.hw.structure import GEMM_LATENCY
 from weft.isa.constants import IMM_BITS, AluOp
 
 __all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "elements", "saturate_row", "sign_extend_row"]
 
-GEMM_LATENCY = 2
 #: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
 DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
 

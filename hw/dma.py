@@ -24,13 +24,12 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from weft.hw.axi import ADDR_BITS, BURST_INCR, CACHE_BITS, RESP_OKAY, axi4_write_signature, read_client_signature
+from weft.hw.structure import MAX_BURST, READER_BEATS, STORE_LEN_DEPTH, STORE_SEG_DEPTH, UNPACK_DEPTH
 from weft.isa.layout import Format
 
 __all__ = ["LOAD_FIELDS", "STORE_FIELDS", "BurstReader", "Load2D", "RowPacker", "RowUnpacker", "Store2D",
            "command_from", "load_cmd_layout", "store_cmd_layout"]
 
-#: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
-MAX_BURST = 16
 
 
 def _burst_len(addr: Signal, remaining: Signal, bus_bytes: int, max_burst: int) -> Signal:
@@ -47,7 +46,8 @@ class BurstReader(wiring.Component):
     is high when no request is in progress and no beat is outstanding or buffered.
     """
 
-    def __init__(self, *, bus_bytes: int, count_bits: int, depth: int = 64, max_burst: int = MAX_BURST):
+    def __init__(self, *, bus_bytes: int, count_bits: int, depth: int = READER_BEATS,
+                 max_burst: int = MAX_BURST):
         if max_burst > depth:
             raise ValueError(f"burst of {max_burst} beats does not fit a buffer of {depth} beats")
         if max_burst * bus_bytes > 4096:
@@ -240,7 +240,8 @@ class Load2D(wiring.Component):
     (a no-op) itself: every command here moves at least one element per DRAM row.
     """
 
-    def __init__(self, *, bus_bytes: int, targets: tuple[int, ...], mem_format: Format, unpack_depth: int = 8):
+    def __init__(self, *, bus_bytes: int, targets: tuple[int, ...], mem_format: Format,
+                 unpack_depth: int = UNPACK_DEPTH):
         self.bus_bytes, self.targets = bus_bytes, tuple(targets)
         self.unpack_depth = unpack_depth
         self.data_bits = max(targets) * 8
@@ -454,12 +455,12 @@ class Store2D(wiring.Component):
         m.d.comb += [packer.elems.payload.eq(rows.r_data), packer.elems.valid.eq(rows.r_rdy),
                      rows.r_en.eq(packer.elems.ready)]
         m.submodules.seg_queue = seg_q = fifo.SyncFIFOBuffered(
-            width=len(packer.cmd.payload.as_value()), depth=4)
+            width=len(packer.cmd.payload.as_value()), depth=STORE_SEG_DEPTH)
         m.d.comb += [packer.cmd.payload.eq(seg_q.r_data), packer.cmd.valid.eq(seg_q.r_rdy),
                      seg_q.r_en.eq(packer.cmd.ready)]
 
         # Segments (one per DRAM row) and their bursts on AW; burst lengths queue up for WLAST.
-        m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=len(axi.awlen), depth=8)
+        m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=len(axi.awlen), depth=STORE_LEN_DEPTH)
         seg_y = Signal.like(f.y_size)
         row_addr = Signal.like(f.dram_base)
         in_burst = Signal()

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from weft.errors import WeftError
+from weft.hw import structure
 from weft.hw.regs import COUNTERS
 from weft.isa.constants import INSN_BYTES, MemId, Opcode, Unit
 from weft.isa.layout import INSN_FIELD_NAMES
@@ -73,24 +74,25 @@ class TimingError(WeftError):
 
 @dataclass(frozen=True)
 class Microarch:
-    """The structure of the RTL that the costs follow from (tests check these against :mod:`weft.hw`)."""
+    """The structure of the RTL that the costs follow from: the depths the hardware is built with
+    (:mod:`weft.hw.structure`), and behaviour that tests measure on the RTL (latencies, handshakes)."""
 
-    #: hw.dma.MAX_BURST: beats per AXI burst (the Zynq-7000 HP ports are AXI3).
-    max_burst: int = 16
+    #: Beats per AXI burst (the Zynq-7000 HP ports are AXI3).
+    max_burst: int = structure.MAX_BURST
     #: hw.dma.BurstReader depth: beats a reader may have requested and not yet consumed.
-    reader_beats: int = 64
+    reader_beats: int = structure.READER_BEATS
     #: hw.dma.Load2D unpack_depth: DRAM rows a load may request ahead of the row it writes.
-    unpack_queue: int = 8
+    unpack_queue: int = structure.UNPACK_DEPTH
     #: hw.dma.Store2D segment queue: DRAM rows a store may address ahead of the row it packs.
-    store_seg_queue: int = 4
+    store_seg_queue: int = structure.STORE_SEG_DEPTH
     #: hw.dma.Store2D burst-length queue: write bursts addressed ahead of their data.
-    store_len_queue: int = 8
+    store_len_queue: int = structure.STORE_LEN_DEPTH
     #: amaranth.lib.fifo.SyncFIFOBuffered: cycles from a write into an empty queue to its read.
     fifo_latency: int = 2
     #: hw.axi.ReadArbiter: the grant is registered, so the AR channel takes a request every 2 cycles.
     arbiter_gap: int = 2
     #: hw.compute: loop generator, micro-op word, inp/wgt rows, adder tree, accumulator, write back.
-    loop_stages: int = 6
+    loop_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY
     #: Cycles from queueing a read burst's beats (read_latency after the AR handshake, and at least one
     #: cycle after it) to its first R beat: the DRAM model's R source drives a beat on the next edge.
     read_handshake: int = 1

@@ -1,0 +1,26 @@
+"""The hardware's structure constants that its timing follows from: burst length, queue depths, pipeline
+depths.
+
+Amaranth-free, like :mod:`weft.hw.regs`: the hardware modules take their defaults from here and the timing
+model (:class:`weft.sim.timing.Microarch`) its costs, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+__all__ = ["COMPUTE_STAGES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "STORE_LEN_DEPTH", "STORE_SEG_DEPTH",
+           "UNPACK_DEPTH"]
+
+#: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
+MAX_BURST = 16
+#: dma.BurstReader: beats a reader may have requested and not yet consumed.
+READER_BEATS = 64
+#: dma.Load2D: DRAM rows a load may request ahead of the row it writes.
+UNPACK_DEPTH = 8
+#: dma.Store2D: DRAM rows a store may address ahead of the row it packs.
+STORE_SEG_DEPTH = 4
+#: dma.Store2D: write bursts addressed ahead of their data.
+STORE_LEN_DEPTH = 8
+#: datapath.GemmCore: registered products, then the registered adder tree.
+GEMM_LATENCY = 2
+#: compute's pipeline around the GEMM core: loop generator, micro-op word, operand rows, write back.
+COMPUTE_STAGES = 4
