@@ -52,17 +52,16 @@ CONNECT_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 600.0
 
 _LAUNCH = """
-import sys, warnings
+import json, sys
 from pathlib import Path
 from weft.sim.cosim import cocotb_runner
 build_dir, work, sim, env = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-import json
 try:
     cocotb_runner(sim).test(test_module=sys.argv[5], hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
-                      build_dir=build_dir, test_dir=work, extra_env=json.loads(env),
-                      log_file=Path(work) / "sim.log")
-except SystemExit:
-    pass
+                            build_dir=build_dir, test_dir=work, extra_env=json.loads(env),
+                            log_file=Path(work) / "sim.log")
+except (SystemExit, RuntimeError):
+    pass  # the parent sees the simulation stop answering and shows the logs
 """
 
 
