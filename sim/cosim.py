@@ -115,6 +115,10 @@ def cocotb_runner(sim: str, narration: TextIO | None = None) -> Any:
         def _set_env_common(self) -> None:
             super()._set_env_common()
             self.env.update(tool.env())
+            # Icarus starts the DUT's outputs at X, and the AXI models test valid and ready as booleans from
+            # the first clock edge: "weak" makes an X bit false (as cocotb 1 did), while turning a value with
+            # X bits into an int still fails.
+            self.env.setdefault("COCOTB_RESOLVE_X", "weak")
 
         def _simulator_in_path_build_only(self) -> None:  # Verilator's: the binary chosen, not PATH's first
             self.executable = str(tool.executable)
