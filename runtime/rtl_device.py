@@ -1,7 +1,7 @@
 """The "rtl" device: the driver runs compiled models on the generated Verilog in Verilator or Icarus.
 
 :class:`RtlBackend` builds the design once per (config hash, simulator) with :func:`weft.sim.cosim.build`
-(cached under ``build/``), starts the simulator as a subprocess whose cocotb test
+(cached in the user cache folder), starts the simulator as a subprocess whose cocotb test
 (:mod:`weft.runtime.rtl_server_tb`) is a command server, and talks to it over a loopback socket: register
 reads and writes go over the design's AXI-Lite port, buffers into its AXI DRAM model (latency and
 bandwidth from :data:`weft.sim.dram_timing.TIMINGS`, optionally overridden). Resetting starts a fresh
