@@ -134,8 +134,11 @@ def cocotb_runner(sim: str, narration: TextIO | None = None) -> Any:
 def build_key(sim: str) -> str:
     """What a build of the Verilog for `sim` depends on besides the Verilog: the simulator's version, and the
     cocotb whose VPI library a Verilator model links (by path)."""
-    import cocotb
-    from cocotb_tools.config import libs_dir
+    try:
+        import cocotb
+        from cocotb_tools.config import libs_dir
+    except ImportError as err:  # cocotb 1 has no cocotb_tools
+        raise CosimError(f"cosimulation needs cocotb 2 ({err}): pip install 'weft[cosim]'") from None
 
     tool = _simulator(sim)
     return hashlib.sha256(f"{tool.version}|{tool.executable}|{cocotb.__version__}|{libs_dir}".encode()
