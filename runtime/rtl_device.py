@@ -1,7 +1,7 @@
 """The "rtl" device: the driver runs compiled models on the generated Verilog in Verilator or Icarus.
 
 :class:`RtlBackend` builds the design once per (config hash, simulator) with :func:`weft.sim.cosim.build`
-(cached under ``build/``), starts the simulator as a subprocess whose cocotb test
+(cached in the user cache folder), starts the simulator as a subprocess whose cocotb test
 (:mod:`weft.runtime.rtl_server_tb`) is a command server, and talks to it over a loopback socket: register
 reads and writes go over the design's AXI-Lite port, buffers into its AXI DRAM model (latency and
 bandwidth from :data:`weft.sim.dram_timing.TIMINGS`, optionally overridden). Resetting starts a fresh
@@ -52,17 +52,16 @@ CONNECT_TIMEOUT_S = 120.0
 REPLY_TIMEOUT_S = 600.0
 
 _LAUNCH = """
-import sys, warnings
+import json, sys
 from pathlib import Path
 from weft.sim.cosim import cocotb_runner
 build_dir, work, sim, env = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-import json
 try:
     cocotb_runner(sim).test(test_module=sys.argv[5], hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
-                      build_dir=build_dir, test_dir=work, extra_env=json.loads(env),
-                      log_file=Path(work) / "sim.log")
-except SystemExit:
-    pass
+                            build_dir=build_dir, test_dir=work, extra_env=json.loads(env),
+                            log_file=Path(work) / "sim.log")
+except (SystemExit, RuntimeError):
+    pass  # the parent sees the simulation stop answering and shows the logs
 """
 
 

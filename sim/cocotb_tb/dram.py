@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import cocotb
+from cocotb.simtime import get_sim_time
 from cocotb.triggers import Event, Timer
-from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiRam
 from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 from cocotbext.axi.constants import AxiBurstType, AxiResp
@@ -84,9 +84,9 @@ async def _when_due(pending: deque[tuple[float, Any]], arrived: Event) -> Any:
         arrived.clear()
         await arrived.wait()
     due, item = pending.popleft()
-    wait = due - get_sim_time("ns")
+    wait = due - get_sim_time(unit="ns")
     if wait > 0:
-        await Timer(wait, "ns")
+        await Timer(wait, unit="ns")
     return item
 
 
@@ -122,10 +122,10 @@ class _Timed:
         try:
             while True:
                 answer = await take(await recv())
-                pending.append((get_sim_time("ns") + latency * self.period_ns, answer))
+                pending.append((get_sim_time(unit="ns") + latency * self.period_ns, answer))
                 arrived.set()
         finally:
-            task.kill()
+            task.cancel()
 
 
 async def _as_is(request: Any) -> Any:

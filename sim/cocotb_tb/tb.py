@@ -6,46 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import cocotb
 import numpy as np
 from cocotb.clock import Clock
+from cocotb.simtime import get_sim_time
 from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
-from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster
 
-from weft.hw.axi import ADDR_BITS, axi4_lite_signature, axi4_signature
-from weft.hw.regs import COUNTERS, addr_bits, register_map
-from weft.hw.top import AXI_ID_BITS
+from weft.hw.regs import COUNTERS, register_map
 from weft.sim.cocotb_tb.dram import DramModel, DramTiming
 
 __all__ = ["PERIOD_NS", "RunResult", "Testbench"]
 
 PERIOD_NS = 10  # 100 MHz, the Pynq-Z1 PL clock
-
-
-class _Ports:
-    """The DUT seen through its known port names.
-
-    cocotb-bus finds signals with ``dir(dut)``; on Verilator 5.006 enumerating the model's handles makes
-    every later write from Python silently ineffective (cocotb issue #3507, fixed in Verilator 5.018).
-    This proxy answers ``dir()`` from the port list instead, so no enumeration happens.
-    """
-
-    def __init__(self, dut: Any, names: list[str]):
-        self._dut = dut
-        self._names = names
-
-    def __dir__(self) -> list[str]:
-        return list(self._names)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._dut, name)
-
-
-def _port_names(config: Any) -> list[str]:
-    axi = axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=AXI_ID_BITS)
-    lite = axi4_lite_signature(addr_bits=addr_bits(register_map(config)))
-    return [f"m_axi_{name}" for name in axi.members] + [f"s_axil_{name}" for name in lite.members]
 
 
 @dataclass
@@ -72,13 +44,12 @@ class Testbench:
         self.config = config
         self.regs = {r.name: r for r in register_map(config)}
         self.fields = {f.name: (r.offset, f) for r in self.regs.values() for f in r.fields}
-        cocotb.start_soon(Clock(dut.clk, PERIOD_NS, units="ns").start())
-        ports = _Ports(dut, _port_names(config))
+        Clock(dut.clk, PERIOD_NS, unit="ns").start()
         # The bus models are not tied to rst: the DUT's reset is ours to drive, and they are idle until
         # the first transfer anyway.
-        self.dram = DramModel(AxiBus.from_prefix(ports, "m_axi"), dut.clk, None, size=dram_size,
+        self.dram = DramModel(AxiBus.from_prefix(dut, "m_axi"), dut.clk, None, size=dram_size,
                               timing=timing, period_ns=PERIOD_NS)
-        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(ports, "s_axil"), dut.clk)
+        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk)
 
     async def reset(self) -> None:
         self.dut.rst.value = 1
@@ -116,13 +87,13 @@ class Testbench:
         """Program the registers, START, wait for the interrupt, read status, error and counters."""
         await self.write_reg("INSN_ADDR", insn_addr)
         await self.write_reg("INSN_COUNT", insn_count)
-        started = get_sim_time("ns")
+        started = get_sim_time(unit="ns")
         await self.write_reg("CTRL", self.field_bits(start=1, irq_en=1))
         if not self.dut.irq.value:
-            await First(RisingEdge(self.dut.irq), Timer(timeout_cycles * PERIOD_NS, "ns"))
+            await First(RisingEdge(self.dut.irq), Timer(timeout_cycles * PERIOD_NS, unit="ns"))
         timed_out = not self.dut.irq.value
         result = RunResult(timed_out=timed_out,
-                           sim_cycles=int((get_sim_time("ns") - started) // PERIOD_NS))
+                           sim_cycles=int((get_sim_time(unit="ns") - started) // PERIOD_NS))
         status = await self.read_reg("STATUS")
         result.status = {name: self.field_value(name, status) for name in ("busy", "done", "error")}
         result.error_code = await self.read_reg("ERROR_CODE")
