@@ -17,6 +17,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.rtl]
     pytest.param("default", [0, 1, 2], "stress", id="default-stress"),
     pytest.param("rect", [0, 1, 2, 3], "stress", id="rect-stress"),
     pytest.param("rect", [4, 5], "pynq", id="rect-pynq"),
+    # the largest preset: a 32x32 array on a 128-bit bus (a minute or two to build)
+    pytest.param("zcu104", [0, 1, 2], "stress", id="zcu104-stress"),
 ])
 def test_random_programs_match_the_functional_simulator(name, seeds, timing):
     report = run_random(PRESETS[name], "verilator", seeds, n_insns=150, timing=timing)
