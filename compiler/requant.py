@@ -228,12 +228,11 @@ def _saturating(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bi
     allows (with ReLU, lo = 0, nothing below -1 matters): the smaller the range, the wider the multiplier."""
     channels = real.size
     safe = np.where(real != 0, real, 1.0)
-    # x * real >= hi + |real| (or <= lo - |real|) rounds to at least hi (at most lo) whatever the rescale's
-    # error, which is far below half an output unit
-    ends = np.stack([np.floor(lo / safe) - 1, np.ceil(hi / safe) + 1, np.floor(hi / safe) - 1,
-                     np.ceil(lo / safe) + 1])
-    below = np.where(real > 0, ends[0], ends[2])
-    above = np.where(real > 0, ends[1], ends[3])
+    # the accumulators that land on lo and hi (in either order: real may be negative), one step further out,
+    # so the rescale's error (far below half an output unit) cannot bring them back inside
+    at_lo, at_hi = lo / safe, hi / safe
+    below = np.floor(np.minimum(at_lo, at_hi)) - 1
+    above = np.ceil(np.maximum(at_lo, at_hi)) + 1
     below = np.where(real != 0, np.maximum(below, -x_bound), 0).astype(np.int64)
     above = np.where(real != 0, np.minimum(above, x_bound), 0).astype(np.int64)
     limit = np.maximum(np.abs(below), np.abs(above))

@@ -111,13 +111,13 @@ def estimate_area(config: AcceleratorConfig) -> dict[str, float]:
     (two int8 products per DSP48 when they fit one: 128 of `default`'s 178), a lower bound."""
     from weft.hw.datapath import DSP_NARROW_BITS, DSP_WIDE_BITS  # amaranth: only when an estimate is wanted
     from weft.hw.regs import register_widths
-    from weft.isa.constants import INSN_BITS
+    from weft.isa.constants import INSN_BITS, Unit
 
     c = config
+    copies = {"uop": 1, "inp": 1, "wgt": 1, "acc": 2, "out": 1}
     cmd_bits = INSN_BITS + register_widths(c)["error_index"]
-    bram = (_bram36_of(c.uop_rows, c.uop_bits) + _bram36_of(c.inp_rows, c.inp_row_bits)
-            + _bram36_of(c.wgt_rows, c.wgt_row_bits) + 2 * _bram36_of(c.acc_rows, c.acc_row_bits)
-            + _bram36_of(c.out_rows, c.out_row_bits) + 3 * _bram36_of(c.cmd_queue_depth, cmd_bits))
+    bram = (sum(n * _bram36_of(c.rows(memory), c.row_bits(memory)) for memory, n in copies.items())
+            + len(Unit) * _bram36_of(c.cmd_queue_depth, cmd_bits))  # a command queue per unit
     packed = (c.wgt_width * 2 + c.inp_width <= DSP_WIDE_BITS and c.inp_width <= DSP_NARROW_BITS)
     dsp = c.batch * c.block_in * (-(-c.block_out // 2) if packed else c.block_out)
     return {"bram36": bram, "dsp": float(dsp)}

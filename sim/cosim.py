@@ -20,7 +20,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from weft.cache import cache_dir
+from weft.core.files import write_atomic
 from weft.errors import UsageError, WeftError
 from weft.hw.regs import ErrorCode
 from weft.isa.asm import format_insn
@@ -203,9 +203,7 @@ def _record_build_seconds(root: Path, sim: str, seconds: float) -> None:
     except (OSError, ValueError):
         data = {}
     data[sim] = round(seconds, 1)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data).encode())
 
 
 def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None, *, verbose: bool = False) -> Path:

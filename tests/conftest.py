@@ -14,22 +14,25 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from weft.sim.simulators import SIMULATORS, tool_path
+from weft.sim.simulators import SIMULATORS, find
 
 #: The simulator a bare ``rtl`` mark needs.
 DEFAULT_SIMULATOR = "verilator"
 
 
-def missing_simulators(marks: Iterable[pytest.Mark],
-                       which: Callable[[str], str | None] = tool_path) -> list[str]:
-    """The executables (``iverilog``, ``verilator``) that the ``rtl`` marks of a test need and `which`
-    does not find; empty when the test can run."""
+def _installed(sim: str) -> bool:
+    return find(sim) is not None
+
+
+def missing_simulators(marks: Iterable[pytest.Mark], installed: Callable[[str], bool] = _installed) -> list[str]:
+    """The executables (``iverilog``, ``verilator``) of the simulators that the ``rtl`` marks of a test need
+    and that are not `installed`; empty when the test can run."""
     rtl = [mark for mark in marks if mark.name == "rtl"]
     wanted = [sim for mark in rtl for sim in mark.args] or ([DEFAULT_SIMULATOR] if rtl else [])
     unknown = sorted(set(wanted) - set(SIMULATORS))
     if unknown:
         raise ValueError(f"rtl mark names unknown simulators {unknown} (known: {', '.join(SIMULATORS)})")
-    return [SIMULATORS[sim] for sim in dict.fromkeys(wanted) if which(SIMULATORS[sim]) is None]
+    return [SIMULATORS[sim] for sim in dict.fromkeys(wanted) if not installed(sim)]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

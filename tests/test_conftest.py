@@ -1,8 +1,10 @@
-"""The `rtl` marker's simulator skip (tests/conftest.py), decided with a fake `which`."""
+"""The `rtl` marker's simulator skip (tests/conftest.py), decided with a fake `installed`."""
 
 from __future__ import annotations
 
 import pytest
+
+from weft.sim.simulators import SIMULATORS
 
 from .conftest import missing_simulators
 
@@ -11,8 +13,8 @@ ICARUS = pytest.mark.rtl("icarus").mark
 BOTH = pytest.mark.rtl("verilator", "icarus").mark
 
 
-def _which(*installed: str):
-    return lambda tool: f"/usr/bin/{tool}" if tool in installed else None
+def _installed(*executables: str):
+    return lambda sim: SIMULATORS[sim] in executables
 
 
 @pytest.mark.parametrize(("marks", "installed", "missing"), [
@@ -29,9 +31,9 @@ def _which(*installed: str):
     ([RTL, BOTH], ("verilator", "iverilog"), []),
 ])
 def test_rtl_marks_name_the_simulators_a_test_needs(marks, installed, missing):
-    assert missing_simulators(marks, which=_which(*installed)) == missing
+    assert missing_simulators(marks, installed=_installed(*installed)) == missing
 
 
 def test_an_unknown_simulator_in_an_rtl_mark_is_refused():
     with pytest.raises(ValueError, match="modelsim"):
-        missing_simulators([pytest.mark.rtl("modelsim").mark], which=_which())
+        missing_simulators([pytest.mark.rtl("modelsim").mark], installed=_installed())
