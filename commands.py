@@ -138,7 +138,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(BENCHES), help="what to measure")
     parser.add_argument("path", nargs="?", help="a folder of .onnx models (zoo; default: the onnx wheel's models)")
     add_config_option(parser)
-    parser.add_argument("--model", help="model name for model benchmarks (e.g. resnet18)")
+    parser.add_argument("--model", help="model for model benchmarks: a built-in name (e.g. resnet18), or an "
+                        ".onnx file (cpu, cpu-tune)")
     parser.add_argument("--repeat", type=int, default=None, help="repetitions (median is reported)")
     parser.add_argument("--threads", type=int, default=None, help="threads for benchmarks that use them (cpu)")
     parser.add_argument("--trials", type=int, default=None, help="tuning trials per workload (tune, cpu-tune)")
