@@ -29,8 +29,10 @@ def _stem(h: int = 20, w: int = 18, cin: int = 3, kernel: int = 7, stride: int =
     inits = {
         "w": (rng.standard_normal((cout, cin // group, kernel, kernel)) * 0.2).astype(np.float32),
         "b": (rng.standard_normal(cout) * 0.3).astype(np.float32),
-        "gamma": rng.uniform(0.5, 1.5, cout).astype(np.float32), "beta": (rng.standard_normal(cout) * 0.1).astype(np.float32),
-        "mean": (rng.standard_normal(cout) * 0.1).astype(np.float32), "var": rng.uniform(0.5, 1.5, cout).astype(np.float32),
+        "gamma": rng.uniform(0.5, 1.5, cout).astype(np.float32),
+        "beta": (rng.standard_normal(cout) * 0.1).astype(np.float32),
+        "mean": (rng.standard_normal(cout) * 0.1).astype(np.float32),
+        "var": rng.uniform(0.5, 1.5, cout).astype(np.float32),
         "w2": (rng.standard_normal((cout, cout, 3, 3)) * 0.2).astype(np.float32),
     }
     nodes = [

@@ -439,7 +439,7 @@ def _qpad(p: Planner, node: Node) -> None:
 
 def _qim2col(p: Planner, node: Node) -> None:
     x_t, x = _view(p, node.inputs[0], node, "x")
-    kh, kw = node.attrs["kernel"]
+    kw = node.attrs["kernel"][1]
     sh, sw = node.attrs["strides"]
     pt, pl = node.attrs["pads"][0], node.attrs["pads"][1]
     _, c_, h_, w_ = x.logical4
