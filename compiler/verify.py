@@ -120,8 +120,14 @@ class _Checker:
         self.qmove(node)
         x, y = (self.g.value(v).logical_shape for v in (node.inputs[0], node.outputs[0]))
         kh, kw = node.attrs["kernel"]
-        if len(x) != 4 or len(y) != 4 or y[1] != kh * kw * x[1] or x[0] != y[0]:  # type: ignore[arg-type,index]
-            raise self.fail(node, f"a {kh}x{kw} window of {list(x)} does not give {list(y)}")  # type: ignore[arg-type]
+        constants = node.attrs.get("constants", ())
+        extra = len(constants)
+        top = (1 << ((self.config.inp_width if self.config else 8) - 1)) - 1
+        if not all(isinstance(v, int) and -top - 1 <= v <= top for v in constants):
+            raise self.fail(node, f"constants {list(constants)} must be activations (within +-{top})")
+        if len(x) != 4 or len(y) != 4 or y[1] != kh * kw * x[1] + extra or x[0] != y[0]:  # type: ignore[arg-type,index]
+            raise self.fail(node, f"a {kh}x{kw} window of {list(x)} and {extra} constants do not give "  # type: ignore[arg-type]
+                                  f"{list(y)}")  # type: ignore[arg-type]
 
     def quantize(self, node: Node) -> None:
         if self.g.value(node.inputs[0]).dtype != "float32":

@@ -164,17 +164,17 @@ def qpad(node: Node, args: list[Any], ins: list[Value | None], outs: list[Value]
 
 def qim2col(node: Node, args: list[Any], ins: list[Value | None], outs: list[Value],
         widths: Widths) -> list[np.ndarray]:
-    """Each output pixel's window, ``(kh, kw, C)`` in that order, as its channels; pads hold 0, the
-    integer a convolution's padding means (see :mod:`weft.compiler.im2col`)."""
+    """Each output pixel's window, ``(kh, kw, C)`` in that order, then ``attrs["constants"]``, as its
+    channels; pads hold 0, the integer a convolution's padding means (see :mod:`weft.compiler.im2col`).
+    Packing padding (batch rows, channels) stays zero."""
     x_value, y_value = ins[0], outs[0]
-    channels = x_value.logical_shape[1]  # type: ignore[index,union-attr]
-    x = _nhwc(args[0], x_value)[..., :channels]  # type: ignore[arg-type]
+    n, channels = x_value.logical_shape[:2]  # type: ignore[index,union-attr]
+    x = _nhwc(args[0], x_value)[:n, ..., :channels]  # type: ignore[arg-type]
     cols = im2col(x, node.attrs["kernel"], node.attrs["strides"], node.attrs["pads"], _out_hw(y_value))
     cols = cols.reshape(*cols.shape[:3], -1)
-    if y_value.packed:
-        block = y_value.shape[5]  # type: ignore[index]
-        cols = np.pad(cols, ((0, 0), (0, 0), (0, 0), (0, -cols.shape[3] % block)))
-    return [_from_nhwc(cols.astype(numpy_dtype(y_value.dtype), copy=False), y_value)]
+    constants = np.asarray(node.attrs.get("constants", ()), cols.dtype)
+    cols = np.concatenate([cols, np.broadcast_to(constants, (*cols.shape[:3], constants.size))], axis=3)
+    return [_store(cols.transpose(0, 3, 1, 2), y_value)]
 
 
 QKERNELS: dict[str, Kernel] = {

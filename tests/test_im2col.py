@@ -10,7 +10,7 @@ from onnx import helper
 
 import weft
 from weft.compiler.calibrate import split_batches
-from weft.compiler.im2col import unfolds
+from weft.compiler.im2col import bias_columns, unfolds
 from weft.compiler.onnx_import import import_onnx
 from weft.compiler.pipeline import build_pipeline, run_pipeline
 from weft.config import PRESETS
@@ -67,6 +67,17 @@ def test_the_rule_asks_for_a_shorter_reduction():
     assert not unfolds(3, (1, 1), 16)  # nothing to gather
 
 
+@pytest.mark.parametrize("wgt_max,reach", [(127, 40000), (7, 9000), (1, 1000)])
+def test_bias_columns_split_every_bias_they_reach_exactly(wgt_max, reach):
+    rng = np.random.default_rng(wgt_max)
+    bias = np.concatenate([rng.integers(-reach, reach, 200), [0, 1, -1, 127, -128, reach, -reach]])
+    values, weights = bias_columns(bias, 13, 127, wgt_max)
+    assert values[0] == 1 and max(values) <= 127 and np.abs(weights).max() <= wgt_max
+    np.testing.assert_array_equal(weights @ np.array(values), bias)
+    assert bias_columns(bias, len(values) - 1, 127, wgt_max) is None  # the fewest constants that reach
+    assert bias_columns(np.array([200]), 1, 127, 127) is None  # one constant, 1, reaches 127
+
+
 @pytest.mark.parametrize("config", ["tiny", "default", "rect"])
 def test_the_rewrite_is_exact(config):
     """The rewritten conv's int8 output equals the original conv's (reference interpreter, both graphs
@@ -81,6 +92,10 @@ def test_the_rewrite_is_exact(config):
     assert conv.attrs["target"] == ("host" if config == "rect" else "accel")
     assert conv.attrs["kernel"] == (1, 1) and conv.attrs["strides"] == (1, 1) and conv.attrs["channels"] == (147, 8)
     assert "qim2col" not in old.op_counts() and old.node("conv1").attrs["kernel"] == (7, 7)
+    # default and rect have spare channels in the last block: the GEMM adds the bias there
+    constants = unfold.attrs["constants"]
+    assert (len(constants) > 0) == (config != "tiny")
+    assert len(conv.attrs["epilogue"]) == len(old.node("conv1").attrs["epilogue"]) - (len(constants) > 0)
     feeds = {"x": rand(2, 3, 20, 18, seed=4, scale=2.0)}  # beyond the calibrated range: saturated inputs too
     got = run_reference(new, feeds, keep_intermediates=True)
     want = run_reference(old, feeds, keep_intermediates=True)

@@ -97,8 +97,12 @@ def test_qconv2d_matches_a_loop_over_pixels(config):
     sess.run(None, feeds, keep_intermediates=True)
     xq, rq, yq = (unpack_act(sess.intermediate(v), g.values[v].logical) for v in (unfold.inputs[0], conv.inputs[2],
                                                                                    conv.outputs[0]))
-    w = unpack_weights(g.constants[conv.inputs[1]], 7, 45).reshape(7, 3, 3, 5).transpose(0, 3, 1, 2)
-    steps = tuple((k, v[:7] if isinstance(v, np.ndarray) else v) for k, v in conv.attrs["epilogue"])
+    # The GEMM adds the bias: weight columns past the 45 window channels meet qim2col's constant channels.
+    constants = np.array(unfold.attrs["constants"], np.int64)
+    w_all = unpack_weights(g.constants[conv.inputs[1]], 7, 45 + constants.size)[:, :, 0, 0]
+    w = w_all[:, :45].reshape(7, 3, 3, 5).transpose(0, 3, 1, 2)
+    bias = (("add_vec", w_all[:, 45:].astype(np.int64) @ constants),) if constants.size else ()
+    steps = tuple((k, v[:7] if isinstance(v, np.ndarray) else v) for k, v in (*bias, *conv.attrs["epilogue"]))
     steps = tuple((k, tuple((kk, vv[:7] if isinstance(vv, np.ndarray) else vv) for kk, vv in v)) if k == "residual"
                   else (k, v) for k, v in steps)
     np.testing.assert_array_equal(yq, _naive_qconv(xq, w, (2, 2), (2, 1, 0, 3), steps, rq))
