@@ -4,6 +4,8 @@ result is the un-rewritten convolution's, to the bit), and every device computes
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from onnx import helper
@@ -14,10 +16,11 @@ from weft.compiler.im2col import bias_columns, unfolds
 from weft.compiler.onnx_import import import_onnx
 from weft.compiler.pipeline import build_pipeline, run_pipeline
 from weft.config import PRESETS
-from weft.core.artifact import Artifact
+from weft.core.artifact import Artifact, ArtifactError
 from weft.core.layout import unpack_act
 from weft.core.reference import run_reference
 
+from .artifact_util import members_of, rezip
 from .test_frontend_util import make_model, rand
 
 
@@ -155,3 +158,14 @@ def test_the_artifact_round_trips(tmp_path):
     feeds = {"x": rand(2, 3, 20, 18, seed=8)}
     np.testing.assert_array_equal(weft.InferenceSession(loaded, device="fsim").run(None, feeds)[0],
                                   weft.InferenceSession(art, device="ref").run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("constants", [[2**20], ["1"], "1,127", [True]])
+def test_a_manifest_with_bad_constants_is_refused(constants):
+    model = _stem()
+    members = members_of(weft.compile(model, config="tiny", calibration=_calibration(model)).to_bytes())
+    manifest = json.loads(members["manifest.json"])
+    next(n for n in manifest["graph"]["nodes"] if n["op"] == "qim2col")["attrs"]["constants"] = constants
+    members["manifest.json"] = json.dumps(manifest).encode()
+    with pytest.raises(ArtifactError, match=r"attrs.constants' must be at most 1024 16-bit integers"):
+        Artifact.from_bytes(rezip(members))

@@ -439,12 +439,10 @@ def _qpad(p: Planner, node: Node) -> None:
 
 def _qim2col(p: Planner, node: Node) -> None:
     x_t, x = _view(p, node.inputs[0], node, "x")
-    kw = node.attrs["kernel"][1]
+    kh, kw = node.attrs["kernel"]
     sh, sw = node.attrs["strides"]
     pt, pl = node.attrs["pads"][0], node.attrs["pads"][1]
     _, c_, h_, w_ = x.logical4
-
-    kh = node.attrs["kernel"][0]
     constants = node.attrs.get("constants", ())
 
     def value(idx: list[Expr]) -> Expr:
