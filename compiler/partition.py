@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["HOST_QOPS", "layer_summary", "partition", "segments", "send_to_host"]
 
 #: Integer ops that stay on the host: the float/int edges and pure data movement.
-HOST_QOPS = frozenset({"quantize", "dequantize", "qconcat", "qreshape", "qpad"})
+HOST_QOPS = frozenset({"quantize", "dequantize", "qconcat", "qreshape", "qpad", "qim2col"})
 _EDGES = frozenset({"quantize", "dequantize"})
 #: Float ops that would be integer on an integer input (the quantizer keeps them float after a float op).
 _FOLLOWERS = frozenset({"Relu", "Clip", "Flatten", "Reshape", "Pad", "Concat"})

@@ -15,6 +15,7 @@ import numpy as np
 
 from weft.compiler import fusion, passes
 from weft.compiler.calibrate import calibrate
+from weft.compiler.im2col import im2col_host_convs
 from weft.compiler.packing import pack_layout
 from weft.compiler.partition import partition
 from weft.compiler.quantize import fuse_clamps, quantize
@@ -100,6 +101,8 @@ def build_pipeline(target: str, config: AcceleratorConfig,
         pipeline += [
             _p("quantize", quantize(config), "int8 post-training quantization: integer layers with ALU epilogues"),
             _p("fuse_clamps", fuse_clamps),
+            _p("im2col_host_convs", im2col_host_convs(config),
+               "host-fed convolutions with few input channels read their windows gathered on the host"),
             _p("pack_layout", pack_layout(config), "packed, block-padded layouts for the config's GEMM blocks"),
         ]
     pipeline.append(_p("partition", partition(target, config), "assign each layer to the accelerator or the host"))

@@ -22,6 +22,7 @@ Quantized ops (integer tensors named ``<float name>_q``; all in logical layout u
 * ``qmaxpool``, ``qavgpool`` (accel): int max / int sum then requantization.
 * ``qalu`` (accel): the epilogue alone on a loaded input: residual Add, ChannelAffine, ReLU/Clip.
 * ``quantize``, ``dequantize``, ``qconcat``, ``qreshape``, ``qpad`` (host): the edges and data movement.
+  (``qim2col``, a host layer too, comes later: :mod:`weft.compiler.im2col`.)
 
 Anything else (Softmax, and any op without an integer form) stays a float host op between a
 ``dequantize`` and, when an integer layer reads its result, a ``quantize``. So does a layer whose integer

@@ -116,6 +116,19 @@ class _Checker:
             self.int_value(node, x)
         self.same_scale(node)
 
+    def qim2col(self, node: Node) -> None:
+        self.qmove(node)
+        x, y = (self.g.value(v).logical_shape for v in (node.inputs[0], node.outputs[0]))
+        kh, kw = node.attrs["kernel"]
+        constants = node.attrs.get("constants", ())
+        extra = len(constants)
+        top = (1 << ((self.config.inp_width if self.config else 8) - 1)) - 1
+        if not all(isinstance(v, int) and -top - 1 <= v <= top for v in constants):
+            raise self.fail(node, f"constants {list(constants)} must be activations (within +-{top})")
+        if len(x) != 4 or len(y) != 4 or y[1] != kh * kw * x[1] + extra or x[0] != y[0]:  # type: ignore[arg-type,index]
+            raise self.fail(node, f"a {kh}x{kw} window of {list(x)} and {extra} constants do not give "  # type: ignore[arg-type]
+                                  f"{list(y)}")  # type: ignore[arg-type]
+
     def quantize(self, node: Node) -> None:
         if self.g.value(node.inputs[0]).dtype != "float32":
             raise self.fail(node, "quantizes a float32 tensor")
@@ -133,7 +146,7 @@ class _Checker:
         checks: dict[str, Callable[[Node], None]] = {
             "qconv2d": self.qconv2d, "qavgpool": self.qavgpool, "qalu": self.qalu, "qmaxpool": self.qmove,
             "qconcat": self.qmove, "qreshape": self.qmove, "qpad": self.qmove, "quantize": self.quantize,
-            "dequantize": self.dequantize,
+            "dequantize": self.dequantize, "qim2col": self.qim2col,
         }
         assert set(checks) == ACCEL_OPS | HOST_QOPS
         for node in self.g.nodes:

@@ -41,6 +41,9 @@ _INT_ATTRS: dict[str, tuple[int, int, int | None]] = {
     "channels": (1, 2**31, 2), "group": (1, 2**31, None), "bits": (1, 32, None),
 }
 
+#: qim2col's constant channels fill the spare channels of one channel block at most.
+_MAX_CONSTANTS = 1024
+
 
 class ArtifactError(WeftError):
     """An artifact that cannot be read: not a weft artifact, another format version, or corrupt."""
@@ -116,6 +119,12 @@ def _check_attrs(attrs: Any, op: str, what: str, key: str) -> None:
         scale = attrs.get("scale")
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
             raise _fail(what, f"{key}.scale", f"must be a positive finite number, got {scale!r:.60}")
+    if op == "qim2col":  # the constant channels qim2col writes after each window (weft.compiler.im2col)
+        constants = attrs.get("constants", [])
+        if not isinstance(constants, list) or len(constants) > _MAX_CONSTANTS or not all(
+                isinstance(v, int) and not isinstance(v, bool) and -(1 << 15) <= v < (1 << 15) for v in constants):
+            raise _fail(what, f"{key}.constants", f"must be at most {_MAX_CONSTANTS} 16-bit integers, "
+                                                  f"got {constants!r:.60}")
     if "epilogue" in attrs:
         steps = attrs["epilogue"]
         if not isinstance(steps, list) or not all(isinstance(step, list) and step and isinstance(step[0], str)

@@ -162,7 +162,23 @@ def qpad(node: Node, args: list[Any], ins: list[Value | None], outs: list[Value]
     return [_store(y, outs[0])]
 
 
+def qim2col(node: Node, args: list[Any], ins: list[Value | None], outs: list[Value],
+        widths: Widths) -> list[np.ndarray]:
+    """Each output pixel's window, ``(kh, kw, C)`` in that order, then ``attrs["constants"]``, as its
+    channels; pads hold 0, the integer a convolution's padding means (see :mod:`weft.compiler.im2col`).
+    Packing padding (batch rows, channels) stays zero."""
+    x_value, y_value = ins[0], outs[0]
+    n, channels = x_value.logical_shape[:2]  # type: ignore[index,union-attr]
+    x = _nhwc(args[0], x_value)[:n, ..., :channels]  # type: ignore[arg-type]
+    cols = im2col(x, node.attrs["kernel"], node.attrs["strides"], node.attrs["pads"], _out_hw(y_value))
+    cols = cols.reshape(*cols.shape[:3], -1)
+    constants = np.asarray(node.attrs.get("constants", ()), cols.dtype)
+    cols = np.concatenate([cols, np.broadcast_to(constants, (*cols.shape[:3], constants.size))], axis=3)
+    return [_store(cols.transpose(0, 3, 1, 2), y_value)]
+
+
 QKERNELS: dict[str, Kernel] = {
     "qconv2d": qconv2d, "qmaxpool": qmaxpool, "qavgpool": qavgpool, "qalu": qalu,
     "quantize": quantize, "dequantize": dequantize, "qconcat": qconcat, "qreshape": qreshape, "qpad": qpad,
+    "qim2col": qim2col,
 }

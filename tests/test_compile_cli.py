@@ -38,7 +38,8 @@ def test_compile_inspect_run(model_path, tmp_path, capsys):
     assert main(["inspect", str(out), "--json"]) == 0
     table = json.loads(capsys.readouterr().out)
     assert table["config_hash"] == PRESETS["default"].hash and table["accel_mac_fraction"] == 1.0
-    assert {r["op"] for r in table["layers"]} == {"quantize", "qconv2d", "qavgpool", "dequantize"}
+    # qim2col: the host gathers conv1's 3x3x3 windows (weft.compiler.im2col)
+    assert {r["op"] for r in table["layers"]} == {"quantize", "qim2col", "qconv2d", "qavgpool", "dequantize"}
     assert sum(r["macs"] for r in table["layers"]) == models.count_macs(models.small_resnet(widths=(8, 16, 24)))
 
     x = rand(1, 3, 32, 32, seed=3)
@@ -71,7 +72,8 @@ def test_cpu_target_and_pass_list(model_path, tmp_path, capsys):
     capsys.readouterr()
     assert main(["compile", "--list-passes"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert names[0] == "infer_shapes" and names[-4:] == ["quantize", "fuse_clamps", "pack_layout", "partition"]
+    assert names[0] == "infer_shapes" and names[-5:] == ["quantize", "fuse_clamps", "im2col_host_convs", "pack_layout",
+                                                         "partition"]
 
 
 def _fails(args, capsys, *needles):

@@ -54,7 +54,7 @@ def test_pipeline_is_a_visible_list_of_named_passes():
     accel = [p.name for p in build_pipeline("accel", CFG, [])]
     cpu = [p.name for p in build_pipeline("cpu", CFG)]
     assert accel[:2] == ["infer_shapes", "fold_constants"]
-    assert accel[-5:] == ["calibrate", "quantize", "fuse_clamps", "pack_layout", "partition"]
+    assert accel[-6:] == ["calibrate", "quantize", "fuse_clamps", "im2col_host_convs", "pack_layout", "partition"]
     assert "quantize" not in cpu and cpu[-1] == "partition"
     assert all(d["doc"] for d in describe(build_pipeline("accel", CFG, [])))
     with pytest.raises(ValueError, match="target must be one of accel, cpu"):
@@ -168,7 +168,7 @@ def test_every_intermediate_graph_verifies_and_quantized_layers_are_self_describ
     pipeline = build_pipeline("accel", CFG, [{"input": rand(1, 3, 32, 32, seed=k)} for k in range(2)])
     final = run_pipeline(graph, pipeline, trace=lambda p, g: (verify(g), seen.append(p.name)))
     assert seen == [p.name for p in pipeline]
-    assert set(final.op_counts()) == {"quantize", "qconv2d", "qavgpool", "dequantize"}
+    assert set(final.op_counts()) == {"quantize", "qim2col", "qconv2d", "qavgpool", "dequantize"}
     for node in final.nodes:
         assert node.attrs["target"] == ("accel" if node.op.startswith("qconv") or node.op == "qavgpool" else "host")
     conv = final.node("layer1.0.conv2")
@@ -177,7 +177,7 @@ def test_every_intermediate_graph_verifies_and_quantized_layers_are_self_describ
     assert w.shape == (1, 1, 3, 3, 16, 16) and w.dtype == np.int8
     kinds = [k for k, _ in conv.attrs["epilogue"]]
     assert kinds[0] == "add_vec" and "residual" in kinds and kinds[-1] == "max_imm"
-    assert final.meta["partition"][1] == {"target": "accel", "nodes": [n.name for n in final.nodes[1:-1]]}
+    assert final.meta["partition"][1] == {"target": "accel", "nodes": [n.name for n in final.nodes[2:-1]]}
 
 
 def test_graph_json_round_trip_is_exact():

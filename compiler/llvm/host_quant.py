@@ -437,8 +437,33 @@ def _qpad(p: Planner, node: Node) -> None:
     p.step(node.name, Kernel("qpad", [x.buffer], [stage.out], [stage]), [x_t, y_t])
 
 
+def _qim2col(p: Planner, node: Node) -> None:
+    x_t, x = _view(p, node.inputs[0], node, "x")
+    kh, kw = node.attrs["kernel"]
+    sh, sw = node.attrs["strides"]
+    pt, pl = node.attrs["pads"][0], node.attrs["pads"][1]
+    _, c_, h_, w_ = x.logical4
+    constants = node.attrs.get("constants", ())
+
+    def value(idx: list[Expr]) -> Expr:
+        n, k, oh, ow = idx
+        tap, c = minimum(k // c_, kh * kw - 1), k % c_  # k = (dy * kw + dx) * C + c, then the constants
+        ih, iw = oh * sh + tap // kw - pt, ow * sw + tap % kw - pl
+        inside = ih.ge(0).logical_and(ih.lt(h_)).logical_and(iw.ge(0)).logical_and(iw.lt(w_))
+        v = x.at([minimum(n, x.logical4[0] - 1), minimum(c, c_ - 1), minimum(maximum(ih, 0), h_ - 1),
+                  minimum(maximum(iw, 0), w_ - 1)])
+        v = select(inside, v, const(0, v.dtype))  # type: ignore[arg-type]
+        for j, constant in enumerate(constants):
+            v = select(k.eq(kh * kw * c_ + j), const(constant, v.dtype), v)  # type: ignore[arg-type]
+        return v
+
+    stage, y_t = _packed_out(p, node, value)
+    p.step(node.name, Kernel("qim2col", [x.buffer], [stage.out], [stage]), [x_t, y_t])
+
+
 QUANT_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "qconv2d": _qconv2d, "qmaxpool": _qpool, "qavgpool": _qpool, "qalu": _qalu, "quantize": _quantize,
     "dequantize": _dequantize, "qconcat": _qconcat, "qreshape": _qreshape, "qpad": _qpad,
+    "qim2col": _qim2col,
 }
 QUANT_OPS = frozenset(QUANT_HANDLERS)
