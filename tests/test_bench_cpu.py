@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from weft.compiler import models
+from weft.core.errors import ModelError
 from weft.errors import UsageError
 from weft.tools.bench_cpu import _random_inputs, bench_cpu
 
@@ -29,12 +30,12 @@ def test_an_onnx_file_runs_and_the_figures_name_the_machine(tmp_path: Path) -> N
 
 
 def test_an_unknown_model_is_refused_naming_it() -> None:
-    with pytest.raises(UsageError, match="'nosuchnet'.*resnet18"):
+    with pytest.raises(UsageError, match=r"'nosuchnet'.*resnet18"):
         bench_cpu("default", model="nosuchnet", repeat=1, threads=1)
 
 
 def test_a_missing_file_is_refused_naming_it(tmp_path: Path) -> None:
-    with pytest.raises(Exception, match="missing.onnx"):
+    with pytest.raises(ModelError, match=r"missing\.onnx: no such model file"):
         bench_cpu("default", model=str(tmp_path / "missing.onnx"), repeat=1, threads=1)
 
 
