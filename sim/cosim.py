@@ -109,15 +109,25 @@ def fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-def cocotb_runner(sim: str, narration: TextIO | None = None) -> Any:
+def cocotb_runner(sim: str, narration: TextIO | None = None, *, public_all: bool = True) -> Any:
     """cocotb's runner for simulator `sim` (also what the RTL device's simulator process starts from), running
     the simulator :func:`weft.sim.simulators.find` chose, with its environment added to the subprocesses'.
-    The runner narrates its commands to `narration` (nowhere when None; its warnings to stderr)."""
+    The runner narrates its commands to `narration` (nowhere when None; its warnings to stderr). Without
+    `public_all`, a Verilator build leaves out cocotb's ``--public-flat-rw`` (every signal reachable, and
+    none optimized away: most of the model's time; a control file among the sources names what Python may
+    reach) and compiles with :data:`weft.sim.dram_model.MAKE_ARGS`."""
     from cocotb_tools.runner import SUPPORTED_RUNNERS
 
     tool = _simulator(sim)
 
     class Runner(SUPPORTED_RUNNERS[sim]):  # type: ignore[misc, valid-type]
+        def _build_command(self) -> Any:
+            commands = super()._build_command()
+            if not public_all:
+                commands[0] = [arg for arg in commands[0] if arg != "--public-flat-rw"]
+                commands[1] = [*commands[1], *dpi.MAKE_ARGS]
+            return commands
+
         def _set_env_common(self) -> None:
             super()._set_env_common()
             self.env.update(tool.env())
@@ -225,23 +235,27 @@ def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None, *
     ``build_<sim>.log`` in the build's folder, and cocotb's narration after it (to stderr with `verbose`)."""
     key = build_key(sim)
     source = verilog_path(config, build_root)
-    sources = [source]
+    sources: list[Any] = [source]
     if dram_model == "dpi":
+        from cocotb_tools.runner import VerilatorControlFile  # cocotb 2 is there: build_key checked
+
         key += f"-dpi{dpi.fingerprint()}"
-        sources = [source, *dpi.MODEL_SOURCES[:1], source.with_name(f"{dpi.TOPLEVEL}.v")]
+        sources = [source, *dpi.MODEL_SOURCES[:1], source.with_name(f"{dpi.TOPLEVEL}.v"),
+                   VerilatorControlFile(source.with_name(f"{dpi.TOPLEVEL}.vlt"))]
     build_dir = source.parent / f"sim_{sim}-{key}"
     stamp = build_dir / "built.ok"
     with _locked(source.parent / f"{build_dir.name}.lock"):
         if stamp.exists():
             return build_dir
         if dram_model == "dpi":
-            write_atomic(sources[-1], dpi.wrapper_verilog(source.read_text()).encode())
+            write_atomic(sources[2], dpi.wrapper_verilog(source.read_text()).encode())
+            write_atomic(sources[3].value, dpi.control_file(source.read_text()).encode())
         log = source.parent / f"build_{sim}{'_dpi' if dram_model == 'dpi' else ''}.log"
         # Yosys writes implicit width extensions; they are Verilog semantics, not bugs.
         options: dict[str, Any] = {"timescale": ("1ns", "1ps")} if sim == "icarus" else {
             "build_args": ["--timescale", "1ns/1ps", "-Wno-fatal", "-Wno-WIDTH", "-O3",
                            "--x-assign", "fast", "--x-initial", "fast", "--output-split", "20000",
-                           *([str(dpi.MODEL_SOURCES[1])] if dram_model == "dpi" else [])]}
+                           *([*dpi.VERILATOR_ARGS, str(dpi.MODEL_SOURCES[1])] if dram_model == "dpi" else [])]}
         rtl_root = source.parent.parent
         last = _last_build_seconds(rtl_root, sim)
         estimate = f"the last {sim} build took {last:.0f} s" if last is not None else \
@@ -251,7 +265,7 @@ def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None, *
         try:
             with Waiting(f"building the {sim} simulation of config {config.name}",
                          f"first time for this design; {estimate}; log: {log}", enabled=False if verbose else None):
-                cocotb_runner(sim, sys.stderr if verbose else narration).build(
+                cocotb_runner(sim, sys.stderr if verbose else narration, public_all=dram_model != "dpi").build(
                     sources=sources, hdl_toplevel=toplevel(dram_model), build_dir=build_dir, log_file=log, **options)
         except (SystemExit, RuntimeError) as err:
             raise CosimError(f"building the {sim} model failed ({err}); see {log}") from None

@@ -3,8 +3,8 @@ driver sequence of one run, written against the register map of :mod:`weft.hw.re
 
 The DRAM model is cocotbext-axi's AxiRam (:class:`~weft.sim.cocotb_tb.dram.DramModel`, on ``weft_top``), or
 the one inside the design (:class:`~weft.sim.cocotb_tb.dpi_dram.DpiDram`, on ``weft_sim``; the manifest's or
-setup's ``dram`` names its image file and log, :func:`dram_of`). With the latter the clock is cocotb's C
-clock (``impl="gpi"``) and nothing in Python wakes per cycle while the accelerator runs."""
+setup's ``dpi`` names its image file and log). With the latter the design makes its own clock and nothing
+in Python wakes per cycle while the accelerator runs."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class Testbench:
         self.fields = {f.name: (r.offset, f) for r in self.regs.values() for f in r.fields}
         self.dram: DramModel | DpiDram
         if dpi is not None:
-            Clock(dut.clk, PERIOD_NS, unit="ns", impl="gpi").start()
+            # weft_sim makes its own clock (of weft.sim.dram_model.PERIOD_NS, the same period)
             self.dram = DpiDram(dut, image=Path(dpi["image"]), log=Path(dpi["log"]), size=dram_size)
             #: The accelerator's core (the trace recorder's signals are below it).
             self.core = dut.top.core
