@@ -54,6 +54,8 @@ class Testbench:
         self.regs = {r.name: r for r in register_map(config)}
         self.fields = {f.name: (r.offset, f) for r in self.regs.values() for f in r.fields}
         self.dram: DramModel | DpiDram
+        #: Whether the DRAM model is the one inside the design (and the design makes its own clock).
+        self.dpi = dpi is not None
         if dpi is not None:
             # weft_sim makes its own clock (of weft.sim.dram_model.PERIOD_NS, the same period)
             self.dram = DpiDram(dut, image=Path(dpi["image"]), log=Path(dpi["log"]), size=dram_size)
