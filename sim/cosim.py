@@ -481,6 +481,8 @@ class RandomReport:
     timing: str
     results: list[SeedResult] = field(default_factory=list)
     wall_s: float = 0.0
+    #: The DRAM model the RTL ran with (:data:`weft.sim.dram_model.DRAM_MODELS`).
+    dram_model: str = "axiram"
 
     @property
     def passed(self) -> int:
@@ -495,7 +497,7 @@ class RandomReport:
         mac = sum(r.counters.get("mac_active", 0) for r in self.results)
         busy = {u: sum(r.counters.get(f"busy_{u}", 0) for r in self.results) for u in UNIT_NAMES}
         return {
-            "config": self.config, "sim": self.sim, "dram_timing": self.timing,
+            "config": self.config, "sim": self.sim, "dram_timing": self.timing, "dram_model": self.dram_model,
             "passed": self.passed, "failed": self.failed, "cycles": cycles,
             "instructions": sum(r.insn_count for r in self.results),
             "mac_utilization": mac / cycles if cycles else 0.0,
@@ -549,7 +551,8 @@ def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_i
     `progress` advances once per seed the RTL has run; `verbose` and `dram_model` as :func:`run_jobs`."""
 
     started = time.perf_counter()
-    report = RandomReport(config=config.name, sim=sim, timing=timing)
+    dram_model = dpi.choose(sim, dram_model)
+    report = RandomReport(config=config.name, sim=sim, timing=timing, dram_model=dram_model)
     oracle = FunctionalSimulator(config)
     jobs, expected, programs, stats = [], [], [], []
     for seed in seeds:
