@@ -11,11 +11,11 @@ with the same timing (:mod:`weft.sim.dram_timing`) and the same driver sequence.
 
 Builds are cached in the user cache folder (``rtl/`` in :func:`weft.cache.cache_dir`) by (config hash,
 fingerprint of the generator's sources, simulator and its version, cocotb, the dpi model's sources), with a
-file lock so parallel test
-workers share one build. A build says what it waits for on one status line (:class:`weft.progress.Waiting`)
-and sends the simulator's and cocotb's narration to its log, unless `verbose`. A
-:class:`weft.progress.Progress` given to :func:`run_jobs` or :func:`run_random` advances as each job's report
-appears (a thread watches the work directory while the simulator runs, so the simulation itself pays nothing).
+file lock so parallel test workers share one build. A build says what it waits for on one status line
+(:class:`weft.progress.Waiting`) and sends the simulator's and cocotb's narration to its log, unless
+`verbose`. A :class:`weft.progress.Progress` given to :func:`run_jobs` or :func:`run_random` advances as
+each job's report appears (a thread watches the work directory while the simulator runs, so the simulation
+itself pays nothing).
 """
 
 from __future__ import annotations

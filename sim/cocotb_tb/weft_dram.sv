@@ -1,13 +1,17 @@
 // The DRAM of the Verilator cosimulation: an AXI4 slave inside the simulated design, so the clock runs
-// without Python in the loop. It answers as cocotb_tb.dram.DramModel (cocotbext-axi's AxiRam with the
-// timing of weft.sim.dram_timing.DramTiming) does, cycle for cycle:
+// without Python in the loop. It follows the rules of cocotb_tb.dram.DramModel (cocotbext-axi's AxiRam with
+// the timing of weft.sim.dram_timing.DramTiming):
 //  - AR and AW are always ready; a read burst's first R beat may go out read_latency cycles (at least 1)
 //    after its AR handshake, bursts in order, several in flight;
-//  - a write burst's B response goes out write_latency cycles (at least 1) after its last W beat;
+//  - a write burst's B response goes out write_latency cycles (at least 1) after its last W beat; a W beat
+//    waits for its burst's AW (the accelerator never sends one first);
 //  - R and W move a beat only in the cycles a pause pattern lets through: the duty's fixed period-20
-//    pattern (the same as the AxiRam path's), or seeded pseudo-random pauses (random_stalls);
-//  - every burst is checked against the AXI rules boards need (weft_dram_check); a burst that breaks one
-//    is logged and answered SLVERR, which the accelerator reports as a bus error.
+//    pattern (the same as the AxiRam path's), or seeded pseudo-random pauses (random_stalls: not the AxiRam
+//    path's sequence);
+//  - every burst is checked against the AXI rules boards need (weft_dram_check, and WLAST on the last beat
+//    only); a burst that breaks one is logged and answered SLVERR, which the accelerator reports as a bus
+//    error.
+// On the fixed patterns a first run takes the same cycles as on the AxiRam path (see read_phase).
 // The bytes live in a file the C++ side (weft_dram.cpp) maps; the timing comes in plusargs
 // (weft.sim.dram_model.plusargs). `hold` stops R (a stuck bus, for watchdog tests).
 module weft_dram #(
@@ -86,8 +90,8 @@ module weft_dram #(
         cycle = 0;
         // The phases at which a first run's cycles equal the AxiRam path's (measured: there the R source and
         // the W sink see their generators' values at different edges, counted from cocotb's clock). The
-        // testbench's AXI-Lite accesses take a cycle less here than there, so later runs start at other
-        // phases of the pattern and may differ by a few cycles.
+        // testbench's register accesses between runs do not take the same cycles on both paths, so later
+        // runs start at other phases of the pattern and may differ by a few cycles.
         read_phase = 4;
         write_phase = 3;
         read_rng = seed * 32'h9E3779B9 + 32'h1;
@@ -180,6 +184,7 @@ module weft_dram #(
     reg wq_bad [DEPTH];
     reg [PW:0] wq_head = 0, wq_tail = 0;
     reg [7:0] w_beat = 0;
+    reg w_broken = 0;  // a beat of the burst so far had a wrong WLAST
     reg w_open = 0;  // the pause pattern lets a W beat in this cycle (the AxiRam path's W sink ready)
     assign awready = (wq_tail - wq_head) != DEPTH;
     // A W beat needs its burst's address: queued, or arriving in the same cycle.
@@ -195,7 +200,7 @@ module weft_dram #(
     reg [PW:0] bq_head = 0, bq_tail = 0;
 
     always @(posedge clk) begin : writes
-        reg aw_bad, w_bad;
+        reg aw_bad, w_bad, wlast_bad;
         aw_bad = 0;
         w_open <= write_go;
         if (awvalid && awready) begin
@@ -209,7 +214,8 @@ module weft_dram #(
         end
         if (wvalid && wready) begin
             w_bad = w_queued ? wq_bad[wq_head[PW-1:0]] : aw_bad;
-            if (wlast != (w_beat == w_len))
+            wlast_bad = wlast != (w_beat == w_len);
+            if (wlast_bad)
                 weft_dram_bad_wlast(32'(w_addr), int'(w_beat), int'(w_len) + 1, int'(wlast));
             if (!w_bad)
                 for (int k = 0; k < WORDS; k++)
@@ -217,13 +223,15 @@ module weft_dram #(
                                       32'(wstrb[4*k +: 4]));
             if (w_beat == w_len) begin
                 w_beat <= 0;
+                w_broken <= 0;
                 bq_id[bq_tail[PW-1:0]] <= w_id;
-                bq_resp[bq_tail[PW-1:0]] <= w_bad ? SLVERR : OKAY;
+                bq_resp[bq_tail[PW-1:0]] <= w_bad || w_broken || wlast_bad ? SLVERR : OKAY;
                 bq_due[bq_tail[PW-1:0]] <= cycle + 64'(write_latency == 0 ? 1 : write_latency);
                 bq_tail <= bq_tail + 1;
                 wq_head <= wq_head + 1;
             end else begin
                 w_beat <= w_beat + 1;
+                w_broken <= w_broken || wlast_bad;
             end
         end
         if (!bvalid || bready) begin
