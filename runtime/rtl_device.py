@@ -25,6 +25,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from weft.errors import UsageError
 from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import decode_insns
 from weft.runtime.devices import Device, DeviceError, register_device, run_loaded
@@ -32,13 +35,12 @@ from weft.runtime.dram_runner import AcceleratorImage, DramRunner, OnLayer, Prog
 from weft.runtime.driver import Driver, DriverPrograms
 from weft.runtime.register_backend import FIRST_ADDRESS, BackendHardware
 from weft.runtime.trace import RtlLayer, activity_rows
-from weft.sim.cosim import build
+from weft.sim import dram_model as dpi
+from weft.sim.cosim import build, toplevel
 from weft.sim.dram_timing import TIMINGS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-    import numpy as np
 
     from weft.config import AcceleratorConfig
     from weft.core.artifact import Artifact
@@ -55,11 +57,11 @@ _LAUNCH = """
 import json, sys
 from pathlib import Path
 from weft.sim.cosim import cocotb_runner
-build_dir, work, sim, env = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+build_dir, work, sim, env, toplevel = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[6]
 try:
-    cocotb_runner(sim).test(test_module=sys.argv[5], hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
+    cocotb_runner(sim).test(test_module=sys.argv[5], hdl_toplevel=toplevel, hdl_toplevel_lang="verilog",
                             build_dir=build_dir, test_dir=work, extra_env=json.loads(env),
-                            log_file=Path(work) / "sim.log")
+                            plusargs=json.loads(sys.argv[7]), log_file=Path(work) / "sim.log")
 except (SystemExit, RuntimeError):
     pass  # the parent sees the simulation stop answering and shows the logs
 """
@@ -71,16 +73,22 @@ class RtlBackend:
     def __init__(self, config: AcceleratorConfig, size: int, *, simulator: str = "verilator",
                  timing: str = "pynq", read_latency: int | None = None, write_latency: int | None = None,
                  read_duty: float | None = None, write_duty: float | None = None, build_root: Path | None = None,
-                 trace: bool = False):
+                 trace: bool = False, dram_model: str | None = None):
         if timing not in TIMINGS:
             raise DeviceError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
         overrides = {k: v for k, v in (("read_latency", read_latency), ("write_latency", write_latency),
                                        ("read_duty", read_duty), ("write_duty", write_duty)) if v is not None}
         self.timing = replace(TIMINGS[timing], **overrides)
         self.config, self.simulator, self.trace = config, simulator, trace
+        try:
+            self.dram_model = dpi.choose(simulator, dram_model)
+        except UsageError as err:
+            raise DeviceError(str(err)) from None
         self.size = 1 << max(16, (size - 1).bit_length())
-        self.build_dir = build(config, simulator, build_root)
+        self.build_dir = build(config, simulator, build_root, dram_model=self.dram_model)
         self.proc: subprocess.Popen | None = None
+        #: The dpi model's memory (its image file, mapped here too); None with AxiRam.
+        self.image: np.memmap | None = None
         self._start()
 
     def _start(self) -> None:
@@ -88,14 +96,22 @@ class RtlBackend:
         listener = socket.create_server(("127.0.0.1", 0))
         listener.settimeout(1.0)
         host, port = listener.getsockname()
+        setup: dict[str, Any] = {"config": self.config.to_dict(), "dram_size": self.size,
+                                 "timing": self.timing.to_dict()}
+        plusargs: list[str] = []
+        if self.dram_model == "dpi":
+            image, violations = Path(self._work.name) / "dram.bin", Path(self._work.name) / "dram_violations.log"
+            self.image = dpi.open_image(image, self.size, create=True)
+            setup["dpi"] = {"image": str(image), "log": str(violations)}
+            plusargs = dpi.plusargs(self.timing, image, violations)
         env = {"WEFT_RTL_SERVER": f"{host}:{port}", "COCOTB_LOG_LEVEL": "WARNING",
-               "WEFT_RTL_SETUP": json.dumps({"config": self.config.to_dict(), "dram_size": self.size,
-                                             "timing": self.timing.to_dict()})}
+               "WEFT_RTL_SETUP": json.dumps(setup)}
         log = open(Path(self._work.name) / "launch.log", "wb")
         self._log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _LAUNCH, str(self.build_dir), self._work.name, self.simulator, json.dumps(env),
-             TEST_MODULE], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+             TEST_MODULE, toplevel(self.dram_model), json.dumps(plusargs)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         try:
             while True:
@@ -143,12 +159,19 @@ class RtlBackend:
     def write_reg(self, offset: int, value: int) -> None:
         self._call({"op": "write_reg", "offset": offset, "value": value & 0xFFFFFFFF})
 
+    # With the dpi model the memory is the image file both processes map: the simulation is paused between
+    # commands, so reading and writing it here needs no command.
     def read_mem(self, addr: int, nbytes: int) -> bytes:
         self._range(addr, nbytes)
+        if self.image is not None:
+            return self.image[addr:addr + nbytes].tobytes()
         return self._call({"op": "read_mem", "addr": addr, "n": nbytes})[1]
 
     def write_mem(self, addr: int, data: bytes) -> None:
         self._range(addr, len(data))
+        if self.image is not None:
+            self.image[addr:addr + len(data)] = np.frombuffer(data, dtype=np.uint8)
+            return
         self._call({"op": "write_mem", "addr": addr}, data)
 
     def _range(self, addr: int, nbytes: int) -> None:
@@ -190,6 +213,7 @@ class RtlBackend:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+        self.image = None  # the mapping goes with the last reference, before its file does
         self._log.close()
         self._work.cleanup()
 
@@ -205,7 +229,9 @@ def rtl_hardware(config: AcceleratorConfig, nbytes: int, **options: Any) -> Back
 
 class RtlDevice(Device):
     """``InferenceSession(art, device="rtl", simulator="verilator"|"icarus", timing="pynq", read_latency=...,
-    write_latency=..., read_duty=..., write_duty=..., timeout_s=..., trace=False)``. The simulation starts
+    write_latency=..., read_duty=..., write_duty=..., timeout_s=..., trace=False, dram_model=None)``;
+    `dram_model` "dpi" (the default on Verilator: the DRAM model inside the design, no Python per cycle) or
+    "axiram" (cocotbext-axi's, the default on Icarus). The simulation starts
     when the artifact is loaded (its DRAM sized for the artifact's image). With `trace`, each run keeps the
     RTL's activity per accelerator layer in :attr:`trace_layers`. `on_layer` is the fsim device's hook.
 

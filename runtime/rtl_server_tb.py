@@ -5,23 +5,27 @@ test connects and answers one command at a time: a JSON header line, then ``nbyt
 waits for a command the simulation does not advance (simulated time only moves inside ``wait_irq`` and the
 AXI-Lite transfers), so a slow host changes nothing the design sees.
 
-Commands: read_reg, write_reg (AXI-Lite through ``AxiLiteMaster``), read_mem, write_mem (the AxiRam
-DRAM model's bytes), wait_irq (run up to ``cycles`` clock cycles or until irq), hold_dram (stop answering
-DRAM reads, for watchdog tests; the parent resets by starting a new simulation), trace_on (start an
-:class:`ActivityRecorder`), trace_take (its intervals so far, which it then forgets), quit.
+Commands: read_reg, write_reg (AXI-Lite through ``AxiLiteMaster``), read_mem, write_mem (the DRAM model's
+bytes; the parent reads and writes the dpi model's image file itself), wait_irq (run up to ``cycles``
+clock cycles or until irq), hold_dram (stop answering DRAM reads, for watchdog tests; the parent resets by
+starting a new simulation), trace_on (start an :class:`ActivityRecorder`), trace_take (its intervals so
+far, which it then forgets), quit.
+
+With the dpi DRAM model (``dpi`` in the setup: the design is ``weft_sim``) nothing here wakes per cycle
+while the accelerator runs: wait_irq waits for the irq edge or a timer.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import socket
 from typing import Any
 
 import cocotb
+import numpy as np
 from cocotb.simtime import get_sim_time
-from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge
+from cocotb.triggers import ClockCycles, FallingEdge, First, RisingEdge, Timer
 
 from weft.config import load_config
 from weft.isa.semantics import UNIT_NAMES
@@ -40,10 +44,11 @@ class ActivityRecorder:
     """High intervals [rise, fall) of the WATCHED signals, in clock cycles since time 0, from edge triggers:
     the simulation calls back into Python twice per instruction, never once per cycle."""
 
-    def __init__(self, dut: Any):
+    def __init__(self, core: Any):
+        """`core`: the accelerator's core in the simulated design (:attr:`Testbench.core`)."""
         self.intervals: dict[str, list[tuple[int, int]]] = {name: [] for name in WATCHED}
         for name, path in WATCHED.items():
-            signal = dut.core
+            signal = core
             for part in path:
                 signal = getattr(signal, part)
             cocotb.start_soon(self._watch(signal, self.intervals[name]))
@@ -88,7 +93,8 @@ async def serve(dut: Any) -> None:
     host, port = os.environ["WEFT_RTL_SERVER"].rsplit(":", 1)
     setup = json.loads(os.environ["WEFT_RTL_SETUP"])
     config = load_config(setup["config"])
-    tb = Testbench(dut, config, dram_size=setup["dram_size"], timing=DramTiming(**setup["timing"]))
+    tb = Testbench(dut, config, dram_size=setup["dram_size"], timing=DramTiming(**setup["timing"]),
+                   dpi=setup.get("dpi"))
     await tb.reset()
     conn = socket.create_connection((host, int(port)))
     stream = conn.makefile("rb")
@@ -103,7 +109,7 @@ async def serve(dut: Any) -> None:
             try:
                 if op == "trace_on":
                     if not recorder:
-                        recorder.append(ActivityRecorder(dut))
+                        recorder.append(ActivityRecorder(tb.core))
                     reply, data = {}, b""
                 elif op == "trace_take":
                     if not recorder:
@@ -132,13 +138,15 @@ async def _handle(tb: Testbench, dut: Any, cmd: dict[str, Any], payload: bytes) 
         return {}, bytes(mem[addr:addr + n])
     if op == "write_mem":
         addr = cmd["addr"]
-        mem[addr:addr + len(payload)] = payload
+        mem[addr:addr + len(payload)] = np.frombuffer(payload, dtype=np.uint8) if tb.dpi else payload
         return {}, b""
     if op == "wait_irq":
         if not dut.irq.value:
-            await First(RisingEdge(dut.irq), ClockCycles(dut.clk, cmd["cycles"]))
+            # a timer when the design makes its own clock: counting edges would call Python at each one
+            limit = Timer(cmd["cycles"] * PERIOD_NS, unit="ns") if tb.dpi else ClockCycles(dut.clk, cmd["cycles"])
+            await First(RisingEdge(dut.irq), limit)
         return {"irq": bool(dut.irq.value)}, b""
     if op == "hold_dram":  # one way: the parent restarts the simulation to reset it
-        tb.dram.read_if.r_channel.set_pause_generator(itertools.repeat(True))
+        tb.dram.hold()
         return {}, b""
     raise ValueError(f"unknown command '{op}'")

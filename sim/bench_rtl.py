@@ -10,9 +10,12 @@ rows (alternating between the two halves of the input and accumulator buffers):
   executions: the read-after-write distance the pipeline must forward);
 * store: one STORE of the block's output rows.
 
-Tokens let the load of block k+1 and the store of block k-1 overlap the GEMMs of block k. The DRAM model
-is the Pynq-Z1-like one (:data:`weft.sim.dram_timing.TIMINGS`, "pynq"). The final DRAM image is checked
-against the functional simulator, so the figures come from a run that is also bit-exact.
+Tokens let the load of block k+1 and the store of block k-1 overlap the GEMMs of block k. The DRAM timing
+is the Pynq-Z1-like one (:data:`weft.sim.dram_timing.TIMINGS`, "pynq"); on Verilator the DRAM model is the
+one inside the design ("dpi", :mod:`weft.sim.dram_model`), and the main stream runs again on the AxiRam
+model ("axiram") for its speed beside. The final DRAM image is checked against the functional simulator,
+so the figures come from a run that is also bit-exact; each run's cycles stand beside the timing model's
+prediction for the same stream (``model_cycles``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from weft.isa.semantics import UNIT_NAMES, named_row_bytes
 from weft.progress import Progress
 from weft.sim.cosim import check_job, job_from_program, run_jobs, simulator_available
 from weft.sim.dram import Dram
+from weft.sim.dram_model import choose
 from weft.sim.dram_timing import TIMINGS
 from weft.sim.fsim import FunctionalSimulator
 from weft.sim.timing import TimingModel
@@ -135,7 +139,8 @@ def gemm_stream(config: AcceleratorConfig, blocks: int, seed: int = 0) -> tuple[
     return insns, dram, shape
 
 
-def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> dict[str, Any]:
+def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str, dram_model: str | None = None
+             ) -> dict[str, Any]:
     insns, dram, shape = gemm_stream(config, blocks)
     job = job_from_program(config, insns, dram, label="gemm stream")
     expected = Dram(job.dram.size)
@@ -143,7 +148,8 @@ def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> d
     model = TimingModel(config, TIMINGS[timing])
     stats = FunctionalSimulator(config, timing=model).run(expected, job.insn_addr, job.insn_count)
     job.timeout_cycles = 50 * (stats["gemm_execs"] + sum(stats["bytes"].values())) + 100_000
-    result = run_jobs(config, sim, [job], timing=timing)[0]
+    dram_model = choose(sim, dram_model)
+    result = run_jobs(config, sim, [job], timing=timing, dram_model=dram_model)[0]
     problem = check_job(config, result, expected.data, insns)
     counters = result.counters
     cycles = counters["cycles"]
@@ -167,6 +173,7 @@ def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> d
         "model_cycles": stats["cycles"],
         "model_error": round((stats["cycles"] - cycles) / cycles, 4) if cycles else None,
         "simulator": sim,
+        "dram_model": dram_model,
         "sim_wall_s": round(wall, 2),
         "sim_cycles_per_s": round(cycles / wall) if wall else None,
     }
@@ -174,8 +181,10 @@ def _measure(config: AcceleratorConfig, sim: str, blocks: int, timing: str) -> d
 
 def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: str = "tiny",
               timing: str = "pynq", repeat: int = 1, **options: Any) -> dict[str, Any]:
-    """MAC utilization of `config_name` on Verilator with the Pynq-like DRAM, and RTL simulation speed on
-    Verilator and Icarus (on `speed_config`, small enough for Icarus; the median of `repeat` runs).
+    """MAC utilization of `config_name` on Verilator with the Pynq-like DRAM, and RTL simulation speed: of
+    that run (``verilator_main``, the dpi DRAM model) beside the same stream on the AxiRam model
+    (``verilator_main_axiram``), and on `speed_config` (small enough for Icarus; the median of `repeat`
+    runs) on Verilator (dpi), Verilator with AxiRam (``verilator_axiram``) and Icarus.
 
     Cycle counts are deterministic; only the speeds vary from run to run. Other options of `weft bench`
     (``model``) do not apply and are refused. A progress bar on stderr (a terminal only) follows the runs.
@@ -190,24 +199,31 @@ def bench_rtl(config_name: str = "default", *, blocks: int = 96, speed_config: s
     config = load_config(config_name)
     figures: dict[str, Any] = {"dram_model": {"name": timing, **TIMINGS[timing].to_dict()}}
     speed = load_config(speed_config)
-    sims = [sim for sim in ("verilator", "icarus") if simulator_available(sim)]
+    # (name in figures["speed"], simulator, DRAM model)
+    runs_of = [("verilator", "verilator", "dpi"), ("verilator_axiram", "verilator", "axiram")]
+    if simulator_available("icarus"):
+        runs_of.append(("icarus", "icarus", "axiram"))
     calibrated = list({c.hash: c for c in (config, speed)}.values())
-    with Progress(1 + len(sims) * repeat + len(calibrated), "bench rtl") as bar:
-        figures["utilization"] = _measure(config, "verilator", blocks, timing)
+    with Progress(2 + len(runs_of) * repeat + len(calibrated), "bench rtl") as bar:
+        figures["utilization"] = _measure(config, "verilator", blocks, timing, "dpi")
         bar.advance(note=f"{config.name} utilization: {figures['utilization']['cycles']:,} cycles")
+        axiram = _measure(config, "verilator", blocks, timing, "axiram")
+        bar.advance(note=f"{config.name} on AxiRam: {axiram['sim_cycles_per_s'] or 0:,} cycles/s")
         figures["speed"] = {}
-        for sim in sims:
+        for name, sim, dram_model in runs_of:
             runs = []
             for _ in range(repeat):
-                runs.append(_measure(speed, sim, 8, timing))
-                bar.advance(note=f"{speed.name} speed on {sim}: {runs[-1]['sim_cycles_per_s'] or 0:,} cycles/s")
+                runs.append(_measure(speed, sim, 8, timing, dram_model))
+                bar.advance(note=f"{speed.name} speed on {name}: {runs[-1]['sim_cycles_per_s'] or 0:,} cycles/s")
             runs.sort(key=lambda r: r["sim_cycles_per_s"] or 0)
-            figures["speed"][sim] = runs[len(runs) // 2] | {"repeats": repeat}
+            figures["speed"][name] = runs[len(runs) // 2] | {"repeats": repeat}
         # The timing model against the RTL on the random regression streams and a conv (weft.sim.timing).
         figures["timing_model"] = {}
         for c in calibrated:
             figures["timing_model"][c.name] = calibration_figures(c, timing=timing)
             bar.advance(note=f"{c.name} timing model against the RTL")
-    figures["speed"]["verilator_main"] = {
-        key: figures["utilization"][key] for key in ("config", "cycles", "sim_wall_s", "sim_cycles_per_s")}
+    keys = ("config", "dram_model", "cycles", "model_cycles", "model_error", "bit_exact", "sim_wall_s",
+            "sim_cycles_per_s")
+    figures["speed"]["verilator_main"] = {key: figures["utilization"][key] for key in keys}
+    figures["speed"]["verilator_main_axiram"] = {key: axiram[key] for key in keys}
     return figures

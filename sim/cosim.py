@@ -5,12 +5,17 @@ The same DRAM image and instruction stream go to both; the final DRAM images mus
 simulator process runs a batch of jobs in order on one accelerator instance, so the on-chip buffers carry
 over from job to job; the functional simulator runs the batch the same way on one instance.
 
+The DRAM the design talks to is the model inside the design on Verilator ("dpi", :mod:`weft.sim.dram_model`:
+no Python per cycle), or cocotbext-axi's AxiRam ("axiram": Icarus, bus-error faults, or asked for), both
+with the same timing (:mod:`weft.sim.dram_timing`) and the same driver sequence.
+
 Builds are cached in the user cache folder (``rtl/`` in :func:`weft.cache.cache_dir`) by (config hash,
-fingerprint of the generator's sources, simulator and its version, cocotb), with a file lock so parallel test
-workers share one build. A build says what it waits for on one status line (:class:`weft.progress.Waiting`)
-and sends the simulator's and cocotb's narration to its log, unless `verbose`. A
-:class:`weft.progress.Progress` given to :func:`run_jobs` or :func:`run_random` advances as each job's report
-appears (a thread watches the work directory while the simulator runs, so the simulation itself pays nothing).
+fingerprint of the generator's sources, simulator and its version, cocotb, the dpi model's sources), with a
+file lock so parallel test workers share one build. A build says what it waits for on one status line
+(:class:`weft.progress.Waiting`) and sends the simulator's and cocotb's narration to its log, unless
+`verbose`. A :class:`weft.progress.Progress` given to :func:`run_jobs` or :func:`run_random` advances as
+each job's report appears (a thread watches the work directory while the simulator runs, so the simulation
+itself pays nothing).
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ from weft.isa.constants import MemId, Opcode
 from weft.isa.encoding import encode_insns
 from weft.isa.semantics import UNIT_NAMES, row_bytes
 from weft.progress import Waiting
+from weft.sim import dram_model as dpi
 from weft.sim.dram import Dram
-from weft.sim.dram_timing import TIMINGS
+from weft.sim.dram_timing import TIMINGS, DramTiming
 from weft.sim.fsim import FunctionalSimulator, SimError, insn_region
 from weft.sim.randprog import random_program
 from weft.sim.simulators import SIMULATORS, Simulator, find
@@ -57,7 +63,7 @@ __all__ = [
     "SIMULATORS", "CosimError", "Job", "JobResult", "build", "build_key", "cocotb_runner", "compare",
     "default_build_root",
     "fingerprint",
-    "job_from_program", "run_jobs", "run_random", "simulator_available", "verilog_path",
+    "job_from_program", "run_jobs", "run_random", "simulator_available", "toplevel", "verilog_path",
 ]
 
 _PACKAGE = Path(__file__).resolve().parent.parent
@@ -103,15 +109,25 @@ def fingerprint() -> str:
     return digest.hexdigest()[:12]
 
 
-def cocotb_runner(sim: str, narration: TextIO | None = None) -> Any:
+def cocotb_runner(sim: str, narration: TextIO | None = None, *, public_all: bool = True) -> Any:
     """cocotb's runner for simulator `sim` (also what the RTL device's simulator process starts from), running
     the simulator :func:`weft.sim.simulators.find` chose, with its environment added to the subprocesses'.
-    The runner narrates its commands to `narration` (nowhere when None; its warnings to stderr)."""
+    The runner narrates its commands to `narration` (nowhere when None; its warnings to stderr). Without
+    `public_all`, a Verilator build leaves out cocotb's ``--public-flat-rw`` (every signal reachable, and
+    none optimized away: most of the model's time; a control file among the sources names what Python may
+    reach) and compiles with :data:`weft.sim.dram_model.MAKE_ARGS`."""
     from cocotb_tools.runner import SUPPORTED_RUNNERS
 
     tool = _simulator(sim)
 
     class Runner(SUPPORTED_RUNNERS[sim]):  # type: ignore[misc, valid-type]
+        def _build_command(self) -> Any:
+            commands = super()._build_command()
+            if not public_all:
+                commands[0] = [arg for arg in commands[0] if arg != "--public-flat-rw"]
+                commands[1] = [*commands[1], *dpi.MAKE_ARGS]
+            return commands
+
         def _set_env_common(self) -> None:
             super()._set_env_common()
             self.env.update(tool.env())
@@ -206,22 +222,40 @@ def _record_build_seconds(root: Path, sim: str, seconds: float) -> None:
     write_atomic(path, json.dumps(data).encode())
 
 
-def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None, *, verbose: bool = False) -> Path:
-    """Compile the Verilog of `config` for `sim` (cached, per simulator version: :func:`build_key`); returns
-    the build directory. A first build shows one status line on stderr; the simulator's output goes to
+def toplevel(dram_model: str) -> str:
+    """The design's top level for DRAM model `dram_model` (:data:`weft.sim.dram_model.DRAM_MODELS`)."""
+    return dpi.TOPLEVEL if dram_model == "dpi" else "weft_top"
+
+
+def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None, *, verbose: bool = False,
+          dram_model: str = "axiram") -> Path:
+    """Compile the Verilog of `config` for `sim` (cached, per simulator version: :func:`build_key`) with DRAM
+    model `dram_model` ("dpi": ``weft_sim``, the model inside the design; Verilator only); returns the build
+    directory. A first build shows one status line on stderr; the simulator's output goes to
     ``build_<sim>.log`` in the build's folder, and cocotb's narration after it (to stderr with `verbose`)."""
     key = build_key(sim)
     source = verilog_path(config, build_root)
+    sources: list[Any] = [source]
+    if dram_model == "dpi":
+        from cocotb_tools.runner import VerilatorControlFile  # cocotb 2 is there: build_key checked
+
+        key += f"-dpi{dpi.fingerprint()}"
+        sources = [source, *dpi.MODEL_SOURCES[:1], source.with_name(f"{dpi.TOPLEVEL}.v"),
+                   VerilatorControlFile(source.with_name(f"{dpi.TOPLEVEL}.vlt"))]
     build_dir = source.parent / f"sim_{sim}-{key}"
     stamp = build_dir / "built.ok"
     with _locked(source.parent / f"{build_dir.name}.lock"):
         if stamp.exists():
             return build_dir
-        log = source.parent / f"build_{sim}.log"
+        if dram_model == "dpi":
+            write_atomic(sources[2], dpi.wrapper_verilog(source.read_text()).encode())
+            write_atomic(sources[3].value, dpi.control_file(source.read_text()).encode())
+        log = source.parent / f"build_{sim}{'_dpi' if dram_model == 'dpi' else ''}.log"
         # Yosys writes implicit width extensions; they are Verilog semantics, not bugs.
         options: dict[str, Any] = {"timescale": ("1ns", "1ps")} if sim == "icarus" else {
             "build_args": ["--timescale", "1ns/1ps", "-Wno-fatal", "-Wno-WIDTH", "-O3",
-                           "--x-assign", "fast", "--x-initial", "fast", "--output-split", "20000"]}
+                           "--x-assign", "fast", "--x-initial", "fast", "--output-split", "20000",
+                           *([*dpi.VERILATOR_ARGS, str(dpi.MODEL_SOURCES[1])] if dram_model == "dpi" else [])]}
         rtl_root = source.parent.parent
         last = _last_build_seconds(rtl_root, sim)
         estimate = f"the last {sim} build took {last:.0f} s" if last is not None else \
@@ -231,8 +265,8 @@ def build(config: AcceleratorConfig, sim: str, build_root: Path | None = None, *
         try:
             with Waiting(f"building the {sim} simulation of config {config.name}",
                          f"first time for this design; {estimate}; log: {log}", enabled=False if verbose else None):
-                cocotb_runner(sim, sys.stderr if verbose else narration).build(
-                    sources=[source], hdl_toplevel="weft_top", build_dir=build_dir, log_file=log, **options)
+                cocotb_runner(sim, sys.stderr if verbose else narration, public_all=dram_model != "dpi").build(
+                    sources=sources, hdl_toplevel=toplevel(dram_model), build_dir=build_dir, log_file=log, **options)
         except (SystemExit, RuntimeError) as err:
             raise CosimError(f"building the {sim} model failed ({err}); see {log}") from None
         finally:
@@ -289,18 +323,21 @@ def job_from_program(config: AcceleratorConfig, insns: np.ndarray, dram: Dram, l
 
 def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing: str = "ideal",
              build_root: Path | None = None, seed: int = 0, log_level: str = "WARNING",
-             progress: Progress | None = None, verbose: bool = False) -> list[JobResult]:
+             progress: Progress | None = None, verbose: bool = False, dram_model: str | None = None
+             ) -> list[JobResult]:
     """Run `jobs` in order in one simulator process; returns the RTL's final DRAM and registers of each.
 
-    `timing` names the DRAM model (:data:`weft.sim.dram_timing.TIMINGS`); `seed` seeds its random
-    stalls; `log_level` is cocotb's (the simulator's log is kept only when a run fails); `progress`
-    advances once per finished job; cocotb's narration (its commands, its results.xml) goes to stderr
-    only with `verbose`.
+    `timing` names the DRAM timing (:data:`weft.sim.dram_timing.TIMINGS`); `seed` seeds its random
+    stalls; `dram_model` picks the DRAM model (:func:`weft.sim.dram_model.choose`: by default the one inside
+    the design on Verilator, unless a job has fault ranges); `log_level` is cocotb's (the simulator's log is
+    kept only when a run fails); `progress` advances once per finished job; cocotb's narration (its
+    commands, its results.xml) goes to stderr only with `verbose`.
     """
 
     if timing not in TIMINGS:
         raise UsageError(f"unknown DRAM timing '{timing}' (known: {', '.join(TIMINGS)})")
-    build_dir = build(config, sim, build_root, verbose=verbose)
+    dram_model = dpi.choose(sim, dram_model, faults=any(job.faults for job in jobs))
+    build_dir = build(config, sim, build_root, verbose=verbose, dram_model=dram_model)
 
     size = 1 << max(12, (max(job.dram.size for job in jobs) - 1).bit_length())
     timing_dict = TIMINGS[timing].to_dict() | {"seed": seed}
@@ -314,14 +351,21 @@ def run_jobs(config: AcceleratorConfig, sim: str, jobs: Sequence[Job], *, timing
                             "report_out": str(work / f"out{k}.json"), "timeout_cycles": job.timeout_cycles,
                             "faults": [list(r) for r in job.faults]})
         manifest = work / "manifest.json"
-        manifest.write_text(json.dumps({"config": config.to_dict(), "dram_size": size, "timing": timing_dict,
-                                        "jobs": entries}))
+        setup: dict[str, Any] = {"config": config.to_dict(), "dram_size": size, "timing": timing_dict,
+                                 "jobs": entries}
+        plusargs: list[str] = []
+        if dram_model == "dpi":
+            setup["dpi"] = {"image": str(work / "dram.bin"), "log": str(work / "dram_violations.log")}
+            dpi.open_image(work / "dram.bin", size, create=True)
+            plusargs = dpi.plusargs(DramTiming(**timing_dict), work / "dram.bin",
+                                           work / "dram_violations.log")
+        manifest.write_text(json.dumps(setup))
         log = work / "sim.log"
         follower = _JobFollower(jobs, [Path(e["report_out"]) for e in entries], progress)
         try:
             cocotb_runner(sim, sys.stderr if verbose else None).test(
-                test_module=TEST_MODULE, hdl_toplevel="weft_top", hdl_toplevel_lang="verilog",
-                build_dir=build_dir, test_dir=work,
+                test_module=TEST_MODULE, hdl_toplevel=toplevel(dram_model), hdl_toplevel_lang="verilog",
+                build_dir=build_dir, test_dir=work, plusargs=plusargs,
                 extra_env={"WEFT_COSIM_MANIFEST": str(manifest), "COCOTB_LOG_LEVEL": log_level}, log_file=log)
         except (SystemExit, RuntimeError):
             pass  # the simulator failed, or cocotb saw a failed test: judged below from what the jobs wrote
@@ -437,6 +481,8 @@ class RandomReport:
     timing: str
     results: list[SeedResult] = field(default_factory=list)
     wall_s: float = 0.0
+    #: The DRAM model the RTL ran with (:data:`weft.sim.dram_model.DRAM_MODELS`).
+    dram_model: str = "axiram"
 
     @property
     def passed(self) -> int:
@@ -451,7 +497,7 @@ class RandomReport:
         mac = sum(r.counters.get("mac_active", 0) for r in self.results)
         busy = {u: sum(r.counters.get(f"busy_{u}", 0) for r in self.results) for u in UNIT_NAMES}
         return {
-            "config": self.config, "sim": self.sim, "dram_timing": self.timing,
+            "config": self.config, "sim": self.sim, "dram_timing": self.timing, "dram_model": self.dram_model,
             "passed": self.passed, "failed": self.failed, "cycles": cycles,
             "instructions": sum(r.insn_count for r in self.results),
             "mac_utilization": mac / cycles if cycles else 0.0,
@@ -500,12 +546,13 @@ def check_job(config: AcceleratorConfig, result: JobResult, expected: np.ndarray
 
 def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_insns: int = 120,
                timing: str = "ideal", build_root: Path | None = None, progress: Progress | None = None,
-               verbose: bool = False, **program_options: Any) -> RandomReport:
+               verbose: bool = False, dram_model: str | None = None, **program_options: Any) -> RandomReport:
     """Random legal programs (:func:`weft.sim.randprog.random_program`) on the RTL and on the oracle;
-    `progress` advances once per seed the RTL has run; `verbose` as :func:`run_jobs`."""
+    `progress` advances once per seed the RTL has run; `verbose` and `dram_model` as :func:`run_jobs`."""
 
     started = time.perf_counter()
-    report = RandomReport(config=config.name, sim=sim, timing=timing)
+    dram_model = dpi.choose(sim, dram_model)
+    report = RandomReport(config=config.name, sim=sim, timing=timing, dram_model=dram_model)
     oracle = FunctionalSimulator(config)
     jobs, expected, programs, stats = [], [], [], []
     for seed in seeds:
@@ -523,7 +570,7 @@ def run_random(config: AcceleratorConfig, sim: str, seeds: Sequence[int], *, n_i
         programs.append(insns)
         stats.append(st)
     results = run_jobs(config, sim, jobs, timing=timing, build_root=build_root, seed=int(seeds[0]) if seeds else 0,
-                       progress=progress, verbose=verbose)
+                       progress=progress, verbose=verbose, dram_model=dram_model)
     for seed, result, want, insns, st in zip(seeds, results, expected, programs, stats, strict=True):
         problem = check_job(config, result, want, insns)
         mismatch = compare(config, want, result.dram, insns) if "DRAM byte" in problem else None

@@ -12,6 +12,7 @@ from weft.core.files import write_atomic
 from weft.errors import UsageError, user_file
 from weft.progress import Progress
 from weft.sim.cosim import run_random
+from weft.sim.dram_model import DRAM_MODELS
 
 __all__ = ["add_cosim_arguments", "run_cosim"]
 
@@ -24,6 +25,9 @@ def add_cosim_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--insns", type=int, default=150, help="instructions per random program (about)")
     parser.add_argument("--dram", choices=("ideal", "pynq", "stress"), default="stress",
                         help="DRAM model: no latency, Pynq-Z1-like, or random stalls")
+    parser.add_argument("--dram-model", choices=DRAM_MODELS, default=None,
+                        help="the DRAM model inside the design (dpi: Verilator only, the default there) or "
+                             "cocotbext-axi's AxiRam in Python (axiram: the default on Icarus)")
     parser.add_argument("--junit", metavar="FILE.xml",
                         help="also write a JUnit XML report (one test case per seed) for CI")
     parser.add_argument("--verbose", action="store_true",
@@ -38,7 +42,7 @@ def run_cosim(args: argparse.Namespace) -> int:
     seeds = list(range(args.seed, args.seed + args.count))
     with Progress(len(seeds), f"cosim {config.name} on {args.sim}") as bar:
         report = run_random(config, args.sim, seeds, n_insns=args.insns, timing=args.dram, progress=bar,
-                            verbose=args.verbose)
+                            verbose=args.verbose, dram_model=args.dram_model)
     print_json(report.summary())
     if args.junit:
         with user_file(args.junit, "JUnit report"):

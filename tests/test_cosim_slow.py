@@ -1,16 +1,31 @@
-"""Cosimulation of the larger presets on Verilator, and the MAC-utilization target (slow: minutes each,
-most of it the first Verilator build of a config). CI runs the bounded subset named in ``.ci/run`` (the
-non-square, narrow-bus ``rect`` preset); ``make test-slow`` runs them all."""
+"""Cosimulation of the larger presets on Verilator, whole networks on the RTL device, and the MAC-utilization
+target (slow: minutes each, most of it the first Verilator build of a config). CI runs the bounded subset
+named in ``.ci/run`` (the non-square, narrow-bus ``rect`` preset, and a small network end to end);
+``make test-slow`` runs them all."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
+import weft
+from weft.compiler import models
 from weft.config import PRESETS
 from weft.sim.bench_rtl import bench_rtl
 from weft.sim.cosim import run_random
 
+from .test_e2e import _compile, _shape
+from .test_frontend_util import rand
+
 pytestmark = [pytest.mark.slow, pytest.mark.rtl]
+
+#: The random regression's programs per preset and DRAM model, run in batches of one simulator process each.
+REGRESSION_PROGRAMS = 1000
+REGRESSION_BATCH = 100
+#: Where `weft demo` puts the torchvision ResNet-18.
+RESNET18 = Path(__file__).resolve().parent.parent / "build" / "demo" / "resnet18.onnx"
 
 
 @pytest.mark.parametrize(("name", "seeds", "timing"), [
@@ -31,3 +46,67 @@ def test_gemm_bound_stream_keeps_the_macs_busy_on_default():
     assert main["bit_exact"], main["problem"]
     assert main["mac_utilization"] >= 0.90, main
     assert figures["speed"]["verilator"]["sim_cycles_per_s"] > 0
+    # the DRAM model inside the design against AxiRam on the same stream: same cycles, far less wall time
+    dpi, axiram = figures["speed"]["verilator_main"], figures["speed"]["verilator_main_axiram"]
+    assert dpi["cycles"] == axiram["cycles"] and dpi["bit_exact"] and axiram["bit_exact"]
+    assert dpi["sim_cycles_per_s"] > 5 * axiram["sim_cycles_per_s"]
+
+
+@pytest.mark.parametrize("dram_model", ["dpi", "axiram"])
+@pytest.mark.parametrize("name", ["tiny", "default", "rect", "zcu104"])
+def test_a_thousand_random_programs_per_preset_under_stress_timing(name, dram_model):
+    """The issue's regression: 1,000 random programs per preset, on the DRAM model inside the design and on
+    AxiRam, under random stalls; 0 mismatches."""
+    for first in range(0, REGRESSION_PROGRAMS, REGRESSION_BATCH):
+        report = run_random(PRESETS[name], "verilator", range(first, first + REGRESSION_BATCH), n_insns=150,
+                            timing="stress", dram_model=dram_model)
+        assert report.failed == 0, report.summary()["failures"]
+
+
+def _rtl_against_fsim(art, feeds: dict[str, np.ndarray]) -> list[tuple[str, int, int]]:
+    """Runs `art` on fsim and on the RTL (Verilator, the dpi DRAM model, Pynq timing), asserts the outputs
+    are bit-exact and the total cycles within 1% of the timing model's; returns (layer, RTL cycles, model
+    cycles) per accelerator layer, printed as a table."""
+    fsim = weft.InferenceSession(art, device="fsim")
+    want = fsim.run(None, feeds)
+    rtl = weft.InferenceSession(art, device="rtl", simulator="verilator", timing="pynq")
+    try:
+        got = rtl.run(None, feeds)
+        stats = rtl.stats
+    finally:
+        rtl.device.close()
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(w, g)
+    model = {layer["name"]: layer["cycles"] for layer in fsim.stats["layers"]}
+    rows = [(layer["name"], layer["cycles"], model[layer["name"]]) for layer in stats["layers"]
+            if layer["cycles"] is not None]
+    print(f"\n{'layer':<28} {'RTL cycles':>12} {'model':>12} {'error':>8}")
+    for name, cycles, predicted in rows:
+        print(f"{name:<28} {cycles:>12,} {predicted:>12,} {(predicted - cycles) / cycles:>8.2%}")
+    total, predicted = stats["cycles"], fsim.stats["cycles"]
+    print(f"{'total':<28} {total:>12,} {predicted:>12,} {(predicted - total) / total:>8.2%}")
+    assert total == sum(r[1] for r in rows)
+    assert abs(predicted - total) <= 0.01 * total
+    return rows
+
+
+def test_small_network_end_to_end_on_the_rtl():
+    """The CI subset's network: the small ResNet compiled for default, bit-exact on the RTL and within 1% of
+    the timing model."""
+    model = models.MODELS["small_resnet"]()
+    input_name, shape = _shape(model)
+    rows = _rtl_against_fsim(_compile(model, "default"), {input_name: rand(*shape, seed=3)})
+    assert len(rows) > 3
+
+
+def test_resnet18_on_the_rtl():
+    """The whole torchvision ResNet-18 (``weft demo`` exports it) on default through the RTL device: bit-exact
+    with fsim, total cycles within 1% of the timing model, a per-layer table (pytest -s shows it)."""
+    if not RESNET18.exists():
+        pytest.skip(f"{RESNET18} is missing: `weft demo` exports it")
+    import onnx
+
+    model = onnx.load(str(RESNET18))
+    input_name, shape = _shape(model)
+    rows = _rtl_against_fsim(_compile(model, "default"), {input_name: rand(*shape, seed=0)})
+    assert len(rows) >= 20

@@ -28,6 +28,7 @@ from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 from cocotbext.axi.constants import AxiBurstType, AxiResp
 from cocotbext.axi.memory import Memory
 
+from weft.sim.dram_model import pause_pattern
 from weft.sim.dram_timing import TIMINGS, DramTiming
 
 __all__ = ["TIMINGS", "DramModel", "DramTiming"]
@@ -40,10 +41,7 @@ def _pauses(duty: float, random_stalls: bool, seed: int) -> Iterator[bool] | Non
     if random_stalls:
         rng = random.Random(seed)
         return iter(lambda: rng.random() >= duty, None)  # an endless generator
-    period = 20
-    go = round(duty * period)
-    pattern = [(k * go) // period != ((k + 1) * go) // period for k in range(period)]
-    return itertools.cycle([not p for p in pattern])
+    return itertools.cycle(pause_pattern(duty))
 
 
 class _Checker:
@@ -204,3 +202,25 @@ class DramModel(AxiRam):
         common = dict(timing=timing, period_ns=period_ns, checker=checker, faults=self.faults)
         self.write_if = _TimedWrite(bus.write, clock, reset, True, mem=self.mem, **common)
         self.read_if = _TimedRead(bus.read, clock, reset, True, mem=self.mem, **common)
+
+    # ---- what the testbench asks of either DRAM model (weft.sim.cocotb_tb.dpi_dram.DpiDram's too) ----------
+    @property
+    def read_bursts(self) -> int:
+        return self.read_if.bursts
+
+    @property
+    def write_bursts(self) -> int:
+        return self.write_if.bursts
+
+    def set_faults(self, ranges: list[tuple[int, int]]) -> None:
+        self.faults.ranges = list(ranges)
+
+    def take_violations(self) -> list[str]:
+        """The rules broken since the last take."""
+        taken = list(self.violations)
+        self.violations.clear()
+        return taken
+
+    def hold(self) -> None:
+        """Stop answering reads (a stuck bus, for watchdog tests) for the rest of the simulation."""
+        self.read_if.r_channel.set_pause_generator(itertools.repeat(True))

@@ -1,9 +1,15 @@
 """The testbench: clock, reset, the DRAM model on ``m_axi``, an ``AxiLiteMaster`` on ``s_axil``, and the
-driver sequence of one run, written against the register map of :mod:`weft.hw.regs` (no offsets here)."""
+driver sequence of one run, written against the register map of :mod:`weft.hw.regs` (no offsets here).
+
+The DRAM model is cocotbext-axi's AxiRam (:class:`~weft.sim.cocotb_tb.dram.DramModel`, on ``weft_top``), or
+the one inside the design (:class:`~weft.sim.cocotb_tb.dpi_dram.DpiDram`, on ``weft_sim``; the manifest's or
+setup's ``dpi`` names its image file and log). With the latter the design makes its own clock and nothing
+in Python wakes per cycle while the accelerator runs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +19,7 @@ from cocotb.triggers import ClockCycles, First, RisingEdge, Timer
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster
 
 from weft.hw.regs import COUNTERS, register_map
+from weft.sim.cocotb_tb.dpi_dram import DpiDram
 from weft.sim.cocotb_tb.dram import DramModel, DramTiming
 
 __all__ = ["PERIOD_NS", "RunResult", "Testbench"]
@@ -39,16 +46,28 @@ class RunResult:
 class Testbench:
     """One accelerator instance in the simulator."""
 
-    def __init__(self, dut: Any, config: Any, *, dram_size: int, timing: DramTiming):
+    def __init__(self, dut: Any, config: Any, *, dram_size: int, timing: DramTiming,
+                 dpi: dict[str, str] | None = None):
+        """`dpi` (``image``, ``log``: paths) when `dut` is ``weft_sim``, whose model has the timing built in."""
         self.dut = dut
         self.config = config
         self.regs = {r.name: r for r in register_map(config)}
         self.fields = {f.name: (r.offset, f) for r in self.regs.values() for f in r.fields}
-        Clock(dut.clk, PERIOD_NS, unit="ns").start()
-        # The bus models are not tied to rst: the DUT's reset is ours to drive, and they are idle until
-        # the first transfer anyway.
-        self.dram = DramModel(AxiBus.from_prefix(dut, "m_axi"), dut.clk, None, size=dram_size,
-                              timing=timing, period_ns=PERIOD_NS)
+        self.dram: DramModel | DpiDram
+        #: Whether the DRAM model is the one inside the design (and the design makes its own clock).
+        self.dpi = dpi is not None
+        if dpi is not None:
+            # weft_sim makes its own clock (of weft.sim.dram_model.PERIOD_NS, the same period)
+            self.dram = DpiDram(dut, image=Path(dpi["image"]), log=Path(dpi["log"]), size=dram_size)
+            #: The accelerator's core (the trace recorder's signals are below it).
+            self.core = dut.top.core
+        else:
+            Clock(dut.clk, PERIOD_NS, unit="ns").start()
+            # The bus models are not tied to rst: the DUT's reset is ours to drive, and they are idle until
+            # the first transfer anyway.
+            self.dram = DramModel(AxiBus.from_prefix(dut, "m_axi"), dut.clk, None, size=dram_size,
+                                  timing=timing, period_ns=PERIOD_NS)
+            self.core = dut.core
         self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil"), dut.clk)
 
     async def reset(self) -> None:
@@ -77,11 +96,18 @@ class Testbench:
     def load_dram(self, image: np.ndarray) -> None:
         """Put `image` at address 0 and zero the rest of the memory."""
         mem = self.dram.mem
-        mem[:] = bytes(len(mem))
-        mem[:image.size] = image.tobytes()
+        if isinstance(mem, np.ndarray):
+            mem[image.size:] = 0
+            mem[:image.size] = image
+        else:
+            mem[:] = bytes(len(mem))
+            mem[:image.size] = image.tobytes()
 
     def read_dram(self, nbytes: int) -> np.ndarray:
-        return np.frombuffer(bytes(self.dram.mem[:nbytes]), dtype=np.uint8).copy()
+        mem = self.dram.mem
+        if isinstance(mem, np.ndarray):
+            return np.array(mem[:nbytes])
+        return np.frombuffer(bytes(mem[:nbytes]), dtype=np.uint8).copy()
 
     async def run(self, insn_addr: int, insn_count: int, timeout_cycles: int) -> RunResult:
         """Program the registers, START, wait for the interrupt, read status, error and counters."""
