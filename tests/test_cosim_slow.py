@@ -5,8 +5,6 @@ named in ``.ci/run`` (the non-square, narrow-bus ``rect`` preset, and a small ne
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -25,7 +23,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.rtl]
 REGRESSION_PROGRAMS = 1000
 REGRESSION_BATCH = 100
 #: Where `weft demo` puts the torchvision ResNet-18.
-RESNET18 = Path(__file__).resolve().parent.parent / "build" / "demo" / "resnet18.onnx"
 
 
 @pytest.mark.parametrize(("name", "seeds", "timing"), [
@@ -100,13 +97,10 @@ def test_small_network_end_to_end_on_the_rtl():
 
 
 def test_resnet18_on_the_rtl():
-    """The whole torchvision ResNet-18 (``weft demo`` exports it) on default through the RTL device: bit-exact
-    with fsim, total cycles within 1% of the timing model, a per-layer table (pytest -s shows it)."""
-    if not RESNET18.exists():
-        pytest.skip(f"{RESNET18} is missing: `weft demo` exports it")
-    import onnx
-
-    model = onnx.load(str(RESNET18))
+    """The whole ResNet-18 (the graph ``weft demo`` runs, built as torchvision exports it) on default through
+    the RTL device: bit-exact with fsim, total cycles within 1% of the timing model, a per-layer table
+    (pytest -s shows it)."""
+    model = models.MODELS["resnet18"]()
     input_name, shape = _shape(model)
     rows = _rtl_against_fsim(_compile(model, "default"), {input_name: rand(*shape, seed=0)})
     assert len(rows) >= 20
