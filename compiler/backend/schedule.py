@@ -31,7 +31,8 @@ from weft.isa.semantics import named_row_bytes
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "cost", "default_schedule", "ranked", "space", "usage"]
+__all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "cost", "default_schedule", "ranked", "residual_by_gemm",
+           "space", "usage"]
 
 ORDERS = ("oc_outer", "pix_outer")
 KINDS = ("conv", "maxpool", "avgpool", "eltwise")
@@ -125,6 +126,15 @@ class Usage:
         return self.load_insns + self.compute_insns + self.store_insns
 
 
+def residual_by_gemm(g: LayerGeom, config: AcceleratorConfig) -> bool:
+    """Whether a convolution's residual tile comes in through the load unit, as inp rows beside the input
+    window, and an identity GEMM copies it into the accumulator. The compute unit would otherwise load it
+    itself (acc_narrow rows, at the bus's rate, while nothing else runs on it); this way the load overlaps
+    the GEMMs and the compute unit spends two passes over the tile (reset, copy). An inp row must hold
+    exactly one out row (the back end already requires inp_width == out_width)."""
+    return g.residual and g.kind == "conv" and config.block_in == config.block_out
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -152,7 +162,8 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     alu_execs = tasks * tile_rows * (g.alu_steps + (1 if g.residual else 0))
     # Vectors are reloaded when a thread's output-channel tile changes.
     vec_loads = oc_tiles * min(s.vthreads, n_tiles) if s.order == "oc_outer" else tasks
-    acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual else 0)
+    by_gemm = residual_by_gemm(g, config)
+    acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual and not by_gemm else 0)
     compute_insns = tasks * (g.alu_steps + (1 if g.residual else 0) + (planes if g.residual else 0)) + vec_loads
     store_insns = tasks * planes
     if g.kind == "conv":
@@ -173,6 +184,14 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         load_insns = w_loads + i_loads * s.tile_n * s.tile_ic
         compute_insns += stages + tasks  # a GEMM per stage, a reset per task
         uops = _gemm_uops(g, s) + 8
+        if by_gemm:  # the residual tile and the identity matrix beside the tiles; the copy runs on the GEMM
+            inp += tile_rows
+            wgt += 1
+            load_bytes += out_bytes
+            load_insns += tasks * planes + s.vthreads
+            compute_insns += tasks * (2 - planes)
+            gemm_execs += tasks * tile_rows
+            alu_execs += tasks * tile_rows  # the reset of the residual rows: a pass like an ALU step's
     else:
         stages, inp, wgt, gemm_execs, load_bytes, load_insns = tasks, 0, 0, 0, 0, 0
         win_rows = s.tile_n * s.tile_oc * hin * win * g.ro if g.kind != "eltwise" else tile_rows

@@ -43,13 +43,15 @@ __all__ = ["Addresses", "Lowering", "Regions"]
 class Addresses:
     """DRAM rows of the layer's tensors, each in the row size of the memory that moves it: the input in
     inp rows (GEMM) or out rows (ALU layers, loaded as acc_narrow), the output and residual in out rows,
-    weights in wgt rows, epilogue vectors in acc rows."""
+    weights in wgt rows, epilogue vectors in acc rows; `identity`: the wgt row of an identity matrix, for
+    a residual copied in by the GEMM (:func:`~weft.compiler.backend.schedule.residual_by_gemm`)."""
 
     inp: int
     out: int
     residual: int | None = None
     wgt: int | None = None
     vec: int | None = None
+    identity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,14 @@ class Lowering:
     def finish_body(self, stream: Stream, h: int) -> None:
         """What completes a tile's body before its epilogue (layer kinds add to it)."""
 
+    def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        """Bring the residual tile of the task at `point` into the thread's residual rows (sign-extended)."""
+        assert self.addrs.residual is not None
+        moves = box_transfers(self.config, MemId.ACC_NARROW, self.compute.shapes["out"], self.addrs.residual,
+                              self.out_box.origin_at(point), self.out_box.extent, self.regions(h).res)
+        for t in merge(self.config, moves):
+            stream.transfer(t, note="residual tile")
+
     def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
         g, s, r = self.g, self.s, self.regions(h)
         self.finish_body(stream, h)
@@ -245,11 +255,7 @@ class Lowering:
                                                       (len(self.vectors), s.tile_oc * g.ro), r.vec)):
                 stream.transfer(t, note="epilogue vectors")
         if g.residual:
-            assert self.addrs.residual is not None
-            moves = box_transfers(self.config, MemId.ACC_NARROW, self.compute.shapes["out"], self.addrs.residual,
-                                  self.out_box.origin_at(point), self.out_box.extent, r.res)
-            for t in merge(self.config, moves):
-                stream.transfer(t, note="residual tile")
+            self.load_residual(stream, point, h)
         tile = self.out_tile(h)
         alu.epilogue(stream, self.steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h)
         moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out,
