@@ -21,7 +21,7 @@ import numpy as np
 from weft.compiler.backend import alu, check, memory
 from weft.compiler.backend.conv import ConvLowering
 from weft.compiler.backend.pool import EltwiseLowering, PoolLowering
-from weft.compiler.backend.schedule import LayerGeom, Schedule, ranked, residual_by_gemm
+from weft.compiler.backend.schedule import LayerGeom, Schedule, copies_by_gemm, ranked
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
 from weft.compiler.backend.vthread import inject_sync
@@ -216,10 +216,10 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
             raise BackendError(f"packed weights are {list(w.shape)}, expected {list(want)}", node=node.name,
                                op=node.op)
         addrs["wgt"] = plan.element(plan.constant(f"wgt:{node.name}", memory.weight_bytes(w, c)), "wgt")
-        if residual_by_gemm(geom, c):
-            eye = np.eye(c.block_out, c.block_in, dtype=np.int64).reshape(1, 1, 1, 1, c.block_out, c.block_in)
-            addrs["identity"] = plan.element(plan.constant(f"wgt:identity:{node.name}", memory.weight_bytes(eye, c),
-                                                           share=True), "wgt")
+    if copies_by_gemm(geom, c):
+        eye = np.eye(c.block_out, c.block_in, dtype=np.int64).reshape(1, 1, 1, 1, c.block_out, c.block_in)
+        addrs["identity"] = plan.element(plan.constant(f"wgt:identity:{node.name}", memory.weight_bytes(eye, c),
+                                                       share=True), "wgt")
     vectors = alu.vectors_of(steps)
     if vectors:
         vec_addr = plan.constant(f"vec:{node.name}", memory.vector_bytes(vectors, c), share=True)

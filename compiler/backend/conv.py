@@ -20,18 +20,12 @@ from __future__ import annotations
 
 from functools import cached_property
 
-import numpy as np
-
-from weft.compiler.backend import alu
-from weft.compiler.backend.dma import Transfer, box_transfers, merge
 from weft.compiler.backend.program import Stream
-from weft.compiler.backend.schedule import residual_by_gemm
 from weft.compiler.backend.te import Access as A
-from weft.compiler.backend.te import Axis, Box, Compute, Kernel, Nest, tile_box
+from weft.compiler.backend.te import Axis, Box, Compute, Nest, tile_box
 from weft.compiler.backend.te import var as v
 from weft.compiler.backend.tiles import Lowering
 from weft.isa.constants import AluOp, MemId
-from weft.isa.encoding import UOP_DTYPE
 
 __all__ = ["ConvLowering"]
 
@@ -69,14 +63,10 @@ class ConvLowering(Lowering):
         """The input window and the weights one stage loads."""
         return tile_box(self.compute, "inp", self.inner), tile_box(self.compute, "wgt", self.inner)
 
-    @cached_property
-    def residual_by_gemm(self) -> bool:
-        return residual_by_gemm(self.g, self.config)
-
     def validate(self) -> None:
         c, v = self.config, self.s.vthreads
         inp_box, wgt_box = self.boxes
-        extra = 1 if self.residual_by_gemm else 0  # the residual tile (inp) and the identity matrix (wgt)
+        extra = 1 if self.copies_by_gemm else 0  # the residual tile (inp) and the identity matrix (wgt)
         for what, rows, limit in (("input window", inp_box.rows + extra * self.tile_rows, c.inp_rows // v),
                                   ("weight tile", wgt_box.rows + extra, c.wgt_rows // v)):
             if rows > limit:
@@ -101,29 +91,10 @@ class ConvLowering(Lowering):
         self.combine(stream, h, AluOp.ADD)
 
     def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
-        """The residual tile through the load unit into the inp rows after the input window, then reset
-        and identity GEMM into the residual rows (exact: one int8 times one, summed with zeros)."""
-        if not self.residual_by_gemm:
+        if not self.copies_by_gemm:
             super().load_residual(stream, point, h)
             return
         r = self.regions(h)
         inp_box, wgt_box = self.boxes
-        src, ident = r.inp + inp_box.rows, r.wgt + wgt_box.rows
-        assert self.addrs.residual is not None and self.addrs.identity is not None
-        if not self.resident[h].get("identity"):
-            self.resident[h]["identity"] = True
-            stream.transfer(Transfer(MemId.WGT, ident, self.addrs.identity, 1, 1, 1), note="identity matrix")
-        # An inp row is an out row (residual_by_gemm), so the residual's DRAM rows count the same in both.
-        moves = box_transfers(self.config, MemId.INP, self.compute.shapes["out"], self.addrs.residual,
-                              self.out_box.origin_at(point), self.out_box.extent, src)
-        for t in merge(self.config, moves):
-            stream.transfer(t, note="residual tile")
-        stream.gemm(self.kernel(("reset res", h), lambda: alu.rows_kernel(r.res, self.tile_rows)), reset=True,
-                    note="reset the residual rows")
-
-        def copy() -> Kernel:
-            uop = np.zeros(1, dtype=UOP_DTYPE)
-            uop["dst"], uop["src"], uop["wgt"] = r.res, src, ident
-            return Kernel(uop, self.tile_rows, 1, (1, 0), (1, 0), (0, 0))
-
-        stream.gemm(self.kernel(("copy res", h), copy), note="copy the residual tile")
+        self.copy_in(stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
+                     self.out_box.extent, r.inp + inp_box.rows, r.res, r.wgt + wgt_box.rows, h, "residual tile")

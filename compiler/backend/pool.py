@@ -92,11 +92,21 @@ class PoolLowering(Lowering):
         dst = Expr(tuple((nm, st) for nm, st in zip(names, strides, strict=True)), start)
         return fold(Nest(axes, dst), max_uops=self.config.uop_rows)
 
+    def validate(self) -> None:
+        c, v = self.config, self.s.vthreads
+        if self.copies_by_gemm and self.win_box.rows > c.inp_rows // v:
+            raise ValueError(f"layer '{self.name}': the input window needs {self.win_box.rows} inp rows, a thread "
+                             f"has {c.inp_rows // v}")
+
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         box = self.win_box
-        self.load_box(stream, "win", MemId.ACC_NARROW, self.addrs.inp, box, point, r.win, thread, "input window",
-                      reuse=False)  # the offset changes the window in place
+        if self.copies_by_gemm:
+            self.copy_in(stream, self.compute.shapes["in"], self.addrs.inp, box.origin_at(point), box.extent, r.inp,
+                         r.win, r.wgt, thread, "input window")
+        else:  # the offset changes the window in place: never reused
+            self.load_box(stream, "win", MemId.ACC_NARROW, self.addrs.inp, box, point, r.win, thread,
+                          "input window", reuse=False)
         if self.offset:
             origin = box.origin_at(point)
             k = self.kernel(("valid", thread, origin), lambda: self._valid_kernel(box, origin, r.win))

@@ -31,7 +31,7 @@ from weft.isa.semantics import named_row_bytes
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "cost", "default_schedule", "ranked", "residual_by_gemm",
+__all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule", "ranked",
            "space", "usage"]
 
 ORDERS = ("oc_outer", "pix_outer")
@@ -126,13 +126,15 @@ class Usage:
         return self.load_insns + self.compute_insns + self.store_insns
 
 
-def residual_by_gemm(g: LayerGeom, config: AcceleratorConfig) -> bool:
-    """Whether a convolution's residual tile comes in through the load unit, as inp rows beside the input
-    window, and an identity GEMM copies it into the accumulator. The compute unit would otherwise load it
-    itself (acc_narrow rows, at the bus's rate, while nothing else runs on it); this way the load overlaps
-    the GEMMs and the compute unit spends two passes over the tile (reset, copy). An inp row must hold
-    exactly one out row (the back end already requires inp_width == out_width)."""
-    return g.residual and g.kind == "conv" and config.block_in == config.block_out
+def copies_by_gemm(g: LayerGeom, config: AcceleratorConfig) -> bool:
+    """Whether the int8 tiles the compute unit would load itself (a convolution's residual tile, a pooling
+    window: acc_narrow rows, at the bus's rate, while nothing else runs on it) come in through the load
+    unit instead, as inp rows beside the other tiles, and an identity GEMM copies them into the
+    accumulator: the load then overlaps the other thread's work and the compute unit spends two passes
+    over the rows (reset, copy). An inp row must hold exactly one out row (the back end already requires
+    inp_width == out_width)."""
+    wanted = g.residual if g.kind == "conv" else g.kind in ("maxpool", "avgpool")
+    return wanted and config.block_in == config.block_out
 
 
 def divisors(n: int) -> list[int]:
@@ -162,7 +164,7 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     alu_execs = tasks * tile_rows * (g.alu_steps + (1 if g.residual else 0))
     # Vectors are reloaded when a thread's output-channel tile changes.
     vec_loads = oc_tiles * min(s.vthreads, n_tiles) if s.order == "oc_outer" else tasks
-    by_gemm = residual_by_gemm(g, config)
+    by_gemm = copies_by_gemm(g, config)
     acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual and not by_gemm else 0)
     compute_insns = tasks * (g.alu_steps + (1 if g.residual else 0) + (planes if g.residual else 0)) + vec_loads
     store_insns = tasks * planes
@@ -199,7 +201,14 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         alu_execs += tasks * tile_rows * g.kh * g.kw if g.kind != "eltwise" else 0
         if g.kind == "maxpool":
             alu_execs += tasks * (win_rows + tile_rows)  # the offset into and out of the padded domain
-        acc_bytes += tasks * win_rows * rb["out"]
+        if by_gemm:  # the window through the load unit, then reset and copied by the GEMM
+            inp, wgt = win_rows, 1
+            load_bytes = tasks * win_rows * rb["inp"]
+            load_insns = tasks * planes + s.vthreads
+            gemm_execs = tasks * win_rows
+            alu_execs += tasks * win_rows
+        else:
+            acc_bytes += tasks * win_rows * rb["out"]
         compute_insns += tasks * (planes + (4 if g.kind != "eltwise" else 0))
         uops = (g.ro * (1 if g.kind == "eltwise" else g.kh * g.kw) + 8)
     return Usage(inp, wgt, acc, uops * s.vthreads, tasks, stages, gemm_execs, alu_execs, load_bytes, load_insns,
