@@ -1,0 +1,97 @@
+"""The back end's cycle savings keep every result exact: the epilogue folding (``alu.simplify``), the
+residual tiles and pooling windows copied in by an identity GEMM (``schedule.copies_by_gemm``), and the
+before/after table of ``weft report --baseline``."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import weft
+from weft.cli import main
+from weft.compiler.backend import alu
+from weft.compiler.backend.schedule import LayerGeom, copies_by_gemm
+from weft.config import AcceleratorConfig, load_config
+from weft.core.accel_section import accel_section
+from weft.core.epilogue import run_steps
+from weft.runtime.report import compare, format_comparison
+
+from .test_backend_random import _model
+from .test_e2e import assert_bit_exact
+from .test_frontend_util import rand
+
+# ResNet-18's residual epilogue (layer1.0.conv2 on `default`): the add_imm 128 after the residual folds in.
+RESNET_STEPS = (("add_vec", np.array([-17071, 16596], dtype=np.int32)), ("shr_imm", 6),
+                ("mul_vec", np.array([10834, 33560], dtype=np.int32)), ("add_imm", 1024), ("shr_imm", 11),
+                ("residual", (("mul_imm", 29432), ("add_imm", 64), ("shr_imm", 7))), ("add_imm", 128),
+                ("shr_imm", 8), ("max_imm", 0))
+
+
+def _all_residuals(channels: int) -> np.ndarray:
+    return np.repeat(np.arange(-128, 128, dtype=np.int64)[:, None], channels, axis=1)
+
+
+@pytest.mark.parametrize("steps", [
+    RESNET_STEPS,
+    (("residual", (("mul_imm", 3), ("add_imm", 5))), ("add_imm", -7), ("max_imm", 0)),
+    (("residual", (("shr_imm", 1),)), ("add_imm", 9)),  # nothing to fold into: kept
+    (("residual", (("mul_imm", 29432), ("add_imm", 128), ("shr_imm", 8))), ("add_imm", 128)),  # imm too wide
+])
+def test_simplify_gives_the_same_results_in_fewer_or_equal_steps(steps):
+    c = load_config("default")
+    simple = alu.simplify(steps, c)
+    assert len(simple) <= len(steps)
+    rng = np.random.default_rng(0)
+    res = _all_residuals(2)
+    acc = rng.integers(-(1 << 20), 1 << 20, size=res.shape)
+    assert np.array_equal(run_steps(acc, simple, c.acc_width, res), run_steps(acc, steps, c.acc_width, res))
+
+
+def test_simplify_folds_resnets_residual_offset():
+    simple = alu.simplify(RESNET_STEPS, load_config("default"))
+    assert [k for k, _ in simple].count("add_imm") == 1
+    assert dict(simple)["residual"][1] == ("add_imm", 64 + (128 << 7))
+
+
+def test_copies_by_gemm_needs_square_blocks():
+    geom = LayerGeom("x", "conv", 1, 1, 1, 1, 1, 4, 4, 4, 4, residual=True)
+    assert copies_by_gemm(geom, load_config("default"))
+    assert not copies_by_gemm(geom, AcceleratorConfig(block_in=16, block_out=8))
+    assert not copies_by_gemm(LayerGeom("x", "conv", 1, 1, 1, 1, 1, 4, 4, 4, 4), load_config("default"))
+
+
+@pytest.mark.parametrize("pool", ["max", "avg"])
+def test_residuals_and_windows_copied_by_the_gemm_stay_exact(pool):
+    layer = (3, 1, [1, 1, 1, 1], 9, 7, 5, 20, 2, pool, True)
+    model = _model(*layer)
+    cal = [{"x": rand(2, 5, 9, 7, seed=s)} for s in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        art = weft.compile(model, config="default", calibration=cal)
+    roles = [role for layer in accel_section(art).layers for role in layer.record["instructions_by_role"]]
+    assert "copy the residual tile" in roles and "copy the input window" in roles
+    assert_bit_exact(art, {"x": rand(2, 5, 9, 7, seed=9) - 0.3})
+
+
+def test_report_compares_with_a_baseline_table(tmp_path, capsys):
+    before = [{"layer": "a", "op": "qconv2d", "cycles": 200, "utilization": 0.25},
+              {"layer": "p", "op": "qmaxpool", "cycles": 50, "utilization": None}]
+    after = [{"layer": "a", "op": "qconv2d", "cycles": 100, "utilization": 0.5},
+             {"layer": "p", "op": "qmaxpool", "cycles": 40, "utilization": None},
+             {"layer": "h", "op": "quantize", "cycles": None, "utilization": None}]
+    rows = compare(before, after)
+    assert [r["layer"] for r in rows] == ["a", "p"] and rows[0]["change"] == pytest.approx(-0.5)
+    table = format_comparison(rows)
+    assert "| a | 200 | 100 | -50.0% | 25.0% | 50.0% |" in table
+    assert table.splitlines()[-1].startswith("| total (2 layers) | 250 | 140 |")
+    art = weft.compile(_model(1, 1, [0, 0, 0, 0], 4, 4, 3, 4, 1, "none", False), config="tiny",
+                       calibration=[{"x": rand(1, 3, 4, 4, seed=1)}])
+    path = art.save(tmp_path / "m.weft")
+    assert main(["report", str(path), "--json", str(tmp_path / "t.json")]) == 0
+    assert main(["report", str(path), "--baseline", str(tmp_path / "t.json")]) == 0
+    text = capsys.readouterr().out
+    assert "gap" in text and "| total (" in text and "+0.0%" in text
+    assert json.loads((tmp_path / "t.json").read_text())[0]["layer"]
