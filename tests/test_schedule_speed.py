@@ -13,7 +13,7 @@ import pytest
 import weft
 from weft.cli import main
 from weft.compiler.backend import alu
-from weft.compiler.backend.schedule import LayerGeom, copies_by_gemm
+from weft.compiler.backend.schedule import LayerGeom, Schedule, copies_by_gemm, usage
 from weft.config import AcceleratorConfig, load_config
 from weft.core.accel_section import accel_section
 from weft.core.epilogue import run_steps
@@ -61,6 +61,15 @@ def test_copies_by_gemm_needs_square_blocks():
     assert copies_by_gemm(geom, load_config("default"))
     assert not copies_by_gemm(geom, AcceleratorConfig(block_in=16, block_out=8))
     assert not copies_by_gemm(LayerGeom("x", "conv", 1, 1, 1, 1, 1, 4, 4, 4, 4), load_config("default"))
+
+
+def test_a_copy_that_does_not_fit_falls_back_to_the_compute_units_load():
+    """A pooling window too large for a thread's inp rows still runs, loaded as acc_narrow rows."""
+    c = load_config("default").replace(inp_buff_bytes=1024)  # 64 inp rows, 32 per thread
+    pool = LayerGeom("p", "maxpool", 1, 1, 1, 1, 1, 16, 16, 8, 8, kh=3, kw=3, sh=2, sw=2, pads=(1, 1, 1, 1))
+    small, large = Schedule(tile_h=1, tile_w=4), Schedule(tile_h=4, tile_w=8)
+    assert usage(pool, small, c).copies and not usage(pool, large, c).copies
+    assert usage(pool, large, c).inp == 0 and usage(pool, large, c).acc_bytes > 0 == usage(pool, small, c).acc_bytes
 
 
 @pytest.mark.parametrize("pool", ["max", "avg"])

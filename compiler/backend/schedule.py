@@ -116,6 +116,9 @@ class Usage:
     compute_insns: int
     store_bytes: int
     store_insns: int
+    #: The residual tile or pooling window comes in through the load unit and the identity GEMM
+    #: (:func:`copies_by_gemm`, and its rows fit beside the thread's other tiles).
+    copies: bool = False
 
     @property
     def dram_bytes(self) -> int:
@@ -132,7 +135,7 @@ def copies_by_gemm(g: LayerGeom, config: AcceleratorConfig) -> bool:
     unit instead, as inp rows beside the other tiles, and an identity GEMM copies them into the
     accumulator: the load then overlaps the other thread's work and the compute unit spends two passes
     over the rows (reset, copy). An inp row must hold exactly one out row (the back end already requires
-    inp_width == out_width)."""
+    inp_width == out_width). A schedule uses the copy where its rows fit (:attr:`Usage.copies`)."""
     wanted = g.residual if g.kind == "conv" else g.kind in ("maxpool", "avgpool")
     return wanted and config.block_in == config.block_out
 
@@ -164,8 +167,9 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     alu_execs = tasks * tile_rows * (g.alu_steps + (1 if g.residual else 0))
     # Vectors are reloaded when a thread's output-channel tile changes.
     vec_loads = oc_tiles * min(s.vthreads, n_tiles) if s.order == "oc_outer" else tasks
+    inp_max, wgt_max = c.inp_rows // s.vthreads, c.wgt_rows // s.vthreads
     by_gemm = copies_by_gemm(g, config)
-    acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual and not by_gemm else 0)
+    acc_bytes = 0  # the compute unit's own loads beyond the vectors and the residual
     compute_insns = tasks * (g.alu_steps + (1 if g.residual else 0) + (planes if g.residual else 0)) + vec_loads
     store_insns = tasks * planes
     if g.kind == "conv":
@@ -186,6 +190,7 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         load_insns = w_loads + i_loads * s.tile_n * s.tile_ic
         compute_insns += stages + tasks  # a GEMM per stage, a reset per task
         uops = _gemm_uops(g, s) + 8
+        by_gemm = by_gemm and inp + tile_rows <= inp_max and wgt + 1 <= wgt_max
         if by_gemm:  # the residual tile and the identity matrix beside the tiles; the copy runs on the GEMM
             inp += tile_rows
             wgt += 1
@@ -201,6 +206,7 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         alu_execs += tasks * tile_rows * g.kh * g.kw if g.kind != "eltwise" else 0
         if g.kind == "maxpool":
             alu_execs += tasks * (win_rows + tile_rows)  # the offset into and out of the padded domain
+        by_gemm = by_gemm and win_rows <= inp_max and 1 <= wgt_max
         if by_gemm:  # the window through the load unit, then reset and copied by the GEMM
             inp, wgt = win_rows, 1
             load_bytes = tasks * win_rows * rb["inp"]
@@ -211,8 +217,9 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
             acc_bytes += tasks * win_rows * rb["out"]
         compute_insns += tasks * (planes + (4 if g.kind != "eltwise" else 0))
         uops = (g.ro * (1 if g.kind == "eltwise" else g.kh * g.kw) + 8)
+    acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual and not by_gemm else 0) + acc_bytes
     return Usage(inp, wgt, acc, uops * s.vthreads, tasks, stages, gemm_execs, alu_execs, load_bytes, load_insns,
-                 acc_bytes, compute_insns, out_bytes, store_insns)
+                 acc_bytes, compute_insns, out_bytes, store_insns, by_gemm)
 
 
 def kernel_rows(g: LayerGeom, s: Schedule) -> int:

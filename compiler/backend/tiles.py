@@ -26,7 +26,7 @@ import numpy as np
 from weft.compiler.backend import alu
 from weft.compiler.backend.dma import Transfer, box_transfers, merge
 from weft.compiler.backend.program import Stream
-from weft.compiler.backend.schedule import LayerGeom, Schedule, copies_by_gemm
+from weft.compiler.backend.schedule import LayerGeom, Schedule, usage
 from weft.compiler.backend.te import Box, Compute, Kernel, Nest, split, tile_box
 from weft.compiler.backend.vthread import interleave
 from weft.isa.constants import AluOp, MemId
@@ -103,7 +103,7 @@ class Lowering:
         self._regions = [self._layout(h) for h in range(self.v)]
         self._kernels: dict[tuple, Kernel] = {}
         self.alternated = False
-        self.copies_by_gemm = copies_by_gemm(geom, config)
+        self.copies_by_gemm = usage(geom, sched, config).copies
         self.validate()
 
     # ---- to be defined by layer kinds -------------------------------------------------------------------
