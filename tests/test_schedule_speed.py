@@ -39,6 +39,9 @@ def _all_residuals(channels: int) -> np.ndarray:
     (("residual", (("mul_imm", 3), ("add_imm", 5))), ("add_imm", -7), ("max_imm", 0)),
     (("residual", (("shr_imm", 1),)), ("add_imm", 9)),  # nothing to fold into: kept
     (("residual", (("mul_imm", 29432), ("add_imm", 128), ("shr_imm", 8))), ("add_imm", 128)),  # imm too wide
+    # too wide for the immediate: an add_vec of the constant instead (the downsampling shortcuts' case)
+    (("add_vec", np.array([5, -9])), ("residual", (("mul_imm", 27468), ("add_imm", 128), ("shr_imm", 8))),
+     ("add_imm", 128), ("shr_imm", 8)),
 ])
 def test_simplify_gives_the_same_results_in_fewer_or_equal_steps(steps):
     c = load_config("default")
@@ -54,6 +57,9 @@ def test_simplify_folds_resnets_residual_offset():
     simple = alu.simplify(RESNET_STEPS, load_config("default"))
     assert [k for k, _ in simple].count("add_imm") == 1
     assert dict(simple)["residual"][1] == ("add_imm", 64 + (128 << 7))
+    wide = (*RESNET_STEPS[:5], ("residual", (("mul_imm", 27468), ("add_imm", 128), ("shr_imm", 8))), *RESNET_STEPS[6:])
+    kind, vec = dict(alu.simplify(wide, load_config("default")))["residual"][1]
+    assert kind == "add_vec" and vec.tolist() == [128 + (128 << 8)] * 2
 
 
 def test_copies_by_gemm_needs_square_blocks():

@@ -68,14 +68,16 @@ def simplify(steps: Sequence[Step], config: AcceleratorConfig) -> tuple[Step, ..
     into the residual's own rounding add (``(y + d) >> s`` then ``+ c`` is ``(y + d + (c << s)) >> s``), which
     saves one pass over the tile. Additions wrap, so moving ``c`` across the residual's addition changes
     nothing; the rule only applies where neither the old nor the new residual steps can wrap on any
-    ``out_width`` input (the residual is a narrowed tensor) and the new immediate fits the instruction."""
+    ``out_width`` input (the residual is a narrowed tensor). A sum too wide for the instruction's immediate
+    becomes an ``add_vec`` of the constant (still one pass) when the epilogue has vectors to size it by."""
     imm = layout_of(config).formats["alu"].field("imm")
     top = 1 << (config.out_width - 1)
+    channels = next((len(op) for _, op in steps if isinstance(op, np.ndarray)), None)
     out: list[Step] = []
     for kind, operand in steps:
         prev = out[-1] if out else None
         if kind == "add_imm" and prev is not None and prev[0] == "residual":
-            merged = _absorb(tuple(prev[1]), int(operand), imm.min, imm.max, top, config.acc_width)
+            merged = _absorb(tuple(prev[1]), int(operand), (imm.min, imm.max), channels, top, config.acc_width)
             if merged is not None:
                 out[-1] = ("residual", merged)
                 continue
@@ -83,17 +85,21 @@ def simplify(steps: Sequence[Step], config: AcceleratorConfig) -> tuple[Step, ..
     return tuple(out)
 
 
-def _absorb(sub: tuple[Step, ...], c: int, lo: int, hi: int, top: int, acc_width: int) -> tuple[Step, ...] | None:
+def _absorb(sub: tuple[Step, ...], c: int, imm: tuple[int, int], channels: int | None, top: int,
+            acc_width: int) -> tuple[Step, ...] | None:
     """Residual sub-steps that end ``+ c`` later, by folding `c` into their last add (None: not exactly)."""
-    if len(sub) >= 2 and sub[-1][0] == "shr_imm" and sub[-2][0] == "add_imm":
-        new = (*sub[:-2], ("add_imm", int(sub[-2][1]) + (c << int(sub[-1][1]))), sub[-1])
-    elif sub and sub[-1][0] == "add_imm":
-        new = (*sub[:-1], ("add_imm", int(sub[-1][1]) + c))
+    shifted = len(sub) >= 2 and sub[-1][0] == "shr_imm" and sub[-2][0] == "add_imm"
+    if not shifted and not (sub and sub[-1][0] == "add_imm"):
+        return None
+    k = len(sub) - (2 if shifted else 1)  # the add that takes c
+    added = int(sub[k][1]) + (c << int(sub[-1][1]) if shifted else c)
+    if imm[0] <= added <= imm[1]:
+        step: Step = ("add_imm", added)
+    elif channels is not None and abs(added) < 1 << (acc_width - 1):
+        step = ("add_vec", np.full(channels, added, dtype=np.int64))
     else:
         return None
-    added = int(new[-2][1] if new[-1][0] == "shr_imm" else new[-1][1])
-    if not lo <= added <= hi:
-        return None
+    new = (*sub[:k], step, *sub[k + 1:])
     try:
         for candidate in (sub, new):
             bounds(candidate, np.int64(-top), np.int64(top - 1), acc_width)
