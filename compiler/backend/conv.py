@@ -21,6 +21,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from weft.compiler.backend.program import Stream
+from weft.compiler.backend.schedule import shared_tiles
 from weft.compiler.backend.te import Access as A
 from weft.compiler.backend.te import Axis, Box, Compute, Nest, tile_box
 from weft.compiler.backend.te import var as v
@@ -75,15 +76,26 @@ class ConvLowering(Lowering):
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         inp_box, wgt_box = self.boxes
-        self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, r.inp, thread, "input window")
+        # A tile every task reads (shared_tiles) lives once, in thread 0's slice, and is loaded once.
+        share_inp, share_wgt = shared_tiles(self.g, self.s)
+        at_i, at_w = (0 if share_inp else thread), (0 if share_wgt else thread)
+        inp_at, wgt_at = self.regions(at_i).inp, self.regions(at_w).wgt
+        self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, inp_at, at_i, "input window")
         assert self.addrs.wgt is not None
-        self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, r.wgt, thread, "weights")
+        self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
         if stage == 0:
+            if self.g.residual and self.copies_by_gemm:
+                # Before the task's GEMMs rather than in the epilogue: the loads that later overwrite the
+                # residual's rows then wait on the task's last GEMM, one token for both (each thread's
+                # outstanding tokens stay within the queue depth).
+                self.copy_in(stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
+                             self.out_box.extent, r.inp + inp_box.rows, r.res, r.wgt + wgt_box.rows, thread,
+                             "residual tile")
             self.reset(stream, thread)
 
         def nest() -> Nest:
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
-            return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(r.inp), wgt_box.sram(r.wgt))
+            return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(inp_at), wgt_box.sram(wgt_at))
 
         self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
 
@@ -91,10 +103,5 @@ class ConvLowering(Lowering):
         self.combine(stream, h, AluOp.ADD)
 
     def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
-        if not self.copies_by_gemm:
+        if not self.copies_by_gemm:  # else the task's first stage copied it in
             super().load_residual(stream, point, h)
-            return
-        r = self.regions(h)
-        inp_box, wgt_box = self.boxes
-        self.copy_in(stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
-                     self.out_box.extent, r.inp + inp_box.rows, r.res, r.wgt + wgt_box.rows, h, "residual tile")

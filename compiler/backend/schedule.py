@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule", "ranked",
-           "space", "usage"]
+           "shared_tiles", "space", "usage"]
 
 ORDERS = ("oc_outer", "pix_outer")
 KINDS = ("conv", "maxpool", "avgpool", "eltwise")
@@ -140,6 +140,17 @@ def copies_by_gemm(g: LayerGeom, config: AcceleratorConfig) -> bool:
     return wanted and config.block_in == config.block_out
 
 
+def shared_tiles(g: LayerGeom, s: Schedule) -> tuple[bool, bool]:
+    """Whether every task of a convolution reads the same input window (one pixel tile) and the same
+    weights (one output-channel tile), each in one reduction step: such a tile is loaded once, into the
+    first thread's slice, and both threads read it, instead of each thread loading its own copy (the
+    second copy would hold up the other thread's first GEMM, and the load unit)."""
+    if g.kind != "conv" or (g.icb // s.tile_ic) * (g.kh // kernel_rows(g, s)) != 1:
+        return False, False
+    pixel_tiles = (g.nb // s.tile_n) * (g.ho // s.tile_h) * (g.wo // s.tile_w)
+    return pixel_tiles == 1 and g.groups == 1, g.ocb // s.tile_oc * g.groups == 1
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -186,6 +197,8 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         w_loads = stages if not reuse_w else oc_tiles * min(s.vthreads, n_tiles)
         # (each super-group reads its own input blocks)
         i_loads = stages if not reuse_i else n_tiles * g.groups * min(s.vthreads, oc_tiles // g.groups)
+        share_i, share_w = shared_tiles(g, s)
+        i_loads, w_loads = (1 if share_i else i_loads), (1 if share_w else w_loads)
         load_bytes = w_loads * wgt * rb["wgt"] + i_loads * inp * rb["inp"]
         load_insns = w_loads + i_loads * s.tile_n * s.tile_ic
         compute_insns += stages + tasks  # a GEMM per stage, a reset per task
