@@ -91,6 +91,20 @@ def test_residuals_and_windows_copied_by_the_gemm_stay_exact(pool):
     assert_bit_exact(art, {"x": rand(2, 5, 9, 7, seed=9) - 0.3})
 
 
+def test_the_residual_copy_fits_a_tight_token_queue():
+    """Two token slots and four commands: a copy in the epilogue would make each task hold two tokens
+    towards the load unit, and the stream deadlock."""
+    config = AcceleratorConfig(name="tight", block_in=4, block_out=4, uop_buff_bytes=1024, inp_buff_bytes=512,
+                               wgt_buff_bytes=2048, acc_buff_bytes=2048, cmd_queue_depth=4, token_queue_depth=2)
+    layer = (1, 1, [0, 0, 0, 0], 4, 8, 1, 2, 2, "none", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = [{"x": rand(2, 1, 4, 8, seed=s)} for s in range(2)]
+        art = weft.compile(_model(*layer), config=config, calibration=cal)
+    assert not art.graph.meta["fallbacks"]
+    assert_bit_exact(art, {"x": rand(2, 1, 4, 8, seed=9) - 0.3})
+
+
 def test_report_compares_with_a_baseline_table(tmp_path, capsys):
     before = [{"layer": "a", "op": "qconv2d", "cycles": 200, "utilization": 0.25},
               {"layer": "p", "op": "qmaxpool", "cycles": 50, "utilization": None}]
