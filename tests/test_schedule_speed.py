@@ -12,13 +12,17 @@ import pytest
 
 import weft
 from weft.cli import main
-from weft.compiler.backend import alu
+from weft.compiler.backend import alu, dma
 from weft.compiler.backend.schedule import LayerGeom, Schedule, copies_by_gemm, usage
 from weft.config import AcceleratorConfig, load_config
 from weft.core.accel_section import accel_section
 from weft.core.epilogue import run_steps
+from weft.isa import MemId
+from weft.isa.arith import pack
 from weft.runtime.report import compare, format_comparison
+from weft.sim.dram import Dram
 
+from .test_backend import _run_loads
 from .test_backend_random import _model
 from .test_e2e import assert_bit_exact
 from .test_frontend_util import rand
@@ -60,6 +64,25 @@ def test_simplify_folds_resnets_residual_offset():
     wide = (*RESNET_STEPS[:5], ("residual", (("mul_imm", 27468), ("add_imm", 128), ("shr_imm", 8))), *RESNET_STEPS[6:])
     kind, vec = dict(alu.simplify(wide, load_config("default")))["residual"][1]
     assert kind == "add_vec" and vec.tolist() == [128 + (128 << 8)] * 2
+
+
+@pytest.mark.parametrize("origin, extent", [((0, 1, 1, 0), (2, 2, 3, 5)), ((1, 0, 0, 0), (1, 3, 1, 7)),
+                                            ((0, 0, 2, 1), (2, 3, 1, 4))])
+def test_box_transfers_of_every_other_row(origin, extent):
+    """A view of every other image row (every_other_row): the box's rows are the tensor's even rows, even
+    where the box covers whole view rows (which are not contiguous in DRAM)."""
+    c = load_config("tiny")
+    shape = (2, 3, 7, 7)  # n, c, h, w in inp rows
+    view = (2, 3, 4, 7)
+    strides = (3 * 7 * 7, 7 * 7, 2 * 7, 1)
+    elems = c.batch * c.block_in
+    tensor = np.random.default_rng(1).integers(-128, 128, (*shape, elems))
+    dram = Dram(int(np.prod(shape)) * elems + 64 * 1024)
+    dram.write(64 * 16, pack(tensor.reshape(-1, elems), 8))
+    moves = dma.merge(c, dma.box_transfers(c, MemId.INP, view, 64 * 16 // elems, origin, extent, 0, strides))
+    got = _run_loads(c, moves, dram)[:int(np.prod(extent))].reshape(*extent, elems)
+    want = tensor[:, :, ::2][tuple(slice(o, o + e) for o, e in zip(origin, extent, strict=True))]
+    np.testing.assert_array_equal(got, want)
 
 
 def test_copies_by_gemm_needs_square_blocks():

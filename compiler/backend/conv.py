@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from weft.compiler.backend.program import Stream
-from weft.compiler.backend.schedule import shared_tiles
+from weft.compiler.backend.schedule import every_other_row, shared_tiles
 from weft.compiler.backend.te import Access as A
 from weft.compiler.backend.te import Axis, Box, Compute, Nest, tile_box
 from weft.compiler.backend.te import var as v
@@ -43,18 +43,28 @@ class ConvLowering(Lowering):
         gs = (Axis("gS", g.groups),) if grouped else ()
         o_blk = v("gS") * g.ocb + v("oB") if grouped else v("oB")
         i_blk = v("gS") * g.icb + v("iB") if grouped else v("iB")
+        # every_other_row: the input is the view of its every sh-th row (ho rows; its load strides over the rest)
+        sh, h = (1, g.ho) if every_other_row(g) else (g.sh, g.h)
         axes = (*gs, Axis("n", g.nb), Axis("oB", g.ocb), Axis("so", g.ro), Axis("oh", g.ho), Axis("ow", g.wo),
                 Axis("iB", g.icb, True), Axis("si", g.ri, True), Axis("ky", g.kh, True), Axis("kx", g.kw, True))
         accesses = {
             "out": A("out", (v("n"), o_blk, v("oh"), v("ow"), v("so"))),
-            "inp": A("inp", (v("n"), i_blk, v("oh") * g.sh + v("ky") - top, v("ow") * g.sw + v("kx") - left,
+            "inp": A("inp", (v("n"), i_blk, v("oh") * sh + v("ky") - top, v("ow") * g.sw + v("kx") - left,
                              v("si"))),
             "wgt": A("wgt", (o_blk * g.ro + v("so"), v("iB") * g.ri + v("si"), v("ky"), v("kx"))),
         }
         ocb = g.ocb * g.groups
-        shapes = {"out": (g.nb, ocb, g.ho, g.wo, g.ro), "inp": (g.nb, g.icb * g.groups, g.h, g.w, g.ri),
+        shapes = {"out": (g.nb, ocb, g.ho, g.wo, g.ro), "inp": (g.nb, g.icb * g.groups, h, g.w, g.ri),
                   "wgt": (ocb * g.ro, g.icb * g.ri, g.kh, g.kw)}
         return Compute(self.name, axes, accesses, shapes)
+
+    @cached_property
+    def inp_strides(self) -> tuple[int, ...] | None:
+        """DRAM rows per step of the input view's dimensions (None: the dense input)."""
+        g = self.g
+        if not every_other_row(g):
+            return None
+        return (g.icb * g.groups * g.h * g.w * g.ri, g.h * g.w * g.ri, g.sh * g.w * g.ri, g.ri, 1)
 
     def reduce_axes(self) -> list[str]:
         return ["iB.i", "si", self.ky, "kx"]
@@ -80,7 +90,8 @@ class ConvLowering(Lowering):
         share_inp, share_wgt = shared_tiles(self.g, self.s)
         at_i, at_w = (0 if share_inp else thread), (0 if share_wgt else thread)
         inp_at, wgt_at = self.regions(at_i).inp, self.regions(at_w).wgt
-        self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, inp_at, at_i, "input window")
+        self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, inp_at, at_i, "input window",
+                      strides=self.inp_strides)
         assert self.addrs.wgt is not None
         self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
         if stage == 0:

@@ -31,8 +31,8 @@ from weft.isa.semantics import named_row_bytes
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule", "ranked",
-           "shared_tiles", "space", "usage"]
+__all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule",
+           "every_other_row", "ranked", "shared_tiles", "space", "usage"]
 
 ORDERS = ("oc_outer", "pix_outer")
 KINDS = ("conv", "maxpool", "avgpool", "eltwise")
@@ -140,6 +140,13 @@ def copies_by_gemm(g: LayerGeom, config: AcceleratorConfig) -> bool:
     return wanted and config.block_in == config.block_out
 
 
+def every_other_row(g: LayerGeom) -> bool:
+    """Whether a convolution with one kernel row, a row stride and no top or bottom padding (ResNet's
+    downsampling shortcuts) reads only the input rows it uses: its window is a view of every `sh`-th row
+    (a longer DMA stride), ``sh`` times smaller than the dense window of the same output rows."""
+    return g.kind == "conv" and g.kh == 1 and g.sh > 1 and g.pads[0] == g.pads[2] == 0
+
+
 def shared_tiles(g: LayerGeom, s: Schedule) -> tuple[bool, bool]:
     """Whether every task of a convolution reads the same input window (one pixel tile) and the same
     weights (one output-channel tile), each in one reduction step: such a tile is loaded once, into the
@@ -187,7 +194,7 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         kh = kernel_rows(g, s)
         steps = (g.icb // s.tile_ic) * (g.kh // kh)
         stages = tasks * steps
-        hin = _window(s.tile_h, g.sh, kh)
+        hin = s.tile_h if every_other_row(g) else _window(s.tile_h, g.sh, kh)
         inp = s.tile_n * s.tile_ic * hin * win * g.ri
         wgt = s.tile_oc * g.ro * s.tile_ic * g.ri * kh * g.kw
         gemm_execs = stages * tile_rows * s.tile_ic * g.ri * kh * g.kw

@@ -189,14 +189,17 @@ class Lowering:
         return self._kernels[key]
 
     def load_box(self, stream: Stream, key: str, mem: MemId, dram_base: int, box: Box, point: dict[str, int],
-                 sram: int, thread: int, note: str, reuse: bool = True) -> None:
-        """Load a box unless the thread's slice already holds it (`reuse`)."""
+                 sram: int, thread: int, note: str, reuse: bool = True,
+                 strides: tuple[int, ...] | None = None) -> None:
+        """Load a box unless the thread's slice already holds it (`reuse`); `strides`: of a strided view
+        (:func:`~weft.compiler.backend.dma.box_transfers`)."""
         origin = box.origin_at(point)
         if reuse and self.resident[thread].get(key) == origin:
             return
         self.resident[thread][key] = origin
         shape = self.compute.shapes[box.tensor]
-        moves = merge(self.config, box_transfers(self.config, mem, shape, dram_base, origin, box.extent, sram))
+        moves = merge(self.config, box_transfers(self.config, mem, shape, dram_base, origin, box.extent, sram,
+                                                 strides))
         for t in moves:
             stream.transfer(t, note=note)
 
