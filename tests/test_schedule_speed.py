@@ -25,7 +25,7 @@ from weft.sim.dram import Dram
 from .test_backend import _run_loads
 from .test_backend_random import _model
 from .test_e2e import assert_bit_exact
-from .test_frontend_util import rand
+from .test_frontend_util import make_model, rand
 
 # ResNet-18's residual epilogue (layer1.0.conv2 on `default`): the add_imm 128 after the residual folds in.
 RESNET_STEPS = (("add_vec", np.array([-17071, 16596], dtype=np.int32)), ("shr_imm", 6),
@@ -112,6 +112,28 @@ def test_residuals_and_windows_copied_by_the_gemm_stay_exact(pool):
     roles = [role for layer in accel_section(art).layers for role in layer.record["instructions_by_role"]]
     assert "copy the residual tile" in roles and "copy the input window" in roles
     assert_bit_exact(art, {"x": rand(2, 5, 9, 7, seed=9) - 0.3})
+
+
+@pytest.mark.parametrize("config, relu", [("default", True), ("default", False), ("tiny", True)])
+def test_resnets_max_pool_reduces_window_rows_first_exactly(config, relu):
+    """The 3x3/2 max-pool (pads 1) runs separably (schedule.separable), on proven non-negative inputs and on
+    signed ones (the offset domain), bit-exact."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1])]
+    y = "c"
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"], name="relu"))
+        y = "r"
+    nodes.append(helper.make_node("MaxPool", [y], ["y"], name="pool", kernel_shape=[3, 3], strides=[2, 2],
+                                  pads=[1, 1, 1, 1]))
+    model = make_model(nodes, {"x": [1, 3, 18, 14]}, {"y": None}, {"w": rand(20, 3, 3, 3, seed=2) * 0.4})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        art = weft.compile(model, config=config, calibration=[{"x": rand(1, 3, 18, 14, seed=s)} for s in range(2)])
+    roles = [role for layer in accel_section(art).layers for role in layer.record["instructions_by_role"]]
+    assert "pool over the window's columns" in roles
+    assert_bit_exact(art, {"x": rand(1, 3, 18, 14, seed=9) - 0.3})
 
 
 def test_the_residual_copy_fits_a_tight_token_queue():

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule",
-           "every_other_row", "ranked", "shared_tiles", "space", "usage"]
+           "every_other_row", "ranked", "separable", "shared_tiles", "space", "usage"]
 
 ORDERS = ("oc_outer", "pix_outer")
 KINDS = ("conv", "maxpool", "avgpool", "eltwise")
@@ -147,6 +147,17 @@ def every_other_row(g: LayerGeom) -> bool:
     return g.kind == "conv" and g.kh == 1 and g.sh > 1 and g.pads[0] == g.pads[2] == 0
 
 
+def separable(g: LayerGeom, s: Schedule) -> bool:
+    """Whether a max-pool reduces each window row first, in place (``kw - 1`` ALU passes over the window's
+    rows and the tile's columns), then the rows into the tile (``kh`` passes), instead of ``kh * kw``
+    passes over the tile: where the windows overlap by at most one column (``kw <= sw + 1``, ``sw >= 2``:
+    a column a neighbour's passes change is read before they do) and it takes fewer executions."""
+    if g.kind != "maxpool" or g.sw < 2 or not 2 <= g.kw <= g.sw + 1 or s.tile_h * s.tile_w * s.tile_n * s.tile_oc == 1:
+        return False
+    hin = _window(s.tile_h, g.sh, g.kh)
+    return (g.kw - 1) * hin * s.tile_w + g.kh * s.tile_h * s.tile_w < g.kh * g.kw * s.tile_h * s.tile_w
+
+
 def shared_tiles(g: LayerGeom, s: Schedule) -> tuple[bool, bool]:
     """Whether every task of a convolution reads the same input window (one pixel tile) and the same
     weights (one output-channel tile), each in one reduction step: such a tile is loaded once, into the
@@ -223,7 +234,10 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         stages, inp, wgt, gemm_execs, load_bytes, load_insns = tasks, 0, 0, 0, 0, 0
         win_rows = s.tile_n * s.tile_oc * hin * win * g.ro if g.kind != "eltwise" else tile_rows
         acc += win_rows if g.kind != "eltwise" else 0
-        alu_execs += tasks * tile_rows * g.kh * g.kw if g.kind != "eltwise" else 0
+        if separable(g, s):
+            alu_execs += tasks * s.tile_n * s.tile_oc * g.ro * ((g.kw - 1) * hin * s.tile_w + g.kh * pix // s.tile_n)
+        elif g.kind != "eltwise":
+            alu_execs += tasks * tile_rows * g.kh * g.kw
         if g.kind == "maxpool":
             alu_execs += tasks * (win_rows + tile_rows)  # the offset into and out of the padded domain
         by_gemm = by_gemm and win_rows <= inp_max and 1 <= wgt_max
