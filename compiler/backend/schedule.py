@@ -119,6 +119,8 @@ class Usage:
     #: The residual tile or pooling window comes in through the load unit and the identity GEMM
     #: (:func:`copies_by_gemm`, and its rows fit beside the thread's other tiles).
     copies: bool = False
+    #: DRAM rows (separate read requests) of the load unit's input windows.
+    input_rows: int = 0
 
     @property
     def dram_bytes(self) -> int:
@@ -219,6 +221,9 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         i_loads, w_loads = (1 if share_i else i_loads), (1 if share_w else w_loads)
         load_bytes = w_loads * wgt * rb["wgt"] + i_loads * inp * rb["inp"]
         load_insns = w_loads + i_loads * s.tile_n * s.tile_ic
+        # A window of whole image rows is one run of DRAM rows; otherwise each of its rows is a request.
+        contiguous = win == g.w and not every_other_row(g)
+        input_rows = i_loads * s.tile_n * s.tile_ic * (1 if contiguous else hin)
         compute_insns += stages + tasks  # a GEMM per stage, a reset per task
         uops = _gemm_uops(g, s) + 8
         by_gemm = by_gemm and inp + tile_rows <= inp_max and wgt + 1 <= wgt_max
@@ -231,7 +236,7 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
             gemm_execs += tasks * tile_rows
             alu_execs += tasks * tile_rows  # the reset of the residual rows: a pass like an ALU step's
     else:
-        stages, inp, wgt, gemm_execs, load_bytes, load_insns = tasks, 0, 0, 0, 0, 0
+        stages, inp, wgt, gemm_execs, load_bytes, load_insns, input_rows = tasks, 0, 0, 0, 0, 0, 0
         win_rows = s.tile_n * s.tile_oc * hin * win * g.ro if g.kind != "eltwise" else tile_rows
         acc += win_rows if g.kind != "eltwise" else 0
         if separable(g, s):
@@ -253,7 +258,7 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         uops = (g.ro * (1 if g.kind == "eltwise" else g.kh * g.kw) + 8)
     acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual and not by_gemm else 0) + acc_bytes
     return Usage(inp, wgt, acc, uops * s.vthreads, tasks, stages, gemm_execs, alu_execs, load_bytes, load_insns,
-                 acc_bytes, compute_insns, out_bytes, store_insns, by_gemm)
+                 acc_bytes, compute_insns, out_bytes, store_insns, by_gemm, input_rows)
 
 
 def kernel_rows(g: LayerGeom, s: Schedule) -> int:
@@ -297,6 +302,9 @@ def space(g: LayerGeom, config: AcceleratorConfig, vthreads: tuple[int, ...] = (
 #: (tens of cycles), a GEMM/ALU fills and drains its pipeline.
 DMA_CYCLES = 40
 LOOP_CYCLES = 16
+#: Cycles per DRAM row a load requests: a load keeps a few rows in flight (hw.dma's unpack queue) against
+#: DRAM's latency, so windows of many short rows are bound by requests, not bytes.
+ROW_CYCLES = 4
 #: Share of bus cycles that move a beat on a typical board DRAM.
 DUTY = 0.75
 #: Share of the other units' time that overlapping does not hide (a unit waits at stage boundaries).
@@ -312,7 +320,7 @@ def cost(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> float:
     schedules come within about 1% of the best of the top candidates)."""
     u = usage(g, s, config)
     per_cycle = config.bus_width / 8 * DUTY
-    load = u.load_bytes / per_cycle + DMA_CYCLES * u.load_insns
+    load = u.load_bytes / per_cycle + DMA_CYCLES * u.load_insns + ROW_CYCLES * u.input_rows
     compute = u.gemm_execs + u.alu_execs + u.acc_bytes / per_cycle + LOOP_CYCLES * u.compute_insns
     store = u.store_bytes / per_cycle + DMA_CYCLES * u.store_insns
     total = load + compute + store
