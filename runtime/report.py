@@ -1,10 +1,12 @@
-"""`weft report`: a per-layer table (cycles, MACs, utilization, bytes moved) and a roofline plot.
+"""`weft report`: a per-layer table (cycles, MACs, utilization, gap to the ideal, bytes moved), a roofline
+plot, and a before/after comparison with a table saved earlier (``--json`` then ``--baseline``).
 
 The figures come from one run of the artifact on the functional simulator ("fsim" device: bit-exact
 results, DRAM bytes counted per layer, cycles from the timing model). The roofline of a config: compute
 roof = ``config.macs_per_cycle`` MACs per cycle, memory roof = the bus's bytes per cycle
 (``bus_width / 8``) times the arithmetic intensity (MACs per DRAM byte); each accelerator layer is a
-point at its intensity and attained MACs per cycle.
+point at its intensity and attained MACs per cycle. A layer's ideal is its useful MACs at the compute roof
+(``ceil(macs / macs_per_cycle)``: no layer can beat it, a pooling layer's is 0) and its gap the cycles above.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import argparse
 import csv
 import io
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,11 @@ from weft.core.files import write_atomic
 from weft.errors import user_file
 from weft.runtime.session import InferenceSession
 
-__all__ = ["add_report_arguments", "layer_table", "plot_roofline", "run_report"]
+__all__ = ["add_report_arguments", "compare", "format_comparison", "layer_table", "plot_roofline", "run_report",
+           "summary"]
 
-COLUMNS = ("layer", "op", "target", "cycles", "macs", "macs_per_cycle", "utilization", "array_utilization", "bytes",
-           "intensity", "bound", "why")
+COLUMNS = ("layer", "op", "target", "cycles", "ideal_cycles", "gap", "macs", "macs_per_cycle", "utilization",
+           "array_utilization", "bytes", "intensity", "bound", "why")
 
 
 def layer_table(stats: Mapping[str, Any], config: Any,
@@ -49,11 +53,14 @@ def layer_table(stats: Mapping[str, Any], config: Any,
         cycles = row["cycles"]
         accel_macs = int(layer.get("accel_macs") or 0)
         if layer["target"] == "accel" and cycles:
+            row["ideal_cycles"] = math.ceil(row["macs"] / peak)
+            row["gap"] = cycles - row["ideal_cycles"]
             row["macs_per_cycle"] = row["macs"] / cycles
             row["utilization"] = row["macs"] / (peak * cycles)
             row["array_utilization"] = accel_macs / (peak * cycles)
         else:
             row["macs_per_cycle"] = row["utilization"] = row["array_utilization"] = None
+            row["ideal_cycles"] = row["gap"] = None
         if row["bytes"]:
             row["intensity"] = row["macs"] / row["bytes"]
             row["bound"] = "compute" if row["intensity"] >= ridge else "memory"
@@ -61,6 +68,58 @@ def layer_table(stats: Mapping[str, Any], config: Any,
             row["intensity"] = row["bound"] = None
         rows.append(row)
     return rows
+
+
+def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Totals of a table: accelerator cycles, their ideal and gap, and the mean utilization of the
+    convolutions (each layer counts once, whatever its size) with and without the first one, whose few
+    input channels make it a case apart."""
+    accel = [r for r in rows if r.get("cycles")]
+    convs = [r["utilization"] for r in accel if r["op"] == "qconv2d" and r.get("utilization") is not None]
+    cycles = sum(int(r["cycles"]) for r in accel)
+    ideal = sum(int(r.get("ideal_cycles") or 0) for r in accel)
+    return {"cycles": cycles, "ideal_cycles": ideal, "gap": cycles - ideal,
+            "utilization": ideal / cycles if cycles else None,
+            "mean_conv_utilization": sum(convs) / len(convs) if convs else None,
+            "mean_conv_utilization_after_first": sum(convs[1:]) / len(convs[1:]) if len(convs) > 1 else None}
+
+
+def compare(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per accelerator layer of `after`, its cycles and utilization beside those of the layer of the same
+    name in `before` (two tables of :func:`layer_table`, e.g. the same model compiled by two versions)."""
+    old = {r["layer"]: r for r in before}
+    out = []
+    for r in after:
+        if not r.get("cycles"):
+            continue
+        was = old.get(r["layer"], {})
+        b = was.get("cycles")
+        out.append({"layer": r["layer"], "op": r["op"], "cycles_before": b, "cycles_after": r["cycles"],
+                    "change": r["cycles"] / b - 1 if b else None, "utilization_before": was.get("utilization"),
+                    "utilization_after": r.get("utilization")})
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def format_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The rows of :func:`compare` as a Markdown table, with a total row."""
+    lines = ["| layer | cycles before | cycles after | change | GEMM % before | GEMM % after |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        before = "-" if r["cycles_before"] is None else f"{r['cycles_before']:,}"
+        change = "-" if r["change"] is None else f"{100 * r['change']:+.1f}%"
+        util_b = _pct(r["utilization_before"]) if r["utilization_before"] else "-"
+        util_a = _pct(r["utilization_after"]) if r["utilization_after"] else "-"
+        lines.append(f"| {r['layer']} | {before} | {r['cycles_after']:,} | {change} | {util_b} | {util_a} |")
+    paired = [r for r in rows if r["cycles_before"] is not None]
+    b = sum(r["cycles_before"] for r in paired)
+    a = sum(r["cycles_after"] for r in paired)
+    if b:
+        lines.append(f"| total ({len(paired)} layers) | {b:,} | {a:,} | {100 * (a / b - 1):+.1f}% | | |")
+    return "\n".join(lines)
 
 
 def plot_roofline(rows: list[dict[str, Any]], config: Any, path: str | Path) -> Path:
@@ -110,6 +169,8 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", metavar="TABLE.csv", help="write the per-layer table as CSV")
     parser.add_argument("--json", metavar="TABLE.json", help="write the per-layer table as JSON")
     parser.add_argument("--roofline", metavar="PLOT.png", help="write the roofline plot (needs matplotlib)")
+    parser.add_argument("--baseline", metavar="BEFORE.json",
+                        help="a table saved with --json (e.g. by an earlier version): print a before/after comparison")
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -127,6 +188,17 @@ def run_report(args: argparse.Namespace) -> int:
     for r in rows:
         print("  ".join(_format(r[c]).ljust(w) for c, w in zip(COLUMNS, widths, strict=True)))
     print(f"total: {sess.stats['cycles']} cycles, {sess.stats['macs']:,} MACs, config {config.name}")
+    tot = summary(rows)
+    if tot["cycles"]:
+        print(f"ideal (useful MACs at {config.macs_per_cycle} per cycle): {tot['ideal_cycles']:,} cycles; gap "
+              f"{tot['gap']:,} cycles; utilization {_pct(tot['utilization'])}; mean over convolutions "
+              f"{_pct(tot['mean_conv_utilization'])} ({_pct(tot['mean_conv_utilization_after_first'])} without the "
+              "first)")
+    if args.baseline:
+        with user_file(args.baseline, "baseline table"):
+            before = json.loads(Path(args.baseline).read_text())
+        print()
+        print(format_comparison(compare(before, rows)))
     if args.csv:
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=COLUMNS)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weft.compiler.backend.te import Axis, Expr, Kernel, Nest, fold, split_single_row
-from weft.core.epilogue import KINDS
+from weft.core.epilogue import KINDS, EpilogueOverflow, bounds
 from weft.isa.constants import AluOp
 from weft.isa.encoding import UOP_DTYPE, layout_of
 
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.core.epilogue import Step
 
-__all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "rows_kernel", "vectors_of"]
+__all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "rows_kernel", "simplify",
+           "vectors_of"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,51 @@ def vectors_of(steps: Sequence[Step]) -> list[np.ndarray]:
         elif kind.endswith("_vec"):
             out.append(operand)
     return out
+
+
+def simplify(steps: Sequence[Step], config: AcceleratorConfig) -> tuple[Step, ...]:
+    """The same epilogue in fewer ALU passes, exactly: an ``add_imm c`` right after a residual step moves
+    into the residual's own rounding add (``(y + d) >> s`` then ``+ c`` is ``(y + d + (c << s)) >> s``), which
+    saves one pass over the tile. Additions wrap, so moving ``c`` across the residual's addition changes
+    nothing; the rule only applies where neither the old nor the new residual steps can wrap on any
+    ``out_width`` input (the residual is a narrowed tensor). A sum too wide for the instruction's immediate
+    becomes an ``add_vec`` of the constant (still one pass) when the epilogue has vectors to size it by."""
+    imm = layout_of(config).formats["alu"].field("imm")
+    top = 1 << (config.out_width - 1)
+    channels = next((len(op) for _, op in steps if isinstance(op, np.ndarray)), None)
+    out: list[Step] = []
+    for kind, operand in steps:
+        prev = out[-1] if out else None
+        if kind == "add_imm" and prev is not None and prev[0] == "residual":
+            merged = _absorb(tuple(prev[1]), int(operand), (imm.min, imm.max), channels, top, config.acc_width)
+            if merged is not None:
+                out[-1] = ("residual", merged)
+                continue
+        out.append((kind, operand))
+    return tuple(out)
+
+
+def _absorb(sub: tuple[Step, ...], c: int, imm: tuple[int, int], channels: int | None, top: int,
+            acc_width: int) -> tuple[Step, ...] | None:
+    """Residual sub-steps that end ``+ c`` later, by folding `c` into their last add (None: not exactly)."""
+    shifted = len(sub) >= 2 and sub[-1][0] == "shr_imm" and sub[-2][0] == "add_imm"
+    if not shifted and not (sub and sub[-1][0] == "add_imm"):
+        return None
+    k = len(sub) - (2 if shifted else 1)  # the add that takes c
+    added = int(sub[k][1]) + (c << int(sub[-1][1]) if shifted else c)
+    if imm[0] <= added <= imm[1]:
+        step: Step = ("add_imm", added)
+    elif channels is not None and abs(added) < 1 << (acc_width - 1):
+        step = ("add_vec", np.full(channels, added, dtype=np.int64))
+    else:
+        return None
+    new = (*sub[:k], step, *sub[k + 1:])
+    try:
+        for candidate in (sub, new):
+            bounds(candidate, np.int64(-top), np.int64(top - 1), acc_width)
+    except EpilogueOverflow:
+        return None
+    return new
 
 
 def _uop(dst: int, src: int = 0) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 from weft.compiler.backend import alu, check, memory
 from weft.compiler.backend.conv import ConvLowering
 from weft.compiler.backend.pool import EltwiseLowering, PoolLowering
-from weft.compiler.backend.schedule import LayerGeom, Schedule, ranked
+from weft.compiler.backend.schedule import LayerGeom, Schedule, copies_by_gemm, ranked
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
 from weft.compiler.backend.vthread import inject_sync
@@ -51,8 +51,9 @@ class BackendError(CompileError):
     """An accelerator layer the back end cannot lower for the config; names the node."""
 
 
-def _steps(node: Node) -> tuple:
-    return tuple(node.attrs.get("epilogue", ()))
+def _steps(node: Node, config: AcceleratorConfig) -> tuple:
+    """The node's epilogue as the ALU runs it (:func:`alu.simplify`: the same results in fewer passes)."""
+    return alu.simplify(tuple(node.attrs.get("epilogue", ())), config)
 
 
 def _count_alu(steps: tuple) -> int:
@@ -81,7 +82,7 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
                            f"them with out_width {c.out_width}", node=node.name, op=node.op)
     nb, icb, h, w = x.shape[:4]  # type: ignore[misc]
     _, ocb, ho, wo = y.shape[:4]  # type: ignore[misc]
-    steps = _steps(node)
+    steps = _steps(node, c)
     vectors = len(alu.vectors_of(steps))
     residual = any(kind_ == "residual" for kind_, _ in steps)
     common = dict(name=node.name, kind=kind, nb=nb, icb=icb, ocb=ocb, ri=block // gemm["block_in"],
@@ -199,7 +200,7 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     the default); `nonneg` says the layer's input is proven >= 0. Used by :func:`generate` and by the
     tuner's measurer, which lowers single layers with candidate schedules."""
     geom = layer_geometry(node, graph, c)
-    steps = _steps(node)
+    steps = _steps(node, c)
     kind = geom.kind
     in_mem = "inp" if kind == "conv" else "out"
     addrs = {"inp": plan.element(values[node.inputs[0]]["addr"], in_mem),
@@ -215,6 +216,10 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
             raise BackendError(f"packed weights are {list(w.shape)}, expected {list(want)}", node=node.name,
                                op=node.op)
         addrs["wgt"] = plan.element(plan.constant(f"wgt:{node.name}", memory.weight_bytes(w, c)), "wgt")
+    if copies_by_gemm(geom, c):
+        eye = np.eye(c.block_out, c.block_in, dtype=np.int64).reshape(1, 1, 1, 1, c.block_out, c.block_in)
+        addrs["identity"] = plan.element(plan.constant(f"wgt:identity:{node.name}", memory.weight_bytes(eye, c),
+                                                       share=True), "wgt")
     vectors = alu.vectors_of(steps)
     if vectors:
         vec_addr = plan.constant(f"vec:{node.name}", memory.vector_bytes(vectors, c), share=True)

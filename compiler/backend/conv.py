@@ -21,6 +21,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from weft.compiler.backend.program import Stream
+from weft.compiler.backend.schedule import every_other_row, shared_tiles
 from weft.compiler.backend.te import Access as A
 from weft.compiler.backend.te import Axis, Box, Compute, Nest, tile_box
 from weft.compiler.backend.te import var as v
@@ -42,18 +43,28 @@ class ConvLowering(Lowering):
         gs = (Axis("gS", g.groups),) if grouped else ()
         o_blk = v("gS") * g.ocb + v("oB") if grouped else v("oB")
         i_blk = v("gS") * g.icb + v("iB") if grouped else v("iB")
+        # every_other_row: the input is the view of its every sh-th row (ho rows; its load strides over the rest)
+        sh, h = (1, g.ho) if every_other_row(g) else (g.sh, g.h)
         axes = (*gs, Axis("n", g.nb), Axis("oB", g.ocb), Axis("so", g.ro), Axis("oh", g.ho), Axis("ow", g.wo),
                 Axis("iB", g.icb, True), Axis("si", g.ri, True), Axis("ky", g.kh, True), Axis("kx", g.kw, True))
         accesses = {
             "out": A("out", (v("n"), o_blk, v("oh"), v("ow"), v("so"))),
-            "inp": A("inp", (v("n"), i_blk, v("oh") * g.sh + v("ky") - top, v("ow") * g.sw + v("kx") - left,
+            "inp": A("inp", (v("n"), i_blk, v("oh") * sh + v("ky") - top, v("ow") * g.sw + v("kx") - left,
                              v("si"))),
             "wgt": A("wgt", (o_blk * g.ro + v("so"), v("iB") * g.ri + v("si"), v("ky"), v("kx"))),
         }
         ocb = g.ocb * g.groups
-        shapes = {"out": (g.nb, ocb, g.ho, g.wo, g.ro), "inp": (g.nb, g.icb * g.groups, g.h, g.w, g.ri),
+        shapes = {"out": (g.nb, ocb, g.ho, g.wo, g.ro), "inp": (g.nb, g.icb * g.groups, h, g.w, g.ri),
                   "wgt": (ocb * g.ro, g.icb * g.ri, g.kh, g.kw)}
         return Compute(self.name, axes, accesses, shapes)
+
+    @cached_property
+    def inp_strides(self) -> tuple[int, ...] | None:
+        """DRAM rows per step of the input view's dimensions (None: the dense input)."""
+        g = self.g
+        if not every_other_row(g):
+            return None
+        return (g.icb * g.groups * g.h * g.w * g.ri, g.h * g.w * g.ri, g.sh * g.w * g.ri, g.ri, 1)
 
     def reduce_axes(self) -> list[str]:
         return ["iB.i", "si", self.ky, "kx"]
@@ -66,25 +77,42 @@ class ConvLowering(Lowering):
     def validate(self) -> None:
         c, v = self.config, self.s.vthreads
         inp_box, wgt_box = self.boxes
-        for what, rows, limit in (("input window", inp_box.rows, c.inp_rows // v),
-                                  ("weight tile", wgt_box.rows, c.wgt_rows // v)):
+        extra = 1 if self.copies_by_gemm else 0  # the residual tile (inp) and the identity matrix (wgt)
+        for what, rows, limit in (("input window", inp_box.rows + extra * self.tile_rows, c.inp_rows // v),
+                                  ("weight tile", wgt_box.rows + extra, c.wgt_rows // v)):
             if rows > limit:
                 raise ValueError(f"layer '{self.name}': the {what} needs {rows} rows, a thread has {limit}")
 
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         inp_box, wgt_box = self.boxes
-        self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, r.inp, thread, "input window")
+        # A tile every task reads (shared_tiles) lives once, in thread 0's slice, and is loaded once.
+        share_inp, share_wgt = shared_tiles(self.g, self.s)
+        at_i, at_w = (0 if share_inp else thread), (0 if share_wgt else thread)
+        inp_at, wgt_at = self.regions(at_i).inp, self.regions(at_w).wgt
+        self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, inp_at, at_i, "input window",
+                      strides=self.inp_strides)
         assert self.addrs.wgt is not None
-        self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, r.wgt, thread, "weights")
+        self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
         if stage == 0:
+            if self.g.residual and self.copies_by_gemm:
+                # Before the task's GEMMs rather than in the epilogue: the loads that later overwrite the
+                # residual's rows then wait on the task's last GEMM, one token for both (each thread's
+                # outstanding tokens stay within the queue depth).
+                self.copy_in(stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
+                             self.out_box.extent, r.inp + inp_box.rows, r.res, r.wgt + wgt_box.rows, thread,
+                             "residual tile")
             self.reset(stream, thread)
 
         def nest() -> Nest:
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
-            return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(r.inp), wgt_box.sram(r.wgt))
+            return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(inp_at), wgt_box.sram(wgt_at))
 
         self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
 
     def finish_body(self, stream: Stream, h: int) -> None:
         self.combine(stream, h, AluOp.ADD)
+
+    def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        if not self.copies_by_gemm:  # else the task's first stage copied it in
+            super().load_residual(stream, point, h)

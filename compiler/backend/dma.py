@@ -56,20 +56,24 @@ def _limits(config: AcceleratorConfig) -> tuple[int, int, int]:
 
 
 def box_transfers(config: AcceleratorConfig, mem: MemId, shape: Sequence[int], dram_base: int,
-                  origin: Sequence[int], extent: Sequence[int], sram_base: int) -> list[Transfer]:
+                  origin: Sequence[int], extent: Sequence[int], sram_base: int,
+                  strides: Sequence[int] | None = None) -> list[Transfer]:
     """Transfers that move the box ``[origin, origin + extent)`` of a row-major tensor of `shape` rows at
     DRAM row `dram_base` to (or from) SRAM rows from `sram_base`, padding out-of-range rows with zeros.
+    `strides` (DRAM rows per step of each dimension; default: row-major over `shape`) describes a view
+    of a larger tensor instead, e.g. every other row of an image; the dimensions below the x one must
+    stay contiguous.
 
     Only the last two dimensions that are not fully covered may stick out of the tensor (the y and x of
     a 2-D DMA); outer dimensions must be in range."""
     dims = len(shape)
     if not (len(origin) == len(extent) == dims):
         raise ValueError("box and tensor ranks differ")
-    k = dims - 1  # the x dimension: the last one the box does not cover entirely
-    while k > 0 and origin[k] == 0 and extent[k] == shape[k]:
+    strides = list(strides) if strides is not None else [math.prod(shape[d + 1:]) for d in range(dims)]
+    k = dims - 1  # the x dimension: the last one the box does not cover entirely (and contiguous in DRAM)
+    while k > 0 and origin[k] == 0 and extent[k] == shape[k] and strides[k - 1] == math.prod(shape[k:]):
         k -= 1
     unit = math.prod(shape[k + 1:])  # contiguous rows below the x dimension
-    strides = [math.prod(shape[d + 1:]) for d in range(dims)]
     box_strides = [math.prod(extent[d + 1:]) for d in range(dims)]
     y_dim = k - 1 if k > 0 else None
     outer = range(y_dim) if y_dim is not None else range(0)

@@ -22,6 +22,7 @@ from functools import cached_property
 
 from weft.compiler.backend import alu
 from weft.compiler.backend.program import Stream
+from weft.compiler.backend.schedule import separable
 from weft.compiler.backend.te import Access as A
 from weft.compiler.backend.te import Axis, Box, Compute, Expr, Kernel, Nest, fold, tile_box
 from weft.compiler.backend.te import var as v
@@ -92,24 +93,54 @@ class PoolLowering(Lowering):
         dst = Expr(tuple((nm, st) for nm, st in zip(names, strides, strict=True)), start)
         return fold(Nest(axes, dst), max_uops=self.config.uop_rows)
 
+    def validate(self) -> None:
+        c, v = self.config, self.s.vthreads
+        if self.copies_by_gemm and self.win_box.rows > c.inp_rows // v:
+            raise ValueError(f"layer '{self.name}': the input window needs {self.win_box.rows} inp rows, a thread "
+                             f"has {c.inp_rows // v}")
+
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         box = self.win_box
-        self.load_box(stream, "win", MemId.ACC_NARROW, self.addrs.inp, box, point, r.win, thread, "input window",
-                      reuse=False)  # the offset changes the window in place
+        if self.copies_by_gemm:
+            self.copy_in(stream, self.compute.shapes["in"], self.addrs.inp, box.origin_at(point), box.extent, r.inp,
+                         r.win, r.wgt, thread, "input window")
+        else:  # the offset changes the window in place: never reused
+            self.load_box(stream, "win", MemId.ACC_NARROW, self.addrs.inp, box, point, r.win, thread,
+                          "input window", reuse=False)
         if self.offset:
             origin = box.origin_at(point)
             k = self.kernel(("valid", thread, origin), lambda: self._valid_kernel(box, origin, r.win))
             if k is not None:
                 alu.add_imm(stream, self.config, k, self.offset, "offset the window's real rows")
+        split_rows = separable(self.g, self.s)
+        if split_rows:
+            self.reduce_window_rows(stream, thread)
         self.reset(stream, thread)
 
         def nest() -> Nest:
-            axes = tuple(a for a in self.compute.axes if a.name in self.inner)
+            # (separable: the rows are reduced into each window's first column, kx = 0)
+            axes = tuple(a for a in self.compute.axes if a.name in self.inner and not (split_rows and a.name == "kx"))
             return Nest(axes, self.out_box.sram(r.tile), box.sram(r.win))
 
         op = AluOp.MAX if self.is_max else AluOp.ADD
         self.body(stream, nest, thread, lambda k: stream.alu(op, k, note="pool over the window"))
+
+    def reduce_window_rows(self, stream: Stream, h: int) -> None:
+        """The max over each window's columns, in place into its first column: passes k = kw-2 .. 0 set
+        column ``x*sw + k`` to the max of itself and column ``x*sw + k + 1`` (the first pass reads the column
+        the next window shares before that window's last pass changes it)."""
+        g, s, box, base = self.g, self.s, self.win_box, self.regions(h).win
+        strides = box.strides()  # the window box: n, c, y, x, so
+        axes = (Axis("n", s.tile_n), Axis("c", s.tile_oc), Axis("y", box.extent[2]), Axis("x", s.tile_w),
+                Axis("so", g.ro))
+        coef = (("n", strides[0]), ("c", strides[1]), ("y", strides[2]), ("x", g.sw * strides[3]), ("so", strides[4]))
+        for k in range(g.kw - 2, -1, -1):
+            def build(k: int = k) -> Kernel:
+                dst = Expr(coef, base + k * strides[3])
+                return fold(Nest(axes, dst, dst + strides[3]), max_uops=self.config.uop_rows)
+
+            stream.alu(AluOp.MAX, self.kernel(("row max", h, k), build), note="pool over the window's columns")
 
     def finish_body(self, stream: Stream, h: int) -> None:
         self.combine(stream, h, AluOp.MAX if self.is_max else AluOp.ADD)

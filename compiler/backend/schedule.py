@@ -31,7 +31,8 @@ from weft.isa.semantics import named_row_bytes
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "cost", "default_schedule", "ranked", "space", "usage"]
+__all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule",
+           "every_other_row", "ranked", "separable", "shared_tiles", "space", "usage"]
 
 ORDERS = ("oc_outer", "pix_outer")
 KINDS = ("conv", "maxpool", "avgpool", "eltwise")
@@ -115,6 +116,11 @@ class Usage:
     compute_insns: int
     store_bytes: int
     store_insns: int
+    #: The residual tile or pooling window comes in through the load unit and the identity GEMM
+    #: (:func:`copies_by_gemm`, and its rows fit beside the thread's other tiles).
+    copies: bool = False
+    #: DRAM rows (separate read requests) of the load unit's input windows.
+    input_rows: int = 0
 
     @property
     def dram_bytes(self) -> int:
@@ -123,6 +129,46 @@ class Usage:
     @property
     def insns(self) -> int:
         return self.load_insns + self.compute_insns + self.store_insns
+
+
+def copies_by_gemm(g: LayerGeom, config: AcceleratorConfig) -> bool:
+    """Whether the int8 tiles the compute unit would load itself (a convolution's residual tile, a pooling
+    window: acc_narrow rows, at the bus's rate, while nothing else runs on it) come in through the load
+    unit instead, as inp rows beside the other tiles, and an identity GEMM copies them into the
+    accumulator: the load then overlaps the other thread's work and the compute unit spends two passes
+    over the rows (reset, copy). An inp row must hold exactly one out row (the back end already requires
+    inp_width == out_width). A schedule uses the copy where its rows fit (:attr:`Usage.copies`)."""
+    wanted = g.residual if g.kind == "conv" else g.kind in ("maxpool", "avgpool")
+    return wanted and config.block_in == config.block_out
+
+
+def every_other_row(g: LayerGeom) -> bool:
+    """Whether a convolution with one kernel row, a row stride and no top or bottom padding (ResNet's
+    downsampling shortcuts) reads only the input rows it uses: its window is a view of every `sh`-th row
+    (a longer DMA stride), ``sh`` times smaller than the dense window of the same output rows."""
+    return g.kind == "conv" and g.kh == 1 and g.sh > 1 and g.pads[0] == g.pads[2] == 0
+
+
+def separable(g: LayerGeom, s: Schedule) -> bool:
+    """Whether a max-pool reduces each window row first, in place (``kw - 1`` ALU passes over the window's
+    rows and the tile's columns), then the rows into the tile (``kh`` passes), instead of ``kh * kw``
+    passes over the tile: where the windows overlap by at most one column (``kw <= sw + 1``, ``sw >= 2``:
+    a column a neighbour's passes change is read before they do) and it takes fewer executions."""
+    if g.kind != "maxpool" or g.sw < 2 or not 2 <= g.kw <= g.sw + 1 or s.tile_h * s.tile_w * s.tile_n * s.tile_oc == 1:
+        return False
+    hin = _window(s.tile_h, g.sh, g.kh)
+    return (g.kw - 1) * hin * s.tile_w + g.kh * s.tile_h * s.tile_w < g.kh * g.kw * s.tile_h * s.tile_w
+
+
+def shared_tiles(g: LayerGeom, s: Schedule) -> tuple[bool, bool]:
+    """Whether every task of a convolution reads the same input window (one pixel tile) and the same
+    weights (one output-channel tile), each in one reduction step: such a tile is loaded once, into the
+    first thread's slice, and both threads read it, instead of each thread loading its own copy (the
+    second copy would hold up the other thread's first GEMM, and the load unit)."""
+    if g.kind != "conv" or (g.icb // s.tile_ic) * (g.kh // kernel_rows(g, s)) != 1:
+        return False, False
+    pixel_tiles = (g.nb // s.tile_n) * (g.ho // s.tile_h) * (g.wo // s.tile_w)
+    return pixel_tiles == 1 and g.groups == 1, g.ocb // s.tile_oc * g.groups == 1
 
 
 def divisors(n: int) -> list[int]:
@@ -152,14 +198,16 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     alu_execs = tasks * tile_rows * (g.alu_steps + (1 if g.residual else 0))
     # Vectors are reloaded when a thread's output-channel tile changes.
     vec_loads = oc_tiles * min(s.vthreads, n_tiles) if s.order == "oc_outer" else tasks
-    acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual else 0)
+    inp_max, wgt_max = c.inp_rows // s.vthreads, c.wgt_rows // s.vthreads
+    by_gemm = copies_by_gemm(g, config)
+    acc_bytes = 0  # the compute unit's own loads beyond the vectors and the residual
     compute_insns = tasks * (g.alu_steps + (1 if g.residual else 0) + (planes if g.residual else 0)) + vec_loads
     store_insns = tasks * planes
     if g.kind == "conv":
         kh = kernel_rows(g, s)
         steps = (g.icb // s.tile_ic) * (g.kh // kh)
         stages = tasks * steps
-        hin = _window(s.tile_h, g.sh, kh)
+        hin = s.tile_h if every_other_row(g) else _window(s.tile_h, g.sh, kh)
         inp = s.tile_n * s.tile_ic * hin * win * g.ri
         wgt = s.tile_oc * g.ro * s.tile_ic * g.ri * kh * g.kw
         gemm_execs = stages * tile_rows * s.tile_ic * g.ri * kh * g.kw
@@ -169,22 +217,48 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         w_loads = stages if not reuse_w else oc_tiles * min(s.vthreads, n_tiles)
         # (each super-group reads its own input blocks)
         i_loads = stages if not reuse_i else n_tiles * g.groups * min(s.vthreads, oc_tiles // g.groups)
+        share_i, share_w = shared_tiles(g, s)
+        i_loads, w_loads = (1 if share_i else i_loads), (1 if share_w else w_loads)
         load_bytes = w_loads * wgt * rb["wgt"] + i_loads * inp * rb["inp"]
         load_insns = w_loads + i_loads * s.tile_n * s.tile_ic
+        # A window of whole image rows is one run of DRAM rows; otherwise each of its rows is a request.
+        contiguous = win == g.w and not every_other_row(g)
+        input_rows = i_loads * s.tile_n * s.tile_ic * (1 if contiguous else hin)
         compute_insns += stages + tasks  # a GEMM per stage, a reset per task
         uops = _gemm_uops(g, s) + 8
+        by_gemm = by_gemm and inp + tile_rows <= inp_max and wgt + 1 <= wgt_max
+        if by_gemm:  # the residual tile and the identity matrix beside the tiles; the copy runs on the GEMM
+            inp += tile_rows
+            wgt += 1
+            load_bytes += out_bytes
+            load_insns += tasks * planes + s.vthreads
+            compute_insns += tasks * (2 - planes)
+            gemm_execs += tasks * tile_rows
+            alu_execs += tasks * tile_rows  # the reset of the residual rows: a pass like an ALU step's
     else:
-        stages, inp, wgt, gemm_execs, load_bytes, load_insns = tasks, 0, 0, 0, 0, 0
+        stages, inp, wgt, gemm_execs, load_bytes, load_insns, input_rows = tasks, 0, 0, 0, 0, 0, 0
         win_rows = s.tile_n * s.tile_oc * hin * win * g.ro if g.kind != "eltwise" else tile_rows
         acc += win_rows if g.kind != "eltwise" else 0
-        alu_execs += tasks * tile_rows * g.kh * g.kw if g.kind != "eltwise" else 0
+        if separable(g, s):
+            alu_execs += tasks * s.tile_n * s.tile_oc * g.ro * ((g.kw - 1) * hin * s.tile_w + g.kh * pix // s.tile_n)
+        elif g.kind != "eltwise":
+            alu_execs += tasks * tile_rows * g.kh * g.kw
         if g.kind == "maxpool":
             alu_execs += tasks * (win_rows + tile_rows)  # the offset into and out of the padded domain
-        acc_bytes += tasks * win_rows * rb["out"]
+        by_gemm = by_gemm and win_rows <= inp_max and 1 <= wgt_max
+        if by_gemm:  # the window through the load unit, then reset and copied by the GEMM
+            inp, wgt = win_rows, 1
+            load_bytes = tasks * win_rows * rb["inp"]
+            load_insns = tasks * planes + s.vthreads
+            gemm_execs = tasks * win_rows
+            alu_execs += tasks * win_rows
+        else:
+            acc_bytes += tasks * win_rows * rb["out"]
         compute_insns += tasks * (planes + (4 if g.kind != "eltwise" else 0))
         uops = (g.ro * (1 if g.kind == "eltwise" else g.kh * g.kw) + 8)
+    acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual and not by_gemm else 0) + acc_bytes
     return Usage(inp, wgt, acc, uops * s.vthreads, tasks, stages, gemm_execs, alu_execs, load_bytes, load_insns,
-                 acc_bytes, compute_insns, out_bytes, store_insns)
+                 acc_bytes, compute_insns, out_bytes, store_insns, by_gemm, input_rows)
 
 
 def kernel_rows(g: LayerGeom, s: Schedule) -> int:
@@ -228,6 +302,9 @@ def space(g: LayerGeom, config: AcceleratorConfig, vthreads: tuple[int, ...] = (
 #: (tens of cycles), a GEMM/ALU fills and drains its pipeline.
 DMA_CYCLES = 40
 LOOP_CYCLES = 16
+#: Cycles per DRAM row a load requests: a load keeps a few rows in flight (hw.dma's unpack queue) against
+#: DRAM's latency, so windows of many short rows are bound by requests, not bytes.
+ROW_CYCLES = 4
 #: Share of bus cycles that move a beat on a typical board DRAM.
 DUTY = 0.75
 #: Share of the other units' time that overlapping does not hide (a unit waits at stage boundaries).
@@ -243,7 +320,7 @@ def cost(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> float:
     schedules come within about 1% of the best of the top candidates)."""
     u = usage(g, s, config)
     per_cycle = config.bus_width / 8 * DUTY
-    load = u.load_bytes / per_cycle + DMA_CYCLES * u.load_insns
+    load = u.load_bytes / per_cycle + DMA_CYCLES * u.load_insns + ROW_CYCLES * u.input_rows
     compute = u.gemm_execs + u.alu_execs + u.acc_bytes / per_cycle + LOOP_CYCLES * u.compute_insns
     store = u.store_bytes / per_cycle + DMA_CYCLES * u.store_insns
     total = load + compute + store

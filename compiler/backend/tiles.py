@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from weft.compiler.backend import alu
-from weft.compiler.backend.dma import box_transfers, merge
+from weft.compiler.backend.dma import Transfer, box_transfers, merge
 from weft.compiler.backend.program import Stream
-from weft.compiler.backend.schedule import LayerGeom, Schedule
+from weft.compiler.backend.schedule import LayerGeom, Schedule, usage
 from weft.compiler.backend.te import Box, Compute, Kernel, Nest, split, tile_box
 from weft.compiler.backend.vthread import interleave
 from weft.isa.constants import AluOp, MemId
@@ -43,13 +43,15 @@ __all__ = ["Addresses", "Lowering", "Regions"]
 class Addresses:
     """DRAM rows of the layer's tensors, each in the row size of the memory that moves it: the input in
     inp rows (GEMM) or out rows (ALU layers, loaded as acc_narrow), the output and residual in out rows,
-    weights in wgt rows, epilogue vectors in acc rows."""
+    weights in wgt rows, epilogue vectors in acc rows; `identity`: the wgt row of an identity matrix, for
+    a residual copied in by the GEMM (:func:`~weft.compiler.backend.schedule.copies_by_gemm`)."""
 
     inp: int
     out: int
     residual: int | None = None
     wgt: int | None = None
     vec: int | None = None
+    identity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class Lowering:
         self._regions = [self._layout(h) for h in range(self.v)]
         self._kernels: dict[tuple, Kernel] = {}
         self.alternated = False
+        self.copies_by_gemm = usage(geom, sched, config).copies
         self.validate()
 
     # ---- to be defined by layer kinds -------------------------------------------------------------------
@@ -186,14 +189,17 @@ class Lowering:
         return self._kernels[key]
 
     def load_box(self, stream: Stream, key: str, mem: MemId, dram_base: int, box: Box, point: dict[str, int],
-                 sram: int, thread: int, note: str, reuse: bool = True) -> None:
-        """Load a box unless the thread's slice already holds it (`reuse`)."""
+                 sram: int, thread: int, note: str, reuse: bool = True,
+                 strides: tuple[int, ...] | None = None) -> None:
+        """Load a box unless the thread's slice already holds it (`reuse`); `strides`: of a strided view
+        (:func:`~weft.compiler.backend.dma.box_transfers`)."""
         origin = box.origin_at(point)
         if reuse and self.resident[thread].get(key) == origin:
             return
         self.resident[thread][key] = origin
         shape = self.compute.shapes[box.tensor]
-        moves = merge(self.config, box_transfers(self.config, mem, shape, dram_base, origin, box.extent, sram))
+        moves = merge(self.config, box_transfers(self.config, mem, shape, dram_base, origin, box.extent, sram,
+                                                 strides))
         for t in moves:
             stream.transfer(t, note=note)
 
@@ -232,6 +238,37 @@ class Lowering:
     def finish_body(self, stream: Stream, h: int) -> None:
         """What completes a tile's body before its epilogue (layer kinds add to it)."""
 
+    def copy_in(self, stream: Stream, shape: tuple[int, ...], dram: int | None, origin: tuple[int, ...],
+                extent: tuple[int, ...], src: int, dst: int, ident: int, h: int, note: str) -> None:
+        """Bring a box of int8 out rows into acc rows `dst..` the :func:`copies_by_gemm` way: the load unit
+        puts it in inp rows `src..`, then a reset and a GEMM with the identity matrix (wgt row `ident`, loaded
+        once per thread) copy it, exactly: each int8 times one, summed with zeros."""
+        assert dram is not None and self.addrs.identity is not None
+        if not self.resident[h].get("identity"):
+            self.resident[h]["identity"] = True
+            stream.transfer(Transfer(MemId.WGT, ident, self.addrs.identity, 1, 1, 1), note="identity matrix")
+        # An inp row is an out row (copies_by_gemm), so the box's DRAM rows count the same in both.
+        for t in merge(self.config, box_transfers(self.config, MemId.INP, shape, dram, origin, extent, src)):
+            stream.transfer(t, note=note)
+        rows = int(np.prod(extent))
+        stream.gemm(self.kernel(("reset copy", h, dst, rows), lambda: alu.rows_kernel(dst, rows)), reset=True,
+                    note=f"reset the rows of the {note}")
+
+        def copy() -> Kernel:
+            uop = np.zeros(1, dtype=UOP_DTYPE)
+            uop["dst"], uop["src"], uop["wgt"] = dst, src, ident
+            return Kernel(uop, rows, 1, (1, 0), (1, 0), (0, 0))
+
+        stream.gemm(self.kernel(("copy", h, dst, src, rows), copy), note=f"copy the {note}")
+
+    def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        """Bring the residual tile of the task at `point` into the thread's residual rows (sign-extended)."""
+        assert self.addrs.residual is not None
+        moves = box_transfers(self.config, MemId.ACC_NARROW, self.compute.shapes["out"], self.addrs.residual,
+                              self.out_box.origin_at(point), self.out_box.extent, self.regions(h).res)
+        for t in merge(self.config, moves):
+            stream.transfer(t, note="residual tile")
+
     def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
         g, s, r = self.g, self.s, self.regions(h)
         self.finish_body(stream, h)
@@ -245,11 +282,7 @@ class Lowering:
                                                       (len(self.vectors), s.tile_oc * g.ro), r.vec)):
                 stream.transfer(t, note="epilogue vectors")
         if g.residual:
-            assert self.addrs.residual is not None
-            moves = box_transfers(self.config, MemId.ACC_NARROW, self.compute.shapes["out"], self.addrs.residual,
-                                  self.out_box.origin_at(point), self.out_box.extent, r.res)
-            for t in merge(self.config, moves):
-                stream.transfer(t, note="residual tile")
+            self.load_residual(stream, point, h)
         tile = self.out_tile(h)
         alu.epilogue(stream, self.steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h)
         moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out,
