@@ -19,6 +19,7 @@ import numpy as np
 from weft.core.accel_section import accel_section
 from weft.errors import UsageError
 from weft.runtime.fsim_device import timing_model
+from weft.runtime.report import layer_table, summary
 from weft.runtime.session import InferenceSession
 
 if TYPE_CHECKING:
@@ -34,26 +35,36 @@ def _fmt_int(value: Any) -> str:
     return "-" if value is None else f"{int(value):,}"
 
 
-def _table(layers: list[dict[str, Any]], peak: int) -> list[str]:
-    """Per layer; `GEMM %`: its real MACs over what `peak` MACs per cycle could do in its cycles (a grouped
-    layer's zero weights outside its groups do not count)."""
+def _table(stats: dict[str, Any], config: AcceleratorConfig) -> list[str]:
+    """Per layer; `GEMM %`: its real MACs over what the config's MACs per cycle could do in its cycles (a
+    grouped layer's zero weights outside its groups do not count); `gap`: its cycles above that ideal. The
+    last lines are the model's totals (see :func:`weft.runtime.report.summary`)."""
+    rows = layer_table(stats, config)
+    layers = stats["layers"]
     width = max([len(layer["name"]) for layer in layers] + [5])
     head = (f"{'#':>3}  {'layer':<{width}}  {'op':<10} {'where':<6} {'MACs':>13} {'insns':>6} {'DRAM bytes':>11} "
-            f"{'cycles':>11} {'GEMM %':>6} {'sim ms':>7}")
+            f"{'cycles':>11} {'gap':>11} {'GEMM %':>6} {'sim ms':>7}")
     lines = [head, "-" * len(head)]
-    for k, layer in enumerate(layers):
+    for k, (layer, row) in enumerate(zip(layers, rows, strict=True)):
         accel = layer["target"] == "accel"
-        moved = sum(layer.get("bytes", {}).values()) if accel else None
         insns = layer.get("insn_count") if accel else None
-        cycles = layer.get("cycles")
-        util = f"{100 * layer['macs'] / (peak * cycles):.1f}" if accel and cycles and layer["macs"] else "-"
+        util = f"{100 * row['utilization']:.1f}" if row["utilization"] and layer["macs"] else "-"
         lines.append(
             f"{k:>3}  {layer['name']:<{width}}  {layer['op']:<10} {layer['target']:<6} {layer['macs']:>13,} "
-            f"{_fmt_int(insns):>6} {_fmt_int(moved):>11} {_fmt_int(cycles):>11} {util:>6} "
-            f"{layer['seconds'] * 1e3:>7.1f}")
+            f"{_fmt_int(insns):>6} {_fmt_int(row['bytes']):>11} {_fmt_int(row['cycles']):>11} "
+            f"{_fmt_int(row['gap']):>11} {util:>6} {layer['seconds'] * 1e3:>7.1f}")
     # `cycles` is the accelerator's time; `sim ms` the simulator's wall time on this machine, which a reader
     # would otherwise take for the layer's latency on the board.
-    lines.append("cycles: accelerator clock cycles (timing model); sim ms: wall time the simulator took here")
+    lines.append("cycles: accelerator clock cycles (timing model); gap: cycles above the layer's useful MACs at "
+                 f"{config.macs_per_cycle} per cycle (a pool's ideal is 0)")
+    lines.append("sim ms: wall time the simulator took here")
+    tot = summary(rows)
+    if tot["cycles"]:
+        conv = tot["mean_conv_utilization"]
+        rest = tot["mean_conv_utilization_after_first"]
+        lines.append(f"ideal {tot['ideal_cycles']:,} cycles, gap {tot['gap']:,}: {100 * tot['utilization']:.1f}% of "
+                     "the GEMM peak end to end" + (f"; mean convolution utilization {100 * conv:.1f}%" if conv else "")
+                     + (f" ({100 * rest:.1f}% without the first)" if rest else ""))
     return lines
 
 
@@ -102,7 +113,7 @@ def run_demo(config: AcceleratorConfig, seed: int = 0, model: str = "resnet18", 
     stats = sess.stats
     assert stats is not None
     print(f"\nfunctional simulator: {fsim_s:.2f} s\n")
-    for line in _table(stats["layers"], c.macs_per_cycle):
+    for line in _table(stats, c):
         print("  " + line)
 
     ref = InferenceSession(artifact, device="ref")
