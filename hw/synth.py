@@ -104,19 +104,18 @@ def _bram36_of(depth: int, width: int) -> float:
 def estimate_area(config: AcceleratorConfig) -> dict[str, float]:
     """BRAM36 and DSP of `config` from its geometry alone, in milliseconds instead of Yosys' minute.
 
-    BRAM36: each buffer in its cheapest block RAM tiling, the accumulator twice (it is read through two
-    ports, and Yosys duplicates it), plus the three command queues (instruction and error index). It gives
-    `default` 144.5 and `pynq` 116, what ``synth_xilinx`` counts for them; small buffers that Yosys puts
-    in LUT RAM count here too, so small configs are overestimated. DSP: the GEMM core's multipliers only
+    BRAM36: each buffer in its cheapest block RAM tiling (one read and one write port each, so no copies),
+    plus the three command queues (instruction and error index). It gives `default` 116 and `pynq` 87.5,
+    what ``synth_xilinx`` counts for them; small buffers that Yosys puts in LUT RAM count here too, so
+    small configs are overestimated. DSP: the GEMM core's multipliers only
     (two int8 products per DSP48 when they fit one: 128 of `default`'s 178), a lower bound."""
     from weft.hw.datapath import DSP_NARROW_BITS, DSP_WIDE_BITS  # amaranth: only when an estimate is wanted
     from weft.hw.regs import register_widths
     from weft.isa.constants import INSN_BITS, Unit
 
     c = config
-    copies = {"uop": 1, "inp": 1, "wgt": 1, "acc": 2, "out": 1}
     cmd_bits = INSN_BITS + register_widths(c)["error_index"]
-    bram = (sum(n * _bram36_of(c.rows(memory), c.row_bits(memory)) for memory, n in copies.items())
+    bram = (sum(_bram36_of(c.rows(memory), c.row_bits(memory)) for memory in ("uop", "inp", "wgt", "acc", "out"))
             + len(Unit) * _bram36_of(c.cmd_queue_depth, cmd_bits))  # a command queue per unit
     packed = (c.wgt_width * 2 + c.inp_width <= DSP_WIDE_BITS and c.inp_width <= DSP_NARROW_BITS)
     dsp = c.batch * c.block_in * (-(-c.block_out // 2) if packed else c.block_out)

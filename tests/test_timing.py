@@ -24,6 +24,7 @@ from weft.hw.axi import ReadArbiter
 from weft.hw.datapath import GEMM_LATENCY
 from weft.hw.dma import MAX_BURST, BurstReader, Load2D, Store2D
 from weft.hw.regs import COUNTERS
+from weft.hw.structure import ALU_SRC_INTERVAL
 from weft.isa import MemId, ProgramBuilder, layout_of
 from weft.isa.semantics import UNIT_NAMES
 from weft.sim.dram import Dram
@@ -94,6 +95,22 @@ def test_gemm_costs_one_cycle_per_execution_plus_pipeline_fill():
         assert gemm["end"] - gemm["start"] == execs + 2 + Microarch().loop_stages
     reset = simulate(TINY, gemm_program(TINY, 4, 3, 2, reset=True))
     assert reset.counters["mac_active"] == 0 and reset.cycles == simulate(TINY, gemm_program(TINY, 4, 3, 2)).cycles
+
+
+def test_alu_micro_ops_reading_acc_src_issue_every_alu_src_interval_cycles():
+    def alu(imm: int | None) -> np.ndarray:
+        p = ProgramBuilder()
+        p.load(MemId.UOP, 0, 0, 1, 4)
+        p.alu("add", 0, 4, 3, 2, dst=(8, 4), src=(0, 0), imm=imm)
+        p.finish()
+        return p.insns
+
+    execs = 4 * 3 * 2
+    with_imm, with_src = simulate(TINY, alu(1)), simulate(TINY, alu(None))
+    assert with_imm.trace[1]["end"] - with_imm.trace[1]["start"] == execs + 2 + Microarch().loop_stages
+    # The accumulator's one read port reads dst and src in turn (hw.compute): ALU_SRC_INTERVAL cycles apart.
+    assert with_src.cycles - with_imm.cycles == (execs - 1) * (ALU_SRC_INTERVAL - 1)
+    assert with_src.counters["alu_active"] == with_imm.counters["alu_active"] == execs
 
 
 def test_first_instruction_waits_one_dram_round_trip_and_fetch_moves_two_beats_per_instruction():
