@@ -10,15 +10,17 @@ read port (a second one makes Yosys duplicate the whole buffer) and such a micro
 A     loop generator: micro-op address, loop offsets
 B     micro-op word: row indices (range-checked); inp and wgt read addresses
 C     inp and wgt rows: the GEMM core's products; accumulator read address src (ALU with acc[src])
-D     the GEMM core's adder tree; accumulator read address dst; the src row is latched
-E     accumulator rows: acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU)
+D     the first half of the GEMM core's adder tree; accumulator read address dst; the src row is latched
+E     the rest of the adder tree; the acc[dst] row is registered, or the row F writes if it is that one
+X     acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU)
 F     write acc[dst] and out[dst] = saturate(acc[dst])
 ====  ==========================================================================================
 
 The accumulator's read port is transparent to its write port, so an execution reads dst (in D) what the
-one two ahead of it writes (in F) in the same cycle: a read-after-write at distance 2 or more sees the new
-value. An ALU execution's src read (in C) comes a cycle earlier, but those issue two cycles apart, so the
-execution two ahead has written (in F) the cycle before. Distance 1 is the hazard the spec forbids. Each
+one three ahead of it writes (in F) in the same cycle; what the one two ahead writes a cycle later, E takes
+from F instead of the read port (forwarding): a read-after-write at distance 2 or more sees the new value.
+An ALU execution's src read (in C) comes a cycle earlier, but those issue two cycles apart, so the
+execution two ahead writes (in F) in that cycle. Distance 1 is the hazard the spec forbids. Each
 instruction drains the pipeline before it ends, so the next one (and the tokens it pushes) see every write.
 """
 
@@ -122,7 +124,7 @@ class ComputeUnit(UnitBase):
         bufs = self._buffers(m)
         dma, load_over = self._loads(m, d, start, bufs)
         loop = self._loop_generator(m, d, start, bufs)
-        valid = {s: Signal(name=f"valid_{s}") for s in "bcdef"}
+        valid = {s: Signal(name=f"valid_{s}") for s in "bcdexf"}
         dst, src_c = self._row_indices(m, d, index, bufs, loop, valid)
         new_f = self._datapath(m, d, bufs, valid, dst, src_c)
         self._write_back(m, d, dma, bufs, valid, dst, new_f)
@@ -244,19 +246,19 @@ class ComputeUnit(UnitBase):
             with m.If(~self.error):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.LOOP_RANGE),
                              self.error_index.eq(index)]
-        dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdef"}
+        dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexf"}
         src_c = Signal(c.acc_index_bits)
         m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~loop.aborted), dst["c"].eq(dst_b), src_c.eq(src_b)]
         return dst, src_c
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
                   src_c: Signal) -> Signal:
-        """Stages C and D (the GEMM core; accumulator read addresses) and E (acc + sum for GEMM, the ALU
-        op for ALU). Returns the new accumulator row of stage F."""
+        """Stages C, D and E (the GEMM core; accumulator reads) and X (acc + sum for GEMM, the ALU op for
+        ALU). Returns the new accumulator row of stage F."""
         c = self.config
         m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
                                             inp_width=c.inp_width, wgt_width=c.wgt_width)
-        assert GEMM_LATENCY == 2  # C and D
+        assert GEMM_LATENCY == 3  # C, D and E
         m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data)]
         m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"])]
         m.d.comb += [
@@ -265,21 +267,26 @@ class ComputeUnit(UnitBase):
             # In C an ALU execution that reads acc[src] reads it; D is empty then (it issued alone).
             bufs.acc_r.addr.eq(Mux(valid["c"] & d.alu_src, src_c, dst["d"])),
         ]
-        operand_e = Signal(c.acc_row_bits)
-        m.d.sync += operand_e.eq(bufs.acc_r.data)  # in D: acc[src], read in C
+        # acc[src], read in C, latched in D; the next such execution is two cycles behind, so it holds in X.
+        operand = Signal(c.acc_row_bits)
+        with m.If(valid["d"] & d.alu_src):
+            m.d.sync += operand.eq(bufs.acc_r.data)
+        new_f = Signal(c.acc_row_bits)
+        old_x = Signal(c.acc_row_bits)
+        forward = valid["f"] & (dst["f"] == dst["e"])
+        m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
+                     dst["x"].eq(dst["e"]), old_x.eq(Mux(forward, new_f, bufs.acc_r.data))]
 
-        m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"])]
         lanes = c.batch * c.block_out
-        old = elements(bufs.acc_r.data, c.acc_width)
+        old = elements(old_x, c.acc_width)
         sums = elements(core.sums, core.sum_bits)
-        operand = elements(operand_e, c.acc_width)
+        src_row = elements(operand, c.acc_width)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
         gemm_row = Cat(*[Mux(d.gemm.reset, 0, (old[n] + sums[n])[:c.acc_width]) for n in range(lanes)])
-        alu_row = Cat(*[alu_lane(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, operand[n]), c.acc_width)
+        alu_row = Cat(*[alu_lane(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, src_row[n]), c.acc_width)
                         for n in range(lanes)])
-        new_f = Signal(c.acc_row_bits)
-        m.d.sync += [valid["f"].eq(valid["e"]), dst["f"].eq(dst["e"]), new_f.eq(Mux(d.is_gemm, gemm_row, alu_row))]
+        m.d.sync += [valid["f"].eq(valid["x"]), dst["f"].eq(dst["x"]), new_f.eq(Mux(d.is_gemm, gemm_row, alu_row))]
         return new_f
 
     def _write_back(self, m: Module, d: _Insn, dma: Load2D, bufs: _Buffers, valid: dict[str, Signal],

@@ -2,8 +2,9 @@
 
 Rows are bit vectors laid out as in DRAM (:mod:`weft.isa.arith`): element ``j`` of a row occupies bits
 ``[j*w, (j+1)*w)``, two's complement. The GEMM core computes every ``acc[b, o] += sum_i inp[b, i] *
-wgt[o, i]`` term of one micro-op per cycle: products are registered, then a balanced adder tree per output
-is registered, so its latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every cycle.
+wgt[o, i]`` term of one micro-op per cycle: products are registered, then a balanced adder tree per output, registered
+halfway and at its root, so its latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair
+every cycle.
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ def elements(row: Value, width: int) -> list[Value]:
     return [row.word_select(j, width).as_signed() for j in range(len(row) // width)]
 
 
-def _tree_sum(values: list[Value]) -> Value:
-    while len(values) > 1:
+def _tree_levels(values: list[Value], levels: int) -> list[Value]:
+    """`levels` levels of a balanced adder tree: pairs summed, an odd one out passed on."""
+    for _ in range(levels):
         values = [values[k] + values[k + 1] if k + 1 < len(values) else values[k]
                   for k in range(0, len(values), 2)]
-    return values[0]
+    return values
 
 
 class GemmCore(wiring.Component):
-    """One BATCH x BLOCK_IN by BLOCK_IN x BLOCK_OUT product per cycle, in :data:`GEMM_LATENCY` cycles.
+    """One BATCH x BLOCK_IN by BLOCK_IN x BLOCK_OUT product per cycle, in :data:`GEMM_LATENCY` cycles
+    (products, the adder tree's first half, its second half: each registered).
 
     ``sums`` holds batch*block_out signed dot products of ``sum_bits`` bits each (element b*block_out+o).
     """
@@ -79,11 +82,16 @@ class GemmCore(wiring.Component):
                     low = both[:pw].as_signed()
                     m.d.comb += products[b][o + 1][i].eq(low)
                     m.d.comb += products[b][o][i].eq((both[pw:].as_signed() + both[pw - 1])[:pw].as_signed())
+        assert GEMM_LATENCY == 3  # products, half the tree, the rest
+        depth = (block_in - 1).bit_length()  # the tree's levels
         sums = []
         for b in range(batch):
             for o in range(block_out):
+                partial = _tree_levels(products[b][o], depth // 2)
+                halves = [Signal(signed(self.sum_bits), name=f"h_{b}_{o}_{k}") for k in range(len(partial))]
+                m.d.sync += [h.eq(v) for h, v in zip(halves, partial, strict=True)]
                 s = Signal(signed(self.sum_bits), name=f"s_{b}_{o}")
-                m.d.sync += s.eq(_tree_sum(products[b][o]))
+                m.d.sync += s.eq(_tree_levels(halves, depth - depth // 2)[0])
                 sums.append(s)
         m.d.comb += self.sums.eq(Cat(*sums))
         return m

@@ -20,9 +20,9 @@ UNPACK_DEPTH = 8
 STORE_SEG_DEPTH = 4
 #: dma.Store2D: write bursts addressed ahead of their data.
 STORE_LEN_DEPTH = 8
-#: datapath.GemmCore: registered products, then the registered adder tree.
-GEMM_LATENCY = 2
-#: compute's pipeline around the GEMM core: loop generator, micro-op word, operand rows, write back.
+#: datapath.GemmCore: registered products, then the adder tree, registered halfway and at its root.
+GEMM_LATENCY = 3
+#: compute's pipeline around the GEMM core's stages: loop generator, micro-op word, accumulate/ALU, write back.
 COMPUTE_STAGES = 4
 #: compute: cycles between issues of an ALU micro-op that reads acc[src]. The accumulator has one read port
 #: (two would make Yosys duplicate its block RAMs), so dst and src are read in two cycles, as in VTA's ALU.
