@@ -11,16 +11,18 @@ A     loop generator: micro-op address, loop offsets
 B     micro-op word: row indices (range-checked); inp and wgt read addresses
 C     inp and wgt rows: the GEMM core's products; accumulator read address src (ALU with acc[src])
 D     the first half of the GEMM core's adder tree; accumulator read address dst; the src row is latched
-E     the rest of the adder tree; the acc[dst] row is registered, or the row F writes if it is that one
-X     acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU)
+E     the rest of the adder tree; the acc[dst] row is registered
+X     acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU), but MUL's partial products only
+Y     MUL's product from its partial products
 F     write acc[dst] and out[dst] = saturate(acc[dst])
 ====  ==========================================================================================
 
 The accumulator's read port is transparent to its write port, so an execution reads dst (in D) what the
-one three ahead of it writes (in F) in the same cycle; what the one two ahead writes a cycle later, E takes
-from F instead of the read port (forwarding): a read-after-write at distance 2 or more sees the new value.
-An ALU execution's src read (in C) comes a cycle earlier, but those issue two cycles apart, so the
-execution two ahead writes (in F) in that cycle. Distance 1 is the hazard the spec forbids. Each
+one four ahead of it writes (in F) in the same cycle. What the ones three and two ahead write later comes
+from F instead (forwarding): into E's register, and into X. An ALU execution's src read (in C) comes a
+cycle earlier, but those issue two cycles apart: what the one two ahead writes a cycle later, D latches
+from F. So a read-after-write at distance 2 or more sees the new value; distance 1 is the hazard the spec
+forbids. Each
 instruction drains the pipeline before it ends, so the next one (and the tokens it pushes) see every write.
 """
 
@@ -35,7 +37,15 @@ from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.hw.axi import ADDR_BITS, read_client_signature
-from weft.hw.datapath import GEMM_LATENCY, GemmCore, alu_lane, elements, saturate_row, sign_extend_row
+from weft.hw.datapath import (
+    GEMM_LATENCY,
+    GemmCore,
+    alu_lane_first,
+    alu_lane_last,
+    elements,
+    saturate_row,
+    sign_extend_row,
+)
 from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.structure import ALU_SRC_INTERVAL
@@ -124,7 +134,7 @@ class ComputeUnit(UnitBase):
         bufs = self._buffers(m)
         dma, load_over = self._loads(m, d, start, bufs)
         loop = self._loop_generator(m, d, start, bufs)
-        valid = {s: Signal(name=f"valid_{s}") for s in "bcdexf"}
+        valid = {s: Signal(name=f"valid_{s}") for s in "bcdexyf"}
         dst, src_c = self._row_indices(m, d, index, bufs, loop, valid)
         new_f = self._datapath(m, d, bufs, valid, dst, src_c)
         self._write_back(m, d, dma, bufs, valid, dst, new_f)
@@ -246,47 +256,59 @@ class ComputeUnit(UnitBase):
             with m.If(~self.error):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.LOOP_RANGE),
                              self.error_index.eq(index)]
-        dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexf"}
+        dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexyf"}
         src_c = Signal(c.acc_index_bits)
         m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~loop.aborted), dst["c"].eq(dst_b), src_c.eq(src_b)]
         return dst, src_c
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
                   src_c: Signal) -> Signal:
-        """Stages C, D and E (the GEMM core; accumulator reads) and X (acc + sum for GEMM, the ALU op for
-        ALU). Returns the new accumulator row of stage F."""
+        """Stages C, D and E (the GEMM core; accumulator reads), X and Y (acc + sum for GEMM, the ALU op
+        for ALU). Returns the new accumulator row of stage F."""
         c = self.config
         m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
                                             inp_width=c.inp_width, wgt_width=c.wgt_width)
         assert GEMM_LATENCY == 3  # C, D and E
         m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data)]
-        m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"])]
+        src_d = Signal.like(src_c)
+        m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"]), src_d.eq(src_c)]
         m.d.comb += [
             self.mac_active.eq(valid["c"] & d.is_gemm & ~d.gemm.reset),
             self.alu_active.eq(valid["c"] & d.is_alu),
             # In C an ALU execution that reads acc[src] reads it; D is empty then (it issued alone).
             bufs.acc_r.addr.eq(Mux(valid["c"] & d.alu_src, src_c, dst["d"])),
         ]
-        # acc[src], read in C, latched in D; the next such execution is two cycles behind, so it holds in X.
+        new_f = Signal(c.acc_row_bits)
+        # acc[src], read in C (or written by F now), latched in D; the next such execution is two cycles
+        # behind, so it holds in X.
         operand = Signal(c.acc_row_bits)
         with m.If(valid["d"] & d.alu_src):
-            m.d.sync += operand.eq(bufs.acc_r.data)
-        new_f = Signal(c.acc_row_bits)
+            m.d.sync += operand.eq(Mux(valid["f"] & (dst["f"] == src_d), new_f, bufs.acc_r.data))
         old_x = Signal(c.acc_row_bits)
-        forward = valid["f"] & (dst["f"] == dst["e"])
+        forward_x = Signal()  # X takes acc[dst] from F, which writes it then
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
-                     dst["x"].eq(dst["e"]), old_x.eq(Mux(forward, new_f, bufs.acc_r.data))]
+                     dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
+                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, bufs.acc_r.data)),
+                     forward_x.eq(valid["y"] & (dst["y"] == dst["e"]))]
 
-        lanes = c.batch * c.block_out
-        old = elements(old_x, c.acc_width)
+        lanes, w = c.batch * c.block_out, c.acc_width
+        old = elements(Mux(forward_x, new_f, old_x), w)
         sums = elements(core.sums, core.sum_bits)
-        src_row = elements(operand, c.acc_width)
+        src_row = elements(operand, w)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
-        gemm_row = Cat(*[Mux(d.gemm.reset, 0, (old[n] + sums[n])[:c.acc_width]) for n in range(lanes)])
-        alu_row = Cat(*[alu_lane(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, src_row[n]), c.acc_width)
-                        for n in range(lanes)])
-        m.d.sync += [valid["f"].eq(valid["x"]), dst["f"].eq(dst["x"]), new_f.eq(Mux(d.is_gemm, gemm_row, alu_row))]
+        row_y = Signal(c.acc_row_bits)  # the GEMM's row, or the ALU's but for MUL
+        parts_y = [[Signal(n, name=f"mul_{k}_{lane}") for k, n in enumerate((w, w - w // 2, w - w // 2))]
+                   for lane in range(lanes)]
+        gemm_row = Cat(*[Mux(d.gemm.reset, 0, (old[n] + sums[n])[:w]) for n in range(lanes)])
+        alu_rows = []
+        for n in range(lanes):
+            other, parts = alu_lane_first(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, src_row[n]), w)
+            alu_rows.append(other)
+            m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]
+        m.d.sync += row_y.eq(Mux(d.is_gemm, gemm_row, Cat(*alu_rows)))
+        alu_row = Cat(*[alu_lane_last(alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w) for n in range(lanes)])
+        m.d.sync += [valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(Mux(d.is_gemm, row_y, alu_row))]
         return new_f
 
     def _write_back(self, m: Module, d: _Insn, dma: Load2D, bufs: _Buffers, valid: dict[str, Signal],

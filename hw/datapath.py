@@ -17,7 +17,8 @@ from amaranth.lib.wiring import In, Out
 from weft.hw.structure import GEMM_LATENCY
 from weft.isa.constants import IMM_BITS, AluOp
 
-__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "elements", "saturate_row", "sign_extend_row"]
+__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "elements",
+           "saturate_row", "sign_extend_row"]
 
 #: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
 DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
@@ -99,7 +100,32 @@ class GemmCore(wiring.Component):
 
 def alu_lane(op: Value, a: Value, b: Value, width: int) -> Value:
     """One accumulator element through the ALU (spec SEMANTICS["alu"]): `a` the destination, `b` the
-    operand, both signed `width`-bit; the result wraps at `width` bits."""
+    operand, both signed `width`-bit; the result wraps at `width` bits. :func:`alu_lane_first` then
+    :func:`alu_lane_last`, in one cycle."""
+    return alu_lane_last(op, *alu_lane_first(op, a, b, width), width)
+
+
+def alu_lane_first(op: Value, a: Value, b: Value, width: int) -> tuple[Value, list[Value]]:
+    """The ALU's first pipeline stage: the result of every op but MUL, and MUL's three partial products.
+
+    MUL keeps the low `width` bits of a * b, and those depend only on the halves' products: with
+    a = ah * 2^h + al and b = bh * 2^h + bl (al, bl: the low h bits, unsigned), a * b = al * bl +
+    (al * bh + ah * bl) * 2^h modulo 2^width. Each is a half-width multiply (one DSP or MULT18X18)."""
+    h = width // 2
+    al, ah, bl, bh = a.as_unsigned()[:h], a.as_unsigned()[h:], b.as_unsigned()[:h], b.as_unsigned()[h:]
+    parts = [(al * bl)[:width], (al * bh)[:width - h], (ah * bl)[:width - h]]
+    return _alu_lane_but_mul(op, a, b, width), parts
+
+
+def alu_lane_last(op: Value, other: Value, parts: list[Value], width: int) -> Value:
+    """The ALU's last stage: MUL's product from the partial products of :func:`alu_lane_first`, or the
+    other op's result."""
+    h = width // 2
+    low, mid_a, mid_b = parts
+    return Mux(op == AluOp.MUL, (low + ((mid_a + mid_b) << h))[:width], other)
+
+
+def _alu_lane_but_mul(op: Value, a: Value, b: Value, width: int) -> Value:
     bits = width.bit_length()  # log2(width) + 1: the shift amount is the operand's low bits, signed
     amount = b[:bits].as_signed()
     right = a >> amount[:bits - 1]  # amount >= 0 here, so its sign bit is 0
@@ -110,10 +136,9 @@ def alu_lane(op: Value, a: Value, b: Value, width: int) -> Value:
         AluOp.MAX: Mux(a > b, a, b)[:width],
         AluOp.ADD: (a + b)[:width],
         AluOp.SHR: shifted,
-        AluOp.MUL: (a * b)[:width],
     }
     expr = with_op[AluOp.MIN]
-    for code in (AluOp.MAX, AluOp.ADD, AluOp.SHR, AluOp.MUL):
+    for code in (AluOp.MAX, AluOp.ADD, AluOp.SHR):
         expr = Mux(op == code, with_op[code], expr)
     return expr
 

@@ -22,8 +22,9 @@ STORE_SEG_DEPTH = 4
 STORE_LEN_DEPTH = 8
 #: datapath.GemmCore: registered products, then the adder tree, registered halfway and at its root.
 GEMM_LATENCY = 3
-#: compute's pipeline around the GEMM core's stages: loop generator, micro-op word, accumulate/ALU, write back.
-COMPUTE_STAGES = 4
+#: compute's pipeline around the GEMM core's stages: loop generator, micro-op word, accumulate/ALU (two
+#: stages: MUL's partial products, then their sum), write back.
+COMPUTE_STAGES = 5
 #: compute: cycles between issues of an ALU micro-op that reads acc[src]. The accumulator has one read port
 #: (two would make Yosys duplicate its block RAMs), so dst and src are read in two cycles, as in VTA's ALU.
 ALU_SRC_INTERVAL = 2

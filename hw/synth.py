@@ -381,23 +381,25 @@ def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | 
     return data
 
 
+# nextpnr names a net after the signal it carries plus the cells Yosys mapped it through: keep the signal.
+_PNR_CELLS = re.compile(r"_(?:TRELLIS|LUT4|CCU2C|MULT18X18D|ALU54B|DP16KD|PFUMX|L6MUX)|\$CCU2|\[")
 _FMAX = re.compile(r"Max frequency for clock\s+'?([^':]+)'?:\s+([\d.]+) MHz")
 
 
 def _nextpnr_critical_path(report: dict[str, Any]) -> dict[str, Any]:
-    """The slowest path of nextpnr's ``--report``: its delay split into logic and routing, the logic cells
-    it crosses, and the nets it runs through (named after the signals they carry, where Yosys kept one)."""
+    """The slowest path of nextpnr's ``--report``: its delay and the routing's share of it, its logic levels,
+    the cells it starts and ends at, and the signals it runs through, in order (where Yosys kept a name)."""
     paths = [p["path"] for p in report.get("critical_paths", []) if p.get("path")]
     if not paths:
         return {}
     path = max(paths, key=lambda segs: sum(s.get("delay", 0.0) for s in segs))
     routing = [s for s in path if s.get("type") == "routing"]
-    nets = [s["net"] for s in routing if s.get("net") and not s["net"].startswith("$")]
+    nets = [_PNR_CELLS.split(s["net"])[0] for s in routing if s.get("net") and not s["net"].startswith("$")]
     total = sum(s.get("delay", 0.0) for s in path)
     return {"delay_ns": round(total, 2), "routing_ns": round(sum(s.get("delay", 0.0) for s in routing), 2),
             "levels": sum(1 for s in path if s.get("type") == "logic"),
             "from": path[0].get("from", {}).get("cell", ""), "to": path[-1].get("to", {}).get("cell", ""),
-            "nets": nets}
+            "signals": list(dict.fromkeys(nets))}
 
 
 def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", package: str = "CABGA381",
