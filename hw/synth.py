@@ -31,7 +31,7 @@ from weft.errors import WeftError
 from weft.progress import Waiting
 
 __all__ = ["BOARDS", "Part", "SynthError", "area_of_cells", "board_fit", "cached_synthesis", "critical_path",
-           "default_cache", "estimate_area", "fits", "place_and_route_ecp5", "synthesize"]
+           "default_cache", "estimate_area", "fits", "nextpnr_critical_path", "place_and_route_ecp5", "synthesize"]
 
 
 class SynthError(WeftError):
@@ -386,7 +386,7 @@ _PNR_CELLS = re.compile(r"_(?:TRELLIS|LUT4|CCU2C|MULT18X18D|ALU54B|DP16KD|PFUMX|
 _FMAX = re.compile(r"Max frequency for clock\s+'?([^':]+)'?:\s+([\d.]+) MHz")
 
 
-def _nextpnr_critical_path(report: dict[str, Any]) -> dict[str, Any]:
+def nextpnr_critical_path(report: dict[str, Any]) -> dict[str, Any]:
     """The slowest path of nextpnr's ``--report``: its delay and the routing's share of it, its logic levels,
     the cells it starts and ends at, and the signals it runs through, in order (where Yosys kept a name)."""
     paths = [p["path"] for p in report.get("critical_paths", []) if p.get("path")]
@@ -438,7 +438,7 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
                 for name, v in report.get("utilization", {}).items() if v["used"]}
         return {"device": f"LFE5U-{device.upper()}", "fmax_mhz": fmax, "target_mhz": config.clock_mhz,
                 "meets_clock": bool(fmax) and min(fmax.values()) >= config.clock_mhz, "utilization": util,
-                "critical_path": _nextpnr_critical_path(report), "seconds": round(time.perf_counter() - started, 1)}
+                "critical_path": nextpnr_critical_path(report), "seconds": round(time.perf_counter() - started, 1)}
 
     data = _cached(cache, key, make)
     data.update(config=config.name, config_hash=config.hash)
