@@ -105,9 +105,9 @@ def estimate_area(config: AcceleratorConfig) -> dict[str, float]:
     """BRAM36 and DSP of `config` from its geometry alone, in milliseconds instead of Yosys' minute.
 
     BRAM36: each buffer in its cheapest block RAM tiling (one read and one write port each, so no copies),
-    plus the three command queues (instruction and error index). It gives `default` 116 and `pynq` 87.5,
-    what ``synth_xilinx`` counts for them; small buffers that Yosys puts in LUT RAM count here too, so
-    small configs are overestimated. DSP: the GEMM core's multipliers only
+    plus the three command queues (instruction and error index). It gives `default` 116, what
+    ``synth_xilinx`` counts for it; small buffers that Yosys puts in LUT RAM count here too, so small
+    configs are overestimated. DSP: the GEMM core's multipliers only
     (two int8 products per DSP48 when they fit one: 128 of `default`'s 178), a lower bound."""
     from weft.hw.datapath import DSP_NARROW_BITS, DSP_WIDE_BITS  # amaranth: only when an estimate is wanted
     from weft.hw.regs import register_widths
