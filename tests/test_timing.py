@@ -38,7 +38,7 @@ IDEAL = TIMINGS["ideal"]
 
 #: Cycles the RTL took for timing_calibrate.directed_streams(tiny): Verilator through the cocotb DRAM
 #: model, hw fingerprint 39a5a0189cbb; the GEMM/ALU ones two cycles more since stages X and Y
-#: (f4f3eebfde41). With the "ideal" DRAM the model reproduces every count exactly. With "pynq" the phase of the
+#: (eff5dfca3d6e). With the "ideal" DRAM the model reproduces every count exactly. With "pynq" the phase of the
 #: DRAM's R/W pause pattern at START moves a count by a cycle or two from job to job; these are the medians
 #: of five runs (the X and Y ones: the old medians plus the two cycles).
 RTL_CYCLES = {
