@@ -2,21 +2,28 @@
 
 It owns the micro-op buffer and the accumulator. A GEMM or ALU instruction is the two-level loop of the
 spec (``for i < iter_out, j < iter_in, k in [uop_bgn, uop_end)``); the loop generator issues one micro-op
-execution per cycle into a pipeline that never stalls:
+execution per cycle into a pipeline that never stalls, except an ALU micro-op that reads acc[src]: it
+issues every :data:`~weft.hw.structure.ALU_SRC_INTERVAL` (2) cycles, because the accumulator has a single
+read port (a second one makes Yosys duplicate the whole buffer) and such a micro-op reads it twice:
 
 ====  ==========================================================================================
 A     loop generator: micro-op address, loop offsets
 B     micro-op word: row indices (range-checked); inp and wgt read addresses
-C     inp and wgt rows: the GEMM core's products
-D     the GEMM core's adder tree; accumulator read addresses (dst, and src for the ALU)
-E     accumulator rows: acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU)
+C     inp and wgt rows: the GEMM core's products; accumulator read address src (ALU with acc[src])
+D     the first half of the GEMM core's adder tree; accumulator read address dst; the src row is latched
+E     the rest of the adder tree; the acc[dst] row is registered
+X     acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU), but MUL's partial products only
+Y     MUL's product from its partial products
 F     write acc[dst] and out[dst] = saturate(acc[dst])
 ====  ==========================================================================================
 
-The accumulator read ports are transparent to its write port, so an execution reads (in D) what the one
-two ahead of it writes (in F) in the same cycle: a read-after-write at distance 2 or more sees the new
-value. Distance 1 is the hazard the spec forbids. Each instruction drains the pipeline before it ends,
-so the next one (and the tokens it pushes) see every write.
+The accumulator's read port is transparent to its write port, so an execution reads dst (in D) what the
+one four ahead of it writes (in F) in the same cycle. What the ones three and two ahead write later comes
+from F instead (forwarding): into E's register, and into X. An ALU execution's src read (in C) comes a
+cycle earlier, but those issue two cycles apart: what the one two ahead writes a cycle later, D latches
+from F. So a read-after-write at distance 2 or more sees the new value; distance 1 is the hazard the spec
+forbids. Each
+instruction drains the pipeline before it ends, so the next one (and the tokens it pushes) see every write.
 """
 
 from __future__ import annotations
@@ -30,9 +37,18 @@ from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.hw.axi import ADDR_BITS, read_client_signature
-from weft.hw.datapath import GEMM_LATENCY, GemmCore, alu_lane, elements, saturate_row, sign_extend_row
+from weft.hw.datapath import (
+    GEMM_LATENCY,
+    GemmCore,
+    alu_lane_first,
+    alu_lane_last,
+    elements,
+    saturate_row,
+    sign_extend_row,
+)
 from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode, register_widths
+from weft.hw.structure import ALU_SRC_INTERVAL
 from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId, Opcode, Unit
 from weft.isa.semantics import row_bytes
@@ -58,6 +74,8 @@ class _Insn:
     is_alu: Value
     is_finish: Value
     looped: Value
+    #: An ALU instruction whose operand is acc[src], not the immediate.
+    alu_src: Value
 
     def loop_field(self, name: str) -> Value:
         """A field GEMM and ALU share, from the format of the current instruction."""
@@ -79,13 +97,12 @@ class _Loop:
 
 @dataclass(frozen=True)
 class _Buffers:
-    """The micro-op buffer and the accumulator (with its two read ports, dst and src), owned by the unit."""
+    """The micro-op buffer and the accumulator (one read port: dst, and before it src), owned by the unit."""
 
     uop_w: memory.WritePort
     uop_r: memory.ReadPort
     acc_w: memory.WritePort
-    acc_rd: memory.ReadPort
-    acc_rs: memory.ReadPort
+    acc_r: memory.ReadPort
 
 
 class ComputeUnit(UnitBase):
@@ -110,15 +127,16 @@ class ComputeUnit(UnitBase):
         insn, index, start = self.gate(m, done)
         head = self.view(insn, "finish")
         is_gemm, is_alu = head.opcode == Opcode.GEMM, head.opcode == Opcode.ALU
-        d = _Insn(mem=self.view(insn, "mem"), gemm=self.view(insn, "gemm"), alu=self.view(insn, "alu"),
+        alu = self.view(insn, "alu")
+        d = _Insn(mem=self.view(insn, "mem"), gemm=self.view(insn, "gemm"), alu=alu,
                   is_load=head.opcode == Opcode.LOAD, is_gemm=is_gemm, is_alu=is_alu,
-                  is_finish=head.opcode == Opcode.FINISH, looped=is_gemm | is_alu)
+                  is_finish=head.opcode == Opcode.FINISH, looped=is_gemm | is_alu, alu_src=is_alu & ~alu.use_imm)
         bufs = self._buffers(m)
         dma, load_over = self._loads(m, d, start, bufs)
         loop = self._loop_generator(m, d, start, bufs)
-        valid = {s: Signal(name=f"valid_{s}") for s in "bcdef"}
-        dst, src = self._row_indices(m, d, index, bufs, loop, valid)
-        new_f = self._datapath(m, d, bufs, valid, dst, src)
+        valid = {s: Signal(name=f"valid_{s}") for s in "bcdexyf"}
+        dst, src_c = self._row_indices(m, d, index, bufs, loop, valid)
+        new_f = self._datapath(m, d, bufs, valid, dst, src_c)
         self._write_back(m, d, dma, bufs, valid, dst, new_f)
         drained = ~Cat(*valid.values()).any()
         loop_done = d.looped & loop.launched & ~loop.gen & drained
@@ -138,9 +156,8 @@ class ComputeUnit(UnitBase):
         uop_w = uop_mem.write_port()
         uop_r = uop_mem.read_port()
         acc_w = acc_mem.write_port()
-        acc_rd = acc_mem.read_port(transparent_for=(acc_w,))
-        acc_rs = acc_mem.read_port(transparent_for=(acc_w,))
-        return _Buffers(uop_w, uop_r, acc_w, acc_rd, acc_rs)
+        acc_r = acc_mem.read_port(transparent_for=(acc_w,))
+        return _Buffers(uop_w, uop_r, acc_w, acc_r)
 
     def _loads(self, m: Module, d: _Insn, start: Signal, bufs: _Buffers) -> tuple[Load2D, Value]:
         """LOAD UOP, ACC and ACC_NARROW: the DMA (writing the uop buffer here, the accumulator in
@@ -166,6 +183,7 @@ class ComputeUnit(UnitBase):
         launched = Signal()
         gen = Signal()
         aborted = Signal()
+        hold = Signal()  # the cycle after an ALU issue that reads acc[src]: its dst read has the port
         k = Signal(d.gemm.uop_end.shape())  # walks [uop_bgn, uop_end)
         i = Signal(layout.iter_bits)
         j = Signal(layout.iter_bits)
@@ -181,13 +199,15 @@ class ComputeUnit(UnitBase):
         iter_out, iter_in = d.loop_field("iter_out"), d.loop_field("iter_in")
         with m.If(self.busy & d.looped & ~launched):
             m.d.sync += [launched.eq(1), gen.eq((iter_out != 0) & (iter_in != 0)), k.eq(uop_bgn),
-                         i.eq(0), j.eq(0), aborted.eq(0)]
+                         i.eq(0), j.eq(0), aborted.eq(0), hold.eq(0)]
             for out_off, in_off in offs.values():
                 m.d.sync += [out_off.eq(0), in_off.eq(0)]
         with m.If(start):
             m.d.sync += launched.eq(0)
         m.d.comb += bufs.uop_r.addr.eq(k)
-        issue = gen & ~aborted
+        issue = gen & ~aborted & ~hold
+        assert ALU_SRC_INTERVAL == 2  # one cycle held after each such issue
+        m.d.sync += hold.eq(issue & d.alu_src)
         with m.If(issue):
             with m.If(k == uop_end - 1):
                 m.d.sync += k.eq(uop_bgn)
@@ -210,10 +230,10 @@ class ComputeUnit(UnitBase):
         return _Loop(launched, gen, aborted, issue, offs, off_bits)
 
     def _row_indices(self, m: Module, d: _Insn, index: Signal, bufs: _Buffers, loop: _Loop,
-                     valid: dict[str, Signal]) -> tuple[dict[str, Signal], dict[str, Signal]]:
+                     valid: dict[str, Signal]) -> tuple[dict[str, Signal], Signal]:
         """Stage B: the micro-op's rows plus the loop offsets, range-checked (an execution past a buffer's
-        end aborts the loop with LOOP_RANGE); the inp and wgt read addresses. Returns the dst and src row
-        registers of the later stages."""
+        end aborts the loop with LOOP_RANGE); the inp and wgt read addresses. Returns the dst row registers of
+        the later stages and the src row of stage C."""
         c = self.config
         off_b = {name: Signal(loop.off_bits + 1, name=f"{name}_off_b") for name in loop.offs}
         m.d.sync += valid["b"].eq(loop.issue)
@@ -225,51 +245,70 @@ class ComputeUnit(UnitBase):
         m.d.comb += [dst_b.eq(uop.dst + off_b["dst"]), src_b.eq(uop.src + off_b["src"]),
                      wgt_b.eq(uop.wgt + off_b["wgt"])]
         reads_inp = d.is_gemm & ~d.gemm.reset
-        reads_acc_src = d.is_alu & ~d.alu.use_imm
         bad = Signal()
         m.d.comb += bad.eq(
             (dst_b >= c.acc_rows)
             | (reads_inp & ((src_b >= c.inp_rows) | (wgt_b >= c.wgt_rows)))
-            | (reads_acc_src & (src_b >= c.acc_rows)))
+            | (d.alu_src & (src_b >= c.acc_rows)))
         m.d.comb += [self.inp_addr.eq(src_b), self.wgt_addr.eq(wgt_b)]
         with m.If(valid["b"] & bad & ~loop.aborted):
             m.d.sync += loop.aborted.eq(1)
             with m.If(~self.error):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.LOOP_RANGE),
                              self.error_index.eq(index)]
-        dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdef"}
-        src = {s: Signal(c.acc_index_bits, name=f"src_{s}") for s in "cd"}
-        m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~loop.aborted), dst["c"].eq(dst_b), src["c"].eq(src_b)]
-        return dst, src
+        dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexyf"}
+        src_c = Signal(c.acc_index_bits)
+        m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~loop.aborted), dst["c"].eq(dst_b), src_c.eq(src_b)]
+        return dst, src_c
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
-                  src: dict[str, Signal]) -> Signal:
-        """Stages C and D (the GEMM core; accumulator read addresses) and E (acc + sum for GEMM, the ALU
-        op for ALU). Returns the new accumulator row of stage F."""
+                  src_c: Signal) -> Signal:
+        """Stages C, D and E (the GEMM core; accumulator reads), X and Y (acc + sum for GEMM, the ALU op
+        for ALU). Returns the new accumulator row of stage F."""
         c = self.config
         m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
                                             inp_width=c.inp_width, wgt_width=c.wgt_width)
-        assert GEMM_LATENCY == 2  # C and D
+        assert GEMM_LATENCY == 3  # C, D and E
         m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data)]
-        m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"]), src["d"].eq(src["c"])]
+        src_d = Signal.like(src_c)
+        m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"]), src_d.eq(src_c)]
         m.d.comb += [
             self.mac_active.eq(valid["c"] & d.is_gemm & ~d.gemm.reset),
             self.alu_active.eq(valid["c"] & d.is_alu),
-            bufs.acc_rd.addr.eq(dst["d"]), bufs.acc_rs.addr.eq(src["d"]),
+            # In C an ALU execution that reads acc[src] reads it; D is empty then (it issued alone).
+            bufs.acc_r.addr.eq(Mux(valid["c"] & d.alu_src, src_c, dst["d"])),
         ]
+        new_f = Signal(c.acc_row_bits)
+        # acc[src], read in C (or written by F now), latched in D; the next such execution is two cycles
+        # behind, so it holds in X.
+        operand = Signal(c.acc_row_bits)
+        with m.If(valid["d"] & d.alu_src):
+            m.d.sync += operand.eq(Mux(valid["f"] & (dst["f"] == src_d), new_f, bufs.acc_r.data))
+        old_x = Signal(c.acc_row_bits)
+        forward_x = Signal()  # X takes acc[dst] from F, which writes it then
+        m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
+                     dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
+                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, bufs.acc_r.data)),
+                     forward_x.eq(valid["y"] & (dst["y"] == dst["e"]))]
 
-        m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"])]
-        lanes = c.batch * c.block_out
-        old = elements(bufs.acc_rd.data, c.acc_width)
+        lanes, w = c.batch * c.block_out, c.acc_width
+        old = elements(Mux(forward_x, new_f, old_x), w)
         sums = elements(core.sums, core.sum_bits)
-        operand = elements(bufs.acc_rs.data, c.acc_width)
+        src_row = elements(operand, w)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
-        gemm_row = Cat(*[Mux(d.gemm.reset, 0, (old[n] + sums[n])[:c.acc_width]) for n in range(lanes)])
-        alu_row = Cat(*[alu_lane(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, operand[n]), c.acc_width)
-                        for n in range(lanes)])
-        new_f = Signal(c.acc_row_bits)
-        m.d.sync += [valid["f"].eq(valid["e"]), dst["f"].eq(dst["e"]), new_f.eq(Mux(d.is_gemm, gemm_row, alu_row))]
+        row_y = Signal(c.acc_row_bits)  # the GEMM's row, or the ALU's but for MUL
+        parts_y = [[Signal(n, name=f"mul_{k}_{lane}") for k, n in enumerate((w, w - w // 2, w - w // 2))]
+                   for lane in range(lanes)]
+        gemm_row = Cat(*[Mux(d.gemm.reset, 0, (old[n] + sums[n])[:w]) for n in range(lanes)])
+        alu_rows = []
+        for n in range(lanes):
+            other, parts = alu_lane_first(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, src_row[n]), w)
+            alu_rows.append(other)
+            m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]
+        m.d.sync += row_y.eq(Mux(d.is_gemm, gemm_row, Cat(*alu_rows)))
+        alu_row = Cat(*[alu_lane_last(alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w) for n in range(lanes)])
+        m.d.sync += [valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(Mux(d.is_gemm, row_y, alu_row))]
         return new_f
 
     def _write_back(self, m: Module, d: _Insn, dma: Load2D, bufs: _Buffers, valid: dict[str, Signal],

@@ -2,8 +2,9 @@
 
 Rows are bit vectors laid out as in DRAM (:mod:`weft.isa.arith`): element ``j`` of a row occupies bits
 ``[j*w, (j+1)*w)``, two's complement. The GEMM core computes every ``acc[b, o] += sum_i inp[b, i] *
-wgt[o, i]`` term of one micro-op per cycle: products are registered, then a balanced adder tree per output
-is registered, so its latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every cycle.
+wgt[o, i]`` term of one micro-op per cycle: products are registered, then a balanced adder tree per output, registered
+halfway and at its root, so its latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair
+every cycle.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from amaranth.lib.wiring import In, Out
 from weft.hw.structure import GEMM_LATENCY
 from weft.isa.constants import IMM_BITS, AluOp
 
-__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "elements", "saturate_row", "sign_extend_row"]
+__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "elements",
+           "saturate_row", "sign_extend_row"]
 
 #: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
 DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
@@ -27,15 +29,17 @@ def elements(row: Value, width: int) -> list[Value]:
     return [row.word_select(j, width).as_signed() for j in range(len(row) // width)]
 
 
-def _tree_sum(values: list[Value]) -> Value:
-    while len(values) > 1:
+def _tree_levels(values: list[Value], levels: int) -> list[Value]:
+    """`levels` levels of a balanced adder tree: pairs summed, an odd one out passed on."""
+    for _ in range(levels):
         values = [values[k] + values[k + 1] if k + 1 < len(values) else values[k]
                   for k in range(0, len(values), 2)]
-    return values[0]
+    return values
 
 
 class GemmCore(wiring.Component):
-    """One BATCH x BLOCK_IN by BLOCK_IN x BLOCK_OUT product per cycle, in :data:`GEMM_LATENCY` cycles.
+    """One BATCH x BLOCK_IN by BLOCK_IN x BLOCK_OUT product per cycle, in :data:`GEMM_LATENCY` cycles
+    (products, the adder tree's first half, its second half: each registered).
 
     ``sums`` holds batch*block_out signed dot products of ``sum_bits`` bits each (element b*block_out+o).
     """
@@ -79,11 +83,16 @@ class GemmCore(wiring.Component):
                     low = both[:pw].as_signed()
                     m.d.comb += products[b][o + 1][i].eq(low)
                     m.d.comb += products[b][o][i].eq((both[pw:].as_signed() + both[pw - 1])[:pw].as_signed())
+        assert GEMM_LATENCY == 3  # products, half the tree, the rest
+        depth = (block_in - 1).bit_length()  # the tree's levels
         sums = []
         for b in range(batch):
             for o in range(block_out):
+                partial = _tree_levels(products[b][o], depth // 2)
+                halves = [Signal(signed(self.sum_bits), name=f"h_{b}_{o}_{k}") for k in range(len(partial))]
+                m.d.sync += [h.eq(v) for h, v in zip(halves, partial, strict=True)]
                 s = Signal(signed(self.sum_bits), name=f"s_{b}_{o}")
-                m.d.sync += s.eq(_tree_sum(products[b][o]))
+                m.d.sync += s.eq(_tree_levels(halves, depth - depth // 2)[0])
                 sums.append(s)
         m.d.comb += self.sums.eq(Cat(*sums))
         return m
@@ -91,7 +100,32 @@ class GemmCore(wiring.Component):
 
 def alu_lane(op: Value, a: Value, b: Value, width: int) -> Value:
     """One accumulator element through the ALU (spec SEMANTICS["alu"]): `a` the destination, `b` the
-    operand, both signed `width`-bit; the result wraps at `width` bits."""
+    operand, both signed `width`-bit; the result wraps at `width` bits. :func:`alu_lane_first` then
+    :func:`alu_lane_last`, in one cycle."""
+    return alu_lane_last(op, *alu_lane_first(op, a, b, width), width)
+
+
+def alu_lane_first(op: Value, a: Value, b: Value, width: int) -> tuple[Value, list[Value]]:
+    """The ALU's first pipeline stage: the result of every op but MUL, and MUL's three partial products.
+
+    MUL keeps the low `width` bits of a * b, and those depend only on the halves' products: with
+    a = ah * 2^h + al and b = bh * 2^h + bl (al, bl: the low h bits, unsigned), a * b = al * bl +
+    (al * bh + ah * bl) * 2^h modulo 2^width. Each is a half-width multiply (one DSP or MULT18X18)."""
+    h = width // 2
+    al, ah, bl, bh = a.as_unsigned()[:h], a.as_unsigned()[h:], b.as_unsigned()[:h], b.as_unsigned()[h:]
+    parts = [(al * bl)[:width], (al * bh)[:width - h], (ah * bl)[:width - h]]
+    return _alu_lane_but_mul(op, a, b, width), parts
+
+
+def alu_lane_last(op: Value, other: Value, parts: list[Value], width: int) -> Value:
+    """The ALU's last stage: MUL's product from the partial products of :func:`alu_lane_first`, or the
+    other op's result."""
+    h = width // 2
+    low, mid_a, mid_b = parts
+    return Mux(op == AluOp.MUL, (low + ((mid_a + mid_b) << h))[:width], other)
+
+
+def _alu_lane_but_mul(op: Value, a: Value, b: Value, width: int) -> Value:
     bits = width.bit_length()  # log2(width) + 1: the shift amount is the operand's low bits, signed
     amount = b[:bits].as_signed()
     right = a >> amount[:bits - 1]  # amount >= 0 here, so its sign bit is 0
@@ -102,10 +136,9 @@ def alu_lane(op: Value, a: Value, b: Value, width: int) -> Value:
         AluOp.MAX: Mux(a > b, a, b)[:width],
         AluOp.ADD: (a + b)[:width],
         AluOp.SHR: shifted,
-        AluOp.MUL: (a * b)[:width],
     }
     expr = with_op[AluOp.MIN]
-    for code in (AluOp.MAX, AluOp.ADD, AluOp.SHR, AluOp.MUL):
+    for code in (AluOp.MAX, AluOp.ADD, AluOp.SHR):
         expr = Mux(op == code, with_op[code], expr)
     return expr
 

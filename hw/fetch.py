@@ -33,7 +33,7 @@ from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, unit_of
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["Fetch", "check_insn"]
+__all__ = ["Fetch", "check_insn", "check_word", "error_code"]
 
 
 
@@ -41,9 +41,17 @@ def _one_of(value: Value, members: list[int]) -> Value:
     return reduce(operator.or_, [value == member for member in members])
 
 
-def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Signal
-               ) -> tuple[Signal, Signal, Signal]:
+def check_insn(m: Module, config: AcceleratorConfig, word: Value, is_last: Value
+               ) -> tuple[Signal, Signal, Value]:
     """Combinational checks of one instruction word: (error code or 0, unit, is FINISH)."""
+    checks, unit, is_finish = check_word(m, config, word)
+    return error_code(m, config, checks, is_finish, is_last), unit, is_finish
+
+
+def check_word(m: Module, config: AcceleratorConfig, word: Value
+               ) -> tuple[list[tuple[Value, ErrorCode]], Signal, Value]:
+    """The checks of an instruction that depend on its word alone, in the order they apply (condition,
+    error); the unit it goes to; whether it is FINISH."""
     c, layout = config, layout_of(config)
     head = data.View(layout.formats["finish"].as_struct_layout(), word)
     mem = data.View(layout.formats["mem"].as_struct_layout(), word)
@@ -94,14 +102,19 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Signal, is_last: Sign
         (active & no_pad & pads, ErrorCode.BAD_PADDING),
         (active & (sram_end > rows), ErrorCode.SRAM_RANGE),
         (looped & ((uop_bgn >= uop_end) | (uop_end > c.uop_rows)), ErrorCode.UOP_RANGE),
-        ((op == Opcode.FINISH) & ~is_last, ErrorCode.FINISH_NOT_LAST),
-        ((op != Opcode.FINISH) & is_last, ErrorCode.NO_FINISH),
     ]
-    code = Signal(register_widths(c)["error_code"], name="check_code")
+    return checks, unit, op == Opcode.FINISH
+
+
+def error_code(m: Module, config: AcceleratorConfig, checks: list[tuple[Value, ErrorCode]], is_finish: Value,
+               is_last: Value) -> Signal:
+    """The first failing check of `checks` and then the FINISH placement checks, or 0."""
+    checks = [*checks, (is_finish & ~is_last, ErrorCode.FINISH_NOT_LAST), (~is_finish & is_last, ErrorCode.NO_FINISH)]
+    code = Signal(register_widths(config)["error_code"], name="check_code")
     for cond, err in reversed(checks):  # the first failing check wins
         with m.If(cond):
             m.d.comb += code.eq(err)
-    return code, unit, op == Opcode.FINISH
+    return code
 
 
 class Fetch(wiring.Component):
@@ -154,7 +167,19 @@ class Fetch(wiring.Component):
 
         word = unpack.elems.payload
         is_last = index == self.insn_count - 1
-        code, unit, is_finish = check_insn(m, c, word, is_last)
+        if B < INSN_BYTES:
+            # The word is assembled in the unpacker from several beats: decode it as its last beat lands, a
+            # cycle before dispatch needs it, so the checks (a multiply among them) are off that path.
+            checks, staged_unit, staged_finish = check_word(m, c, unpack.staged)
+            decoded = Signal(len(checks) + len(staged_unit) + 1)
+            with m.If(unpack.stage):
+                m.d.sync += decoded.eq(Cat(*[cond for cond, _ in checks], staged_unit, staged_finish))
+            checks = [(decoded[k], err) for k, (_, err) in enumerate(checks)]
+            unit = decoded[len(checks):-1]
+            is_finish = decoded[-1]
+        else:
+            checks, unit, is_finish = check_word(m, c, word)
+        code = error_code(m, c, checks, is_finish, is_last)
         live = running & ~self.halt & ~self.error & unpack.elems.valid
         target_ready = Cat(*[q.ready for q in self.queues]).bit_select(unit, 1)
         go = live & (code == 0) & target_ready

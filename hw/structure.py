@@ -7,8 +7,8 @@ model (:class:`weft.sim.timing.Microarch`) its costs, so the two cannot drift ap
 
 from __future__ import annotations
 
-__all__ = ["COMPUTE_STAGES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "STORE_LEN_DEPTH", "STORE_SEG_DEPTH",
-           "UNPACK_DEPTH"]
+__all__ = ["ALU_SRC_INTERVAL", "COMPUTE_STAGES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "STORE_LEN_DEPTH",
+           "STORE_SEG_DEPTH", "UNPACK_DEPTH"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
 MAX_BURST = 16
@@ -20,7 +20,11 @@ UNPACK_DEPTH = 8
 STORE_SEG_DEPTH = 4
 #: dma.Store2D: write bursts addressed ahead of their data.
 STORE_LEN_DEPTH = 8
-#: datapath.GemmCore: registered products, then the registered adder tree.
-GEMM_LATENCY = 2
-#: compute's pipeline around the GEMM core: loop generator, micro-op word, operand rows, write back.
-COMPUTE_STAGES = 4
+#: datapath.GemmCore: registered products, then the adder tree, registered halfway and at its root.
+GEMM_LATENCY = 3
+#: compute's pipeline around the GEMM core's stages: loop generator, micro-op word, accumulate/ALU (two
+#: stages: MUL's partial products, then their sum), write back.
+COMPUTE_STAGES = 5
+#: compute: cycles between issues of an ALU micro-op that reads acc[src]. The accumulator has one read port
+#: (two would make Yosys duplicate its block RAMs), so dst and src are read in two cycles, as in VTA's ALU.
+ALU_SRC_INTERVAL = 2

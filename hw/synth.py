@@ -30,8 +30,8 @@ from weft.config import AcceleratorConfig
 from weft.errors import WeftError
 from weft.progress import Waiting
 
-__all__ = ["BOARDS", "Part", "SynthError", "area_of_cells", "board_fit", "cached_synthesis", "default_cache",
-           "estimate_area", "fits", "place_and_route_ecp5", "synthesize"]
+__all__ = ["BOARDS", "Part", "SynthError", "area_of_cells", "board_fit", "cached_synthesis", "critical_path",
+           "default_cache", "estimate_area", "fits", "nextpnr_critical_path", "place_and_route_ecp5", "synthesize"]
 
 
 class SynthError(WeftError):
@@ -104,23 +104,182 @@ def _bram36_of(depth: int, width: int) -> float:
 def estimate_area(config: AcceleratorConfig) -> dict[str, float]:
     """BRAM36 and DSP of `config` from its geometry alone, in milliseconds instead of Yosys' minute.
 
-    BRAM36: each buffer in its cheapest block RAM tiling, the accumulator twice (it is read through two
-    ports, and Yosys duplicates it), plus the three command queues (instruction and error index). It gives
-    `default` 144.5 and `pynq` 116, what ``synth_xilinx`` counts for them; small buffers that Yosys puts
-    in LUT RAM count here too, so small configs are overestimated. DSP: the GEMM core's multipliers only
+    BRAM36: each buffer in its cheapest block RAM tiling (one read and one write port each, so no copies),
+    plus the three command queues (instruction and error index). It gives `default` 116, what
+    ``synth_xilinx`` counts for it; small buffers that Yosys puts in LUT RAM count here too, so small
+    configs are overestimated. DSP: the GEMM core's multipliers only
     (two int8 products per DSP48 when they fit one: 128 of `default`'s 178), a lower bound."""
     from weft.hw.datapath import DSP_NARROW_BITS, DSP_WIDE_BITS  # amaranth: only when an estimate is wanted
     from weft.hw.regs import register_widths
     from weft.isa.constants import INSN_BITS, Unit
 
     c = config
-    copies = {"uop": 1, "inp": 1, "wgt": 1, "acc": 2, "out": 1}
     cmd_bits = INSN_BITS + register_widths(c)["error_index"]
-    bram = (sum(n * _bram36_of(c.rows(memory), c.row_bits(memory)) for memory, n in copies.items())
+    bram = (sum(_bram36_of(c.rows(memory), c.row_bits(memory)) for memory in ("uop", "inp", "wgt", "acc", "out"))
             + len(Unit) * _bram36_of(c.cmd_queue_depth, cmd_bits))  # a command queue per unit
     packed = (c.wgt_width * 2 + c.inp_width <= DSP_WIDE_BITS and c.inp_width <= DSP_NARROW_BITS)
     dsp = c.batch * c.block_in * (-(-c.block_out // 2) if packed else c.block_out)
     return {"bram36": bram, "dsp": float(dsp)}
+
+
+# ---- critical path of a synth_xilinx netlist --------------------------------------------------------------------
+#: Rough 7-series (-1 speed grade, DS187) delays in ns: a cell's input to output (any other combinational
+#: cell: _OTHER_NS), and a routed net between cells. Carry chains and the LUT -> MUXF7 -> MUXF8 hops use
+#: dedicated wires (no routing delay).
+_CELL_NS = {"LUT": 0.124, "INV": 0.124, "MUXF7": 0.3, "MUXF8": 0.3, "CARRY4": 0.4, "CARRY8": 0.4, "LUTRAM": 0.9,
+            "SRL": 1.0, "DSP48E1": 3.4, "DSP48E2": 2.8}
+_OTHER_NS = 0.3
+_CARRY_NS = 0.114  # a carry cell's CI -> CO: the next bits of a carry chain
+_NET_NS = 0.45
+#: Clock to output of a sequential start point and setup before the clock at an end point.
+_CLK_TO_OUT_NS = {"FF": 0.46, "BRAM": 2.45, "DSP": 0.6, "SRL": 1.3, "LUTRAM": 1.3}
+_SETUP_NS = {"FF": 0.1, "BRAM": 0.6, "DSP": 2.5, "SRL": 0.2, "LUTRAM": 0.5}
+# A DSP48 input port -> the parameter that registers it.
+_DSP_REG = {"A": "AREG", "B": "BREG", "C": "CREG", "D": "DREG", "OPMODE": "OPMODEREG", "ALUMODE": "ALUMODEREG",
+            "INMODE": "INMODEREG", "CARRYIN": "CARRYINREG", "CARRYINSEL": "CARRYINSELREG"}
+_CLOCKS = {"C", "CLK", "WCLK", "CLKARDCLK", "CLKBWRCLK", "CLKA", "CLKB"}
+
+
+def _kind(cell_type: str) -> str:
+    if _LUT.match(cell_type):
+        return "INV" if cell_type == "INV" else "LUT"
+    if _FF.match(cell_type):
+        return "FF"
+    if cell_type.startswith("RAMB"):
+        return "BRAM"
+    if cell_type in ("SRL16E", "SRLC32E"):
+        return "SRL"
+    if cell_type in _LUTRAM:
+        return "LUTRAM"
+    return cell_type
+
+
+def _on(params: dict[str, Any], name: str) -> bool:
+    value = str(params.get(name, "0"))
+    return value.strip("0") != "" and value not in ("FALSE", "false")
+
+
+def _comb_inputs(kind: str, cell: dict[str, Any]) -> dict[str, list[Any]]:
+    """The input ports of a combinational (or LUT RAM / SRL read, or unregistered DSP) cell that reach its
+    outputs in the same cycle."""
+    dirs, params = cell.get("port_directions", {}), cell.get("parameters", {})
+    ports = {p: bits for p, bits in cell["connections"].items() if dirs.get(p) == "input" and p not in _CLOCKS}
+    if kind in ("SRL", "LUTRAM"):  # read through the address; data and enables are written on the clock
+        return {p: bits for p, bits in ports.items() if p.startswith("A")}
+    if kind.startswith("DSP48"):  # clock enables and resets act on the clock; so do registered inputs
+        return {p: bits for p, bits in ports.items()
+                if not p.startswith(("CE", "RST")) and not (p in _DSP_REG and _on(params, _DSP_REG[p]))}
+    return ports
+
+
+def critical_path(netlist: dict[str, Any], top: str) -> dict[str, Any]:
+    """The longest register-to-register path of a ``synth_xilinx`` netlist (Yosys ``write_json``), with the
+    delays of :data:`_CELL_NS` and :data:`_NET_NS`: its logic levels (LUTs, MUXFs, CARRY4s, LUT RAM
+    reads, DSPs), an estimated delay in ns and the Fmax that implies, and the named signals it starts and
+    ends at. An estimate before placement: Vivado's routed figure differs, but the path it names is the one
+    to pipeline. Module ports count as registers (the design's AXI ports meet registered SoC logic)."""
+    module = netlist["modules"][top]
+    names: dict[int, str] = {}
+    for name, net in module["netnames"].items():
+        for k, bit in enumerate(net["bits"]):
+            if isinstance(bit, int) and (bit not in names or names[bit].startswith("$")) and not net["hide_name"]:
+                names[bit] = f"{name}[{k}]" if len(net["bits"]) > 1 else name
+    arrival: dict[int, float] = {}
+    level: dict[int, int] = {}
+    back: dict[int, int | None] = {}  # the net each net's latest input came from
+    ends: list[tuple[float, int, str]] = []  # (setup, net, what) of every end point input
+    comb: list[tuple[str, dict[str, Any]]] = []
+    for port in module["ports"].values():
+        if port["direction"] == "input":
+            for bit in port["bits"]:
+                if isinstance(bit, int):
+                    arrival[bit], level[bit], back[bit] = 0.0, 0, None
+        else:
+            ends += [(0.0, bit, "an output port") for bit in port["bits"] if isinstance(bit, int)]
+    for cell_name, cell in module["cells"].items():
+        kind, dirs, params = _kind(cell["type"]), cell.get("port_directions", {}), cell.get("parameters", {})
+        conns = cell["connections"]
+        seq_out = seq_in = False
+        if kind in ("FF", "BRAM"):
+            seq_out = seq_in = True
+        elif kind.startswith("DSP48"):
+            seq_out = _on(params, "PREG") or _on(params, "MREG")
+            for port, bits in conns.items():
+                if port.startswith(("CE", "RST")) or (port in _DSP_REG and (
+                        _on(params, _DSP_REG[port]) or _on(params, "MREG"))):
+                    ends += [(_SETUP_NS["DSP"], b, f"{cell_name}.{port}") for b in bits if isinstance(b, int)]
+            if not seq_out:
+                comb.append((kind, cell))
+                continue
+        elif kind in ("SRL", "LUTRAM"):
+            # Written on the clock (data, enable, write address: end points); read through the address.
+            for port, bits in conns.items():
+                if dirs.get(port) == "input" and port not in _CLOCKS:
+                    ends += [(_SETUP_NS[kind], b, f"{cell_name}.{port}") for b in bits if isinstance(b, int)]
+            comb.append((kind, cell))
+            continue
+        elif kind != "FF" and kind != "BRAM":
+            comb.append((kind, cell))
+            continue
+        for port, bits in conns.items():
+            if dirs.get(port) == "output" and seq_out:
+                for bit in bits:
+                    if isinstance(bit, int):
+                        names.setdefault(bit, f"{cell_name}.{port}")
+                        arrival[bit], level[bit], back[bit] = _CLK_TO_OUT_NS[kind[:3] if kind.startswith(
+                            "DSP") else kind], 0, None
+            elif dirs.get(port) == "input" and seq_in and port not in _CLOCKS:
+                q = conns.get("Q", [None])[0]
+                what = names.get(q, cell_name) if kind == "FF" else f"{cell_name}.{port}"
+                ends += [(_SETUP_NS[kind], b, what) for b in bits if isinstance(b, int)]
+    # Combinational cells in topological order (Kahn's algorithm over the nets they read).
+    waiting: dict[int, list[int]] = {}
+    missing = []
+    for index, (kind, cell) in enumerate(comb):
+        inputs = {b for bits in _comb_inputs(kind, cell).values() for b in bits if isinstance(b, int)}
+        unknown = [b for b in inputs if b not in arrival]
+        missing.append(len(unknown))
+        for b in unknown:
+            waiting.setdefault(b, []).append(index)
+    ready = [k for k, n in enumerate(missing) if n == 0]
+    while ready:
+        index = ready.pop()
+        kind, cell = comb[index]
+        dirs = cell.get("port_directions", {})
+        inputs = _comb_inputs(kind, cell)
+        # A registered DSP input, or the stored word of a LUT RAM or SRL: the clock starts the path there.
+        registered = kind.startswith("DSP48") and any(
+            p in cell["connections"] and _on(cell.get("parameters", {}), reg) for p, reg in _DSP_REG.items())
+        delay = _CELL_NS.get(kind, _OTHER_NS)
+        out = _CLK_TO_OUT_NS[kind[:3] if kind.startswith("DSP") else kind] + delay \
+            if registered or kind in ("SRL", "LUTRAM") else 0.0
+        out_level, via = 1, None
+        for port, bits in inputs.items():
+            carry = kind.startswith("CARRY") and port == "CI"
+            wire = 0.0 if carry or (kind in ("MUXF7", "MUXF8") and port in ("I0", "I1")) else _NET_NS
+            for bit in bits:
+                if isinstance(bit, int) and bit in arrival:
+                    t = arrival[bit] + wire + (_CARRY_NS if carry else delay)
+                    if t > out:
+                        out, out_level, via = t, level[bit] + 1, bit
+        for port, bits in cell["connections"].items():
+            if dirs.get(port) == "output":
+                for bit in bits:
+                    if isinstance(bit, int):
+                        arrival[bit], level[bit], back[bit] = out, out_level, via
+                        for waiter in waiting.pop(bit, []):
+                            missing[waiter] -= 1
+                            if missing[waiter] == 0:
+                                ready.append(waiter)
+    if any(missing):
+        raise SynthError(f"{sum(1 for n in missing if n)} cells of {top} lie on combinational loops")
+    delay, end, what = max(((arrival[b] + _NET_NS + s, b, w) for s, b, w in ends if b in arrival),
+                           key=lambda x: x[0])
+    start = end
+    while back[start] is not None:
+        start = back[start]
+    return {"levels": level[end], "delay_ns": round(delay, 2), "fmax_mhz": round(1000 / delay, 1),
+            "from": names.get(start, f"net {start}"), "to": what}
 
 
 def board_fit(config: AcceleratorConfig, board: str, *, cache: Path | None = None) -> dict[str, Any]:
@@ -193,7 +352,8 @@ def default_cache() -> Path:
 
 
 def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | None = None) -> dict[str, Any]:
-    """Synthesize the design of `config` for a Xilinx `family` ("xc7" or "xcup"); cell counts and area."""
+    """Synthesize the design of `config` for a Xilinx `family` ("xc7" or "xcup"); cell counts, area and the
+    estimated critical path (:func:`critical_path`)."""
     from weft.hw.top import TOP_NAME, generate_verilog  # amaranth: only when a design is built
 
     if family not in ("xc7", "xcup"):
@@ -201,7 +361,7 @@ def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | 
     with Waiting(f"generating the Verilog of config {config.name}"):
         verilog = generate_verilog(config)
     script = (f"read_verilog -sv {TOP_NAME}.v; synth_xilinx -family {family} -flatten -noiopad "
-              f"-top {TOP_NAME}; tee -q -o stat.json stat -json")
+              f"-top {TOP_NAME}; tee -q -o stat.json stat -json; write_json netlist.json")
     key = hashlib.sha256((verilog + script).encode()).hexdigest()[:24]
 
     def make() -> dict[str, Any]:
@@ -210,17 +370,36 @@ def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | 
                      "a minute or so for default; the result is cached"), \
                 _synthesized(verilog, TOP_NAME, script, prefix="weft-synth-") as work:
             stat = json.loads((work / "stat.json").read_text())
+            path = critical_path(json.loads((work / "netlist.json").read_text()), TOP_NAME)
         design = stat.get("design") or stat["modules"][f"\\{TOP_NAME}"]
         cells = {name.lstrip("\\"): int(n) for name, n in design["num_cells_by_type"].items()}
-        return {"family": family, "cells": cells, "area": area_of_cells(cells), "config_hash": config.hash,
-                "seconds": round(time.perf_counter() - started, 1)}
+        return {"family": family, "cells": cells, "area": area_of_cells(cells), "critical_path": path,
+                "config_hash": config.hash, "seconds": round(time.perf_counter() - started, 1)}
 
     data = _cached(cache, key, make)
     data.update(config=config.name, config_hash=config.hash)
     return data
 
 
+# nextpnr names a net after the signal it carries plus the cells Yosys mapped it through: keep the signal.
+_PNR_CELLS = re.compile(r"_(?:TRELLIS|LUT4|CCU2C|MULT18X18D|ALU54B|DP16KD|PFUMX|L6MUX)|\$CCU2|\[")
 _FMAX = re.compile(r"Max frequency for clock\s+'?([^':]+)'?:\s+([\d.]+) MHz")
+
+
+def nextpnr_critical_path(report: dict[str, Any]) -> dict[str, Any]:
+    """The slowest path of nextpnr's ``--report``: its delay and the routing's share of it, its logic levels,
+    the cells it starts and ends at, and the signals it runs through, in order (where Yosys kept a name)."""
+    paths = [p["path"] for p in report.get("critical_paths", []) if p.get("path")]
+    if not paths:
+        return {}
+    path = max(paths, key=lambda segs: sum(s.get("delay", 0.0) for s in segs))
+    routing = [s for s in path if s.get("type") == "routing"]
+    nets = [_PNR_CELLS.split(s["net"])[0] for s in routing if s.get("net") and not s["net"].startswith("$")]
+    total = sum(s.get("delay", 0.0) for s in path)
+    return {"delay_ns": round(total, 2), "routing_ns": round(sum(s.get("delay", 0.0) for s in routing), 2),
+            "levels": sum(1 for s in path if s.get("type") == "logic"),
+            "from": path[0].get("from", {}).get("cell", ""), "to": path[-1].get("to", {}).get("cell", ""),
+            "signals": list(dict.fromkeys(nets))}
 
 
 def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", package: str = "CABGA381",
@@ -259,7 +438,7 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
                 for name, v in report.get("utilization", {}).items() if v["used"]}
         return {"device": f"LFE5U-{device.upper()}", "fmax_mhz": fmax, "target_mhz": config.clock_mhz,
                 "meets_clock": bool(fmax) and min(fmax.values()) >= config.clock_mhz, "utilization": util,
-                "seconds": round(time.perf_counter() - started, 1)}
+                "critical_path": nextpnr_critical_path(report), "seconds": round(time.perf_counter() - started, 1)}
 
     data = _cached(cache, key, make)
     data.update(config=config.name, config_hash=config.hash)

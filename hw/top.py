@@ -92,10 +92,16 @@ class Core(wiring.Component):
         }
         if set(events) != {name for name, _ in COUNTERS}:
             raise AssertionError("every counter of the register map needs an event")
-        with m.If(self.running):
-            for name, event in events.items():
+        # Each event is registered before its 64-bit adder, so the logic that raises it (fetch's dispatch
+        # decision, for one) and the carry chain are a cycle apart; counting a cycle later gives the same counts.
+        counting = Signal()
+        m.d.sync += counting.eq(self.running)
+        for name, event in events.items():
+            late = Signal(Value.cast(event).shape(), name=f"{name}_event")
+            m.d.sync += late.eq(event)
+            with m.If(counting):
                 counter = getattr(self, name)
-                m.d.sync += counter.eq(counter + event)
+                m.d.sync += counter.eq(counter + late)
         return m
 
     def _command_queues(self, m: Module, fetch: Fetch, units: dict[Unit, UnitBase]

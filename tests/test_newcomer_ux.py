@@ -81,13 +81,13 @@ def test_pass_descriptions_are_not_cut_at_an_abbreviation(capsys):
 
 # ---- board fit ---------------------------------------------------------------------------------------------
 def test_bram_estimate_matches_yosys_on_the_presets_the_readme_reports():
-    # bitstreams/README.md: Yosys synth_xilinx puts `default` at 144.5 BRAM36 and `pynq` at 116
-    assert estimate_area(PRESETS["default"])["bram36"] == 144.5
-    assert estimate_area(PRESETS["pynq"])["bram36"] == 116
+    # Yosys synth_xilinx puts `default` at 116 BRAM36 and `pynq` at 87.5 (one accumulator read port)
+    assert estimate_area(PRESETS["default"])["bram36"] == 116
+    assert estimate_area(PRESETS["pynq"])["bram36"] == 87.5
 
 
 @pytest.mark.parametrize(("board", "config", "fits"), [
-    ("pynq-z2", "default", False), ("pynq-z2", "pynq", True), ("pynq-z1", "tiny", True),
+    ("pynq-z2", "default", True), ("pynq-z2", "pynq", True), ("pynq-z1", "tiny", True),
     ("ultra96-v2", "default", True), ("kv260", "zcu104", True), ("pynq-z2", "zcu104", False),
 ])
 def test_board_fit(board, config, fits, tmp_path):
@@ -104,25 +104,25 @@ def test_a_cached_synthesis_result_wins_over_the_estimate(tmp_path):
 
 
 def test_bitstream_refuses_a_config_that_does_not_fit_unless_forced(tmp_path, capsys):
-    assert main(["bitstream", "--board", "pynq-z2", "--config", "default", "-o", str(tmp_path)]) == 2
+    assert main(["bitstream", "--board", "pynq-z2", "--config", "zcu104", "-o", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "config 'default' does not fit the xc7z020 of pynq-z2: bram36 144.5 (103%)" in err
+    assert "config 'zcu104' does not fit the xc7z020 of pynq-z2: bram36 215.5 (154%)" in err
     assert "uses config pynq" in err and "--force" in err
     assert not list(tmp_path.iterdir())
     with pytest.raises(BitstreamError, match="pass --force to go on anyway"):
-        check_board_fit("pynq-z1", PRESETS["default"])
-    assert "does not fit" in check_board_fit("pynq-z2", PRESETS["default"], force=True)
+        check_board_fit("pynq-z1", PRESETS["zcu104"])
+    assert "does not fit" in check_board_fit("pynq-z2", PRESETS["zcu104"], force=True)
     assert check_board_fit("pynq-z2", PRESETS["pynq"]) is None
 
 
 def test_deploy_refuses_a_config_that_does_not_fit_unless_forced(tmp_path, capsys):
-    art, _ = compiled("mlp", "default")
+    art, _ = compiled("mlp", "zcu104")
     path = art.save(tmp_path / "mlp.weft")
     assert main(["deploy", str(path), "--board", "pynq-z1", "-o", str(tmp_path / "out")]) == 2
     assert "does not fit the xc7z020 of pynq-z1" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert main(["deploy", str(path), "--board", "pynq-z1", "-o", str(tmp_path / "out"), "--force"]) == 0
-    assert "warning: config 'default' does not fit" in capsys.readouterr().err
+    assert "warning: config 'zcu104' does not fit" in capsys.readouterr().err
     assert (tmp_path / "out" / "run.py").exists()
 
 

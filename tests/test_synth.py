@@ -72,6 +72,8 @@ def test_tiny_synthesizes_to_xilinx_cells_and_fits_a_pynq(tmp_path, capsys):
     # The tiny GEMM core is 4x4 int8 MACs, two per DSP48 (packed products), plus the ALU lanes.
     assert 0 < area["dsp"] <= 220
     assert fits(area, BOARDS["pynq-z2"])["fits"]
+    path = report["critical_path"]
+    assert path["levels"] > 0 and path["delay_ns"] > 0 and path["from"] and path["to"]
     assert synthesize(load_config("tiny"), cache=tmp_path)["cached"]
     assert main(["synth", "--config", "tiny", "--board", "pynq-z2", "-o", str(tmp_path / "s.json")]) == 0
     saved = json.loads((tmp_path / "s.json").read_text())
@@ -86,6 +88,17 @@ def test_tiny_places_and_routes_on_ecp5(tmp_path):
     assert report["fmax_mhz"] and all(f > 0 for f in report["fmax_mhz"].values())
     assert report["meets_clock"] == (min(report["fmax_mhz"].values()) >= report["target_mhz"])
     assert report["utilization"]["TRELLIS_FF"]["used"] > 0
+    assert report["critical_path"]["delay_ns"] > 0 and report["critical_path"]["signals"]
+
+
+@pytest.mark.slow
+@needs_yosys
+def test_default_fits_the_xc7z020_in_at_most_125_bram36(tmp_path):
+    """VTA's default design on the Pynq-Z1/Z2's part (minutes of Yosys): one accumulator read port, so no
+    duplicated block RAMs (116 BRAM36 measured)."""
+    report = synthesize(load_config("default"), cache=tmp_path)
+    assert report["area"]["bram36"] <= 125
+    assert fits(report["area"], BOARDS["pynq-z2"])["fits"]
 
 
 @pytest.mark.slow
