@@ -87,34 +87,37 @@ def pack_conv_weights(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
         w.reshape(o // bo, bo, c // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1), dtype=np.float32)
 
 
+#: What the tile model assumes of the core's FMA unit: two pipelined FMA pipes of 4 cycles' latency, fed by
+#: two loads a cycle. Every x86 core with FMA since Haswell and Zen 1 has this shape (Zen 2: latency 5,
+#: Skylake-X: 4); so have the wide ARM cores. The register file, which does differ, comes from the target.
+FMA_PIPES, FMA_LATENCY, LOAD_PORTS = 2, 4, 2
+
+
 def tile_score(r: int, ocb: int) -> float:
-    """How much the heuristic likes a tile of r output pixels by ocb channel blocks: more accumulators hide
-    FMA latency; several channel blocks reuse each broadcast; tall, narrow tiles reuse each weight vector."""
-    return r * ocb + 0.5 * min(ocb, 2) + (0.25 if r >= 4 else 0)
+    """The modelled share of the FMA peak a tile of r output pixels by ocb channel blocks reaches.
+
+    One step of the reduction (one input channel) does r * ocb FMAs, loads ocb weight vectors and r
+    broadcasts, and cannot finish before the FMA latency (each accumulator's FMAs depend on each other):
+    1x4 (4 accumulators: latency-bound) reaches half of what 4x2 or 2x4 do. Among tiles the model rates
+    alike, fewer loads per FMA (more reuse of each load) wins by a small margin."""
+    fmas, loads = r * ocb, r + ocb
+    cycles = max(fmas / FMA_PIPES, loads / LOAD_PORTS, FMA_LATENCY)
+    return fmas / FMA_PIPES / cycles - 0.01 * loads / fmas
 
 
 def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:
-    """(r, ocb): output pixels per tile along W, and output channel blocks per tile.
+    """(r, ocb): output pixels per tile along W, and output channel blocks per tile; the best
+    :func:`tile_score` of the tiles that fit the target's register file.
 
-    ``r * ocb`` accumulators and ``ocb`` weight vectors must fit the register file with room to spare
-    (LLVM spills beyond about half of it in this loop); r divides OW so that no tile needs a guard.
+    The ``r * ocb`` accumulators, ``ocb`` weight vectors and the broadcast must fit with one register to
+    spare: a tile that fills all of them (4x3 on AVX2's 16) spills in this loop and runs slower than 4x2
+    (measured). r divides OW so that no tile needs a guard; ocb divides the output channel blocks.
     """
-    budget = max(4, target.vector_registers // 2 - 2)
     co_blocks = spec.cout // spec.bo
     _, ow = spec.out_hw
-    best = (1, 1)
-    best_score = -1.0
-    for ocb in (4, 2, 1):
-        if co_blocks % ocb:
-            continue
-        for r in range(min(ow, budget // ocb), 0, -1):
-            if ow % r:
-                continue
-            score = tile_score(r, ocb)
-            if score > best_score:
-                best, best_score = (r, ocb), score
-            break
-    return best
+    fits = [(r, ocb) for ocb in range(1, co_blocks + 1) if co_blocks % ocb == 0
+            for r in range(1, ow + 1) if ow % r == 0 and r * ocb + ocb + 2 <= target.vector_registers]
+    return max(fits, key=lambda t: tile_score(*t), default=(1, 1))
 
 
 #: the reduction loops outside the innermost input-channel loop (rc.i), in the default order
