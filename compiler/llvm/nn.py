@@ -37,7 +37,7 @@ from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, redu
 __all__ = [
     "OUTER_ORDERS", "REDUCE_LOOPS", "ConvSchedule", "ConvSpec", "ConvWorkload", "conv_kernel", "conv_tiles",
     "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights", "pack_dense_weights", "pool_kernel",
-    "reduce_orders", "softmax_kernel", "tile_score",
+    "reduce_orders", "register_tiles", "softmax_kernel", "tile_score",
 ]
 
 Epilogue = Callable[[Expr, list[Expr]], Expr]
@@ -105,19 +105,23 @@ def tile_score(r: int, ocb: int) -> float:
     return fmas / FMA_PIPES / cycles - 0.01 * loads / fmas
 
 
-def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:
-    """(r, ocb): output pixels per tile along W, and output channel blocks per tile; the best
-    :func:`tile_score` of the tiles that fit the target's register file.
+def register_tiles(rows: int, blocks: int, target: Target) -> tuple[int, int]:
+    """(r, ocb) of a register-blocked product: r of `rows` (output pixels, matrix rows) by ocb of `blocks`
+    vector blocks of output channels; the best :func:`tile_score` of the tiles that fit the target.
 
-    The ``r * ocb`` accumulators, ``ocb`` weight vectors and the broadcast must fit with one register to
-    spare: a tile that fills all of them (4x3 on AVX2's 16) spills in this loop and runs slower than 4x2
-    (measured). r divides OW so that no tile needs a guard; ocb divides the output channel blocks.
+    The ``r * ocb`` accumulators, ``ocb`` weight vectors and the broadcast must fit the register file with
+    one register to spare: a tile that fills all of them (4x3 on AVX2's 16) spills in this loop and runs
+    slower than 4x2 (measured). r divides `rows` and ocb `blocks`, so that no tile needs a guard.
     """
-    co_blocks = spec.cout // spec.bo
-    _, ow = spec.out_hw
-    fits = [(r, ocb) for ocb in range(1, co_blocks + 1) if co_blocks % ocb == 0
-            for r in range(1, ow + 1) if ow % r == 0 and r * ocb + ocb + 2 <= target.vector_registers]
+    fits = [(r, ocb) for ocb in range(1, blocks + 1) if blocks % ocb == 0
+            for r in range(1, rows + 1) if rows % r == 0 and r * ocb + ocb + 2 <= target.vector_registers]
     return max(fits, key=lambda t: tile_score(*t), default=(1, 1))
+
+
+def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:
+    """(r, ocb): output pixels per tile along W, and output channel blocks per tile
+    (:func:`register_tiles`)."""
+    return register_tiles(spec.out_hw[1], spec.cout // spec.bo, target)
 
 
 #: the reduction loops outside the innermost input-channel loop (rc.i), in the default order
@@ -371,12 +375,8 @@ def dense_kernel(name: str, n: int, k: int, o: int, bo: int, target: Target, *, 
 
     y = compute("y", (n, o // bo, bo), lambda i, oo, oi: reduce_sum(x[i, rk] * w[oo, rk, oi], [rk]),
                 epilogue=epilogue)
-    budget = max(4, target.vector_registers // 2 - 2)
-    blocks = o // bo
-    if ocb is None:
-        ocb = next(c for c in (4, 2, 1) if blocks % c == 0)
-    if rows is None:
-        rows = max((r for r in range(1, min(n, budget // ocb) + 1) if n % r == 0), default=1)
+    best_rows, best_ocb = register_tiles(n, o // bo, target)
+    rows, ocb = rows or best_rows, ocb or best_ocb
     i, oo, oi = y.axes
     io, ii = y.split(i, rows)
     ooo, ooi = y.split(oo, ocb)
@@ -404,10 +404,7 @@ def matmul_kernel(name: str, batch: int, m: int, k: int, n: int, target: Target)
     rk = reduce_axis(k, "rk")
     c = compute("c", (batch, m, n // bn, bn),
                 lambda z, i, jo, ji: reduce_sum(a[z, i, rk] * packed.out[z, jo, rk, ji], [rk]))
-    budget = max(4, target.vector_registers // 2 - 2)
-    blocks = n // bn
-    ocb = next(cb for cb in (2, 1) if blocks % cb == 0) if bn > 1 else 1
-    rows = max((r for r in range(1, min(m, budget // ocb) + 1) if m % r == 0), default=1)
+    rows, ocb = register_tiles(m, n // bn if bn > 1 else 1, target)  # (scalar columns: one at a time)
     z, i, jo, ji = c.axes
     io, ii = c.split(i, rows)
     joo, joi = c.split(jo, ocb)
