@@ -113,8 +113,9 @@ def register_tiles(rows: int, blocks: int, target: Target) -> tuple[int, int]:
     one register to spare: a tile that fills all of them (4x3 on AVX2's 16) spills in this loop and runs
     slower than 4x2 (measured). r divides `rows` and ocb `blocks`, so that no tile needs a guard.
     """
-    fits = [(r, ocb) for ocb in range(1, blocks + 1) if blocks % ocb == 0
-            for r in range(1, rows + 1) if rows % r == 0 and r * ocb + ocb + 2 <= target.vector_registers]
+    regs = target.vector_registers  # (bounds both loops: a matrix may have thousands of rows)
+    fits = [(r, ocb) for ocb in range(1, min(blocks, regs) + 1) if blocks % ocb == 0
+            for r in range(1, min(rows, regs) + 1) if rows % r == 0 and r * ocb + ocb + 2 <= regs]
     return max(fits, key=lambda t: tile_score(*t), default=(1, 1))
 
 
