@@ -37,7 +37,7 @@ from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, redu
 __all__ = [
     "OUTER_ORDERS", "REDUCE_LOOPS", "ConvSchedule", "ConvSpec", "ConvWorkload", "conv_kernel", "conv_tiles",
     "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights", "pack_dense_weights", "pool_kernel",
-    "reduce_orders", "softmax_kernel", "tile_score",
+    "reduce_orders", "register_tiles", "softmax_kernel", "tile_score",
 ]
 
 Epilogue = Callable[[Expr, list[Expr]], Expr]
@@ -87,34 +87,42 @@ def pack_conv_weights(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
         w.reshape(o // bo, bo, c // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1), dtype=np.float32)
 
 
+#: What the tile model assumes of the core's FMA unit: two pipelined FMA pipes of 4 cycles' latency, fed by
+#: two loads a cycle. Every x86 core with FMA since Haswell and Zen 1 has this shape (Zen 2: latency 5,
+#: Skylake-X: 4); so have the wide ARM cores. The register file, which does differ, comes from the target.
+FMA_PIPES, FMA_LATENCY, LOAD_PORTS = 2, 4, 2
+
+
 def tile_score(r: int, ocb: int) -> float:
-    """How much the heuristic likes a tile of r output pixels by ocb channel blocks: more accumulators hide
-    FMA latency; several channel blocks reuse each broadcast; tall, narrow tiles reuse each weight vector."""
-    return r * ocb + 0.5 * min(ocb, 2) + (0.25 if r >= 4 else 0)
+    """The modelled share of the FMA peak a tile of r output pixels by ocb channel blocks reaches.
+
+    One step of the reduction (one input channel) does r * ocb FMAs, loads ocb weight vectors and r
+    broadcasts, and cannot finish before the FMA latency (each accumulator's FMAs depend on each other):
+    1x4 (4 accumulators: latency-bound) reaches half of what 4x2 or 2x4 do. Among tiles the model rates
+    alike, fewer loads per FMA (more reuse of each load) wins by a small margin."""
+    fmas, loads = r * ocb, r + ocb
+    cycles = max(fmas / FMA_PIPES, loads / LOAD_PORTS, FMA_LATENCY)
+    return fmas / FMA_PIPES / cycles - 0.01 * loads / fmas
+
+
+def register_tiles(rows: int, blocks: int, target: Target) -> tuple[int, int]:
+    """(r, ocb) of a register-blocked product: r of `rows` (output pixels, matrix rows) by ocb of `blocks`
+    vector blocks of output channels; the best :func:`tile_score` of the tiles that fit the target.
+
+    The ``r * ocb`` accumulators, ``ocb`` weight vectors and the broadcast must fit the register file with
+    one register to spare: a tile that fills all of them (4x3 on AVX2's 16) spills in this loop and runs
+    slower than 4x2 (measured). r divides `rows` and ocb `blocks`, so that no tile needs a guard.
+    """
+    regs = target.vector_registers  # (bounds both loops: a matrix may have thousands of rows)
+    fits = [(r, ocb) for ocb in range(1, min(blocks, regs) + 1) if blocks % ocb == 0
+            for r in range(1, min(rows, regs) + 1) if rows % r == 0 and r * ocb + ocb + 2 <= regs]
+    return max(fits, key=lambda t: tile_score(*t), default=(1, 1))
 
 
 def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:
-    """(r, ocb): output pixels per tile along W, and output channel blocks per tile.
-
-    ``r * ocb`` accumulators and ``ocb`` weight vectors must fit the register file with room to spare
-    (LLVM spills beyond about half of it in this loop); r divides OW so that no tile needs a guard.
-    """
-    budget = max(4, target.vector_registers // 2 - 2)
-    co_blocks = spec.cout // spec.bo
-    _, ow = spec.out_hw
-    best = (1, 1)
-    best_score = -1.0
-    for ocb in (4, 2, 1):
-        if co_blocks % ocb:
-            continue
-        for r in range(min(ow, budget // ocb), 0, -1):
-            if ow % r:
-                continue
-            score = tile_score(r, ocb)
-            if score > best_score:
-                best, best_score = (r, ocb), score
-            break
-    return best
+    """(r, ocb): output pixels per tile along W, and output channel blocks per tile
+    (:func:`register_tiles`)."""
+    return register_tiles(spec.out_hw[1], spec.cout // spec.bo, target)
 
 
 #: the reduction loops outside the innermost input-channel loop (rc.i), in the default order
@@ -368,12 +376,8 @@ def dense_kernel(name: str, n: int, k: int, o: int, bo: int, target: Target, *, 
 
     y = compute("y", (n, o // bo, bo), lambda i, oo, oi: reduce_sum(x[i, rk] * w[oo, rk, oi], [rk]),
                 epilogue=epilogue)
-    budget = max(4, target.vector_registers // 2 - 2)
-    blocks = o // bo
-    if ocb is None:
-        ocb = next(c for c in (4, 2, 1) if blocks % c == 0)
-    if rows is None:
-        rows = max((r for r in range(1, min(n, budget // ocb) + 1) if n % r == 0), default=1)
+    best_rows, best_ocb = register_tiles(n, o // bo, target)
+    rows, ocb = rows or best_rows, ocb or best_ocb
     i, oo, oi = y.axes
     io, ii = y.split(i, rows)
     ooo, ooi = y.split(oo, ocb)
@@ -401,10 +405,7 @@ def matmul_kernel(name: str, batch: int, m: int, k: int, n: int, target: Target)
     rk = reduce_axis(k, "rk")
     c = compute("c", (batch, m, n // bn, bn),
                 lambda z, i, jo, ji: reduce_sum(a[z, i, rk] * packed.out[z, jo, rk, ji], [rk]))
-    budget = max(4, target.vector_registers // 2 - 2)
-    blocks = n // bn
-    ocb = next(cb for cb in (2, 1) if blocks % cb == 0) if bn > 1 else 1
-    rows = max((r for r in range(1, min(m, budget // ocb) + 1) if m % r == 0), default=1)
+    rows, ocb = register_tiles(m, n // bn if bn > 1 else 1, target)  # (scalar columns: one at a time)
     z, i, jo, ji = c.axes
     io, ii = c.split(i, rows)
     joo, joi = c.split(jo, ocb)
