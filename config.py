@@ -383,9 +383,9 @@ PRESETS: dict[str, AcceleratorConfig] = {
         uop_buff_bytes=32 * 1024, inp_buff_bytes=64 * 1024, wgt_buff_bytes=512 * 1024,
         acc_buff_bytes=256 * 1024, bus_width=128, clock_mhz=250.0,
     ),
-    # The default design sized for the xc7z020 of the Pynq-Z1/Z2: half the weight buffer. Yosys synth_xilinx
-    # puts default at 144.5 BRAM36 of the part's 140 (the accumulator's two read ports double its 29); a
-    # 128 KiB weight buffer saves 28 of them and costs ResNet-18 0.01% of its cycles.
+    # The default design with half the weight buffer: 87.5 BRAM36 under Yosys synth_xilinx against default's
+    # 116, for an xc7z020 (140) that must hold other block-RAM users beside the accelerator; it costs ResNet-18
+    # about 0.01% of its cycles.
     "pynq": AcceleratorConfig(name="pynq", wgt_buff_bytes=128 * 1024),
     # The default design with int4 weights: as many weight rows in half the BRAM.
     "int4w": AcceleratorConfig(name="int4w", wgt_width=4, wgt_buff_bytes=128 * 1024),
