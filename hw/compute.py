@@ -2,9 +2,12 @@
 
 It owns the micro-op buffer and the accumulator. A GEMM or ALU instruction is the two-level loop of the
 spec (``for i < iter_out, j < iter_in, k in [uop_bgn, uop_end)``); the loop generator issues one micro-op
-execution per cycle into a pipeline that never stalls, except an ALU micro-op that reads acc[src]: it
-issues every :data:`~weft.hw.structure.ALU_SRC_INTERVAL` (2) cycles, because the accumulator has a single
-read port (a second one makes Yosys duplicate the whole buffer) and such a micro-op reads it twice:
+execution per cycle into a pipeline that never stalls, except an ALU micro-op that reads acc[src] through
+the port: it issues :data:`~weft.hw.structure.ALU_SRC_INTERVAL` (2) cycles after the one before it,
+because the accumulator has a single read port (a second one makes Yosys duplicate the whole buffer) and
+such a micro-op reads it twice. An instruction without src loop factors and with at most
+:data:`~weft.hw.structure.SRC_ROWS` micro-ops (a requantization's per-channel vectors) reads its src rows
+in the first sweep only; registers hold them for the rest, which issue one per cycle:
 
 ====  ==========================================================================================
 A     loop generator: micro-op address, loop offsets
@@ -20,9 +23,9 @@ F     write acc[dst] and out[dst] = saturate(acc[dst])
 The accumulator's read port is transparent to its write port, so an execution reads dst (in D) what the
 one four ahead of it writes (in F) in the same cycle. What the ones three and two ahead write later comes
 from F instead (forwarding): into E's register, and into X. An ALU execution's src read (in C) comes a
-cycle earlier, but those issue two cycles apart: what the one two ahead writes a cycle later, D latches
-from F. So a read-after-write at distance 2 or more sees the new value; distance 1 is the hazard the spec
-forbids. Each
+cycle earlier; D latches it (or what F writes then) into its src register, every later F write to that
+row lands there too, and X takes the one F writes in its own cycle. So a read-after-write at distance 2
+or more sees the new value; distance 1 is the hazard the spec forbids. Each
 instruction drains the pipeline before it ends, so the next one (and the tokens it pushes) see every write.
 """
 
@@ -48,7 +51,7 @@ from weft.hw.datapath import (
 )
 from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode, register_widths
-from weft.hw.structure import ALU_SRC_INTERVAL
+from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS
 from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId, Opcode, Unit
 from weft.isa.semantics import row_bytes
@@ -90,6 +93,10 @@ class _Loop:
     gen: Signal
     aborted: Signal
     issue: Value
+    #: The execution issued reads acc[src] through the port (else it takes the row a register holds).
+    reads: Value
+    #: Which of the SRC_ROWS registers holds the execution's src row.
+    slot: Signal
     #: dst, src, wgt -> (outer, inner) row offset.
     offs: dict[str, tuple[Signal, Signal]]
     off_bits: int
@@ -135,8 +142,8 @@ class ComputeUnit(UnitBase):
         dma, load_over = self._loads(m, d, start, bufs)
         loop = self._loop_generator(m, d, start, bufs)
         valid = {s: Signal(name=f"valid_{s}") for s in "bcdexyf"}
-        dst, src_c = self._row_indices(m, d, index, bufs, loop, valid)
-        new_f = self._datapath(m, d, bufs, valid, dst, src_c)
+        dst, src_c, reads_c, slots = self._row_indices(m, d, index, bufs, loop, valid)
+        new_f = self._datapath(m, d, bufs, valid, dst, src_c, reads_c, slots)
         self._write_back(m, d, dma, bufs, valid, dst, new_f)
         drained = ~Cat(*valid.values()).any()
         loop_done = d.looped & loop.launched & ~loop.gen & drained
@@ -183,7 +190,7 @@ class ComputeUnit(UnitBase):
         launched = Signal()
         gen = Signal()
         aborted = Signal()
-        hold = Signal()  # the cycle after an ALU issue that reads acc[src]: its dst read has the port
+        last = Signal()  # an execution issued in the previous cycle: its dst read would take the port
         k = Signal(d.gemm.uop_end.shape())  # walks [uop_bgn, uop_end)
         i = Signal(layout.iter_bits)
         j = Signal(layout.iter_bits)
@@ -199,15 +206,21 @@ class ComputeUnit(UnitBase):
         iter_out, iter_in = d.loop_field("iter_out"), d.loop_field("iter_in")
         with m.If(self.busy & d.looped & ~launched):
             m.d.sync += [launched.eq(1), gen.eq((iter_out != 0) & (iter_in != 0)), k.eq(uop_bgn),
-                         i.eq(0), j.eq(0), aborted.eq(0), hold.eq(0)]
+                         i.eq(0), j.eq(0), aborted.eq(0), last.eq(0)]
             for out_off, in_off in offs.values():
                 m.d.sync += [out_off.eq(0), in_off.eq(0)]
         with m.If(start):
             m.d.sync += launched.eq(0)
         m.d.comb += bufs.uop_r.addr.eq(k)
-        issue = gen & ~aborted & ~hold
-        assert ALU_SRC_INTERVAL == 2  # one cycle held after each such issue
-        m.d.sync += hold.eq(issue & d.alu_src)
+        # Without src loop factors each micro-op reads the same src row in every execution: with at most
+        # SRC_ROWS micro-ops the first sweep reads them into registers and the rest issue back to back.
+        kept = (factors["src"][0] == 0) & (factors["src"][1] == 0) & (uop_end - uop_bgn <= SRC_ROWS)
+        reads = d.alu_src & ~(kept & ((i != 0) | (j != 0)))
+        slot = Signal(range(SRC_ROWS))  # the register of the execution's src row
+        m.d.comb += slot.eq(Mux(kept, k - uop_bgn, 0))
+        assert ALU_SRC_INTERVAL == 2  # a read of acc[src] waits one cycle after any issue
+        issue = gen & ~aborted & ~(reads & last)
+        m.d.sync += last.eq(issue)
         with m.If(issue):
             with m.If(k == uop_end - 1):
                 m.d.sync += k.eq(uop_bgn)
@@ -227,16 +240,19 @@ class ComputeUnit(UnitBase):
                 m.d.sync += k.eq(k + 1)
         with m.If(aborted):
             m.d.sync += gen.eq(0)
-        return _Loop(launched, gen, aborted, issue, offs, off_bits)
+        return _Loop(launched, gen, aborted, issue, reads, slot, offs, off_bits)
 
     def _row_indices(self, m: Module, d: _Insn, index: Signal, bufs: _Buffers, loop: _Loop,
-                     valid: dict[str, Signal]) -> tuple[dict[str, Signal], Signal]:
+                     valid: dict[str, Signal]) -> tuple[dict[str, Signal], Signal, Signal, dict[str, Signal]]:
         """Stage B: the micro-op's rows plus the loop offsets, range-checked (an execution past a buffer's
         end aborts the loop with LOOP_RANGE); the inp and wgt read addresses. Returns the dst row registers of
         the later stages and the src row of stage C."""
         c = self.config
         off_b = {name: Signal(loop.off_bits + 1, name=f"{name}_off_b") for name in loop.offs}
-        m.d.sync += valid["b"].eq(loop.issue)
+        reads_b, reads_c = Signal(), Signal()
+        slots = {s: Signal.like(loop.slot, name=f"slot_{s}") for s in "bcdex"}
+        m.d.sync += [valid["b"].eq(loop.issue), reads_b.eq(loop.reads), reads_c.eq(reads_b),
+                     slots["b"].eq(loop.slot), slots["c"].eq(slots["b"])]
         for name, (out_off, in_off) in loop.offs.items():
             m.d.sync += off_b[name].eq(out_off + in_off)
         uop = data.View(self.layout.uop.as_struct_layout(), bufs.uop_r.data)
@@ -259,10 +275,10 @@ class ComputeUnit(UnitBase):
         dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexyf"}
         src_c = Signal(c.acc_index_bits)
         m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~loop.aborted), dst["c"].eq(dst_b), src_c.eq(src_b)]
-        return dst, src_c
+        return dst, src_c, reads_c, slots
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
-                  src_c: Signal) -> Signal:
+                  src_c: Signal, reads_c: Signal, slots: dict[str, Signal]) -> Signal:
         """Stages C, D and E (the GEMM core; accumulator reads), X and Y (acc + sum for GEMM, the ALU op
         for ALU). Returns the new accumulator row of stage F."""
         c = self.config
@@ -271,19 +287,37 @@ class ComputeUnit(UnitBase):
         assert GEMM_LATENCY == 3  # C, D and E
         m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data)]
         src_d = Signal.like(src_c)
-        m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"]), src_d.eq(src_c)]
+        reads_d = Signal()
+        m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"]), src_d.eq(src_c),
+                     reads_d.eq(valid["c"] & reads_c), slots["d"].eq(slots["c"]), slots["e"].eq(slots["d"]),
+                     slots["x"].eq(slots["e"])]
         m.d.comb += [
             self.mac_active.eq(valid["c"] & d.is_gemm & ~d.gemm.reset),
             self.alu_active.eq(valid["c"] & d.is_alu),
-            # In C an ALU execution that reads acc[src] reads it; D is empty then (it issued alone).
-            bufs.acc_r.addr.eq(Mux(valid["c"] & d.alu_src, src_c, dst["d"])),
+            # In C an ALU execution that reads acc[src] reads it; D is empty then (it issued a cycle after the
+            # one before it).
+            bufs.acc_r.addr.eq(Mux(valid["c"] & reads_c, src_c, dst["d"])),
         ]
         new_f = Signal(c.acc_row_bits)
-        # acc[src], read in C (or written by F now), latched in D; the next such execution is two cycles
-        # behind, so it holds in X.
+        # acc[src], read in C (or written by F now), latched in D with its row in the execution's slot; it
+        # serves X until the slot's next read, which D latches after the last execution using this one has
+        # passed X (a read waits a cycle after any issue). Every F write to a held row lands in its register,
+        # and X takes the one F writes in its own cycle: an execution sees the writes two or more ahead of
+        # it, as with dst.
+        held = [Signal(c.acc_row_bits, name=f"src_row_{n}") for n in range(SRC_ROWS)]
+        held_at = [Signal.like(src_c, name=f"src_at_{n}") for n in range(SRC_ROWS)]
+        for n in range(SRC_ROWS):
+            with m.If(reads_d & (slots["d"] == n)):
+                m.d.sync += [held[n].eq(Mux(valid["f"] & (dst["f"] == src_d), new_f, bufs.acc_r.data)),
+                             held_at[n].eq(src_d)]
+            with m.Elif(valid["f"] & (dst["f"] == held_at[n])):
+                m.d.sync += held[n].eq(new_f)
         operand = Signal(c.acc_row_bits)
-        with m.If(valid["d"] & d.alu_src):
-            m.d.sync += operand.eq(Mux(valid["f"] & (dst["f"] == src_d), new_f, bufs.acc_r.data))
+        operand_at = Signal.like(src_c)
+        with m.Switch(slots["x"]):
+            for n in range(SRC_ROWS):
+                with m.Case(n):
+                    m.d.comb += [operand.eq(held[n]), operand_at.eq(held_at[n])]
         old_x = Signal(c.acc_row_bits)
         forward_x = Signal()  # X takes acc[dst] from F, which writes it then
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
@@ -294,7 +328,7 @@ class ComputeUnit(UnitBase):
         lanes, w = c.batch * c.block_out, c.acc_width
         old = elements(Mux(forward_x, new_f, old_x), w)
         sums = elements(core.sums, core.sum_bits)
-        src_row = elements(operand, w)
+        src_row = elements(Mux(valid["f"] & (dst["f"] == operand_at), new_f, operand), w)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
         row_y = Signal(c.acc_row_bits)  # the GEMM's row, or the ALU's but for MUL

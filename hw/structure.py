@@ -7,8 +7,8 @@ model (:class:`weft.sim.timing.Microarch`) its costs, so the two cannot drift ap
 
 from __future__ import annotations
 
-__all__ = ["ALU_SRC_INTERVAL", "COMPUTE_STAGES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "STORE_LEN_DEPTH",
-           "STORE_SEG_DEPTH", "UNPACK_DEPTH"]
+__all__ = ["ALU_SRC_INTERVAL", "COMPUTE_STAGES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "SRC_ROWS",
+           "STORE_LEN_DEPTH", "STORE_SEG_DEPTH", "UNPACK_DEPTH"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
 MAX_BURST = 16
@@ -28,3 +28,7 @@ COMPUTE_STAGES = 5
 #: compute: cycles between issues of an ALU micro-op that reads acc[src]. The accumulator has one read port
 #: (two would make Yosys duplicate its block RAMs), so dst and src are read in two cycles, as in VTA's ALU.
 ALU_SRC_INTERVAL = 2
+#: compute: acc[src] rows kept in registers per ALU instruction. When every execution of a micro-op reads the
+#: same src row (no src loop factor) and the instruction has at most this many micro-ops, only the first
+#: sweep reads them: a requantization's per-channel vectors cost the read port once per instruction.
+SRC_ROWS = 8

@@ -45,6 +45,7 @@ LONG = (
     "weft cosim ",
     "weft rtl ",
     "weft bitstream --board",  # generates the design's Verilog
+    "weft run resnet18.weft --device rtl",  # builds and runs the design on Verilator
     "weft run resnet18.weft --device fsim",
     "weft run small.weft --device rtl",  # builds the design with Verilator
     "weft report ",

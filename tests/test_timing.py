@@ -24,7 +24,7 @@ from weft.hw.axi import ReadArbiter
 from weft.hw.datapath import GEMM_LATENCY
 from weft.hw.dma import MAX_BURST, BurstReader, Load2D, Store2D
 from weft.hw.regs import COUNTERS
-from weft.hw.structure import ALU_SRC_INTERVAL
+from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS
 from weft.isa import MemId, ProgramBuilder, layout_of
 from weft.isa.semantics import UNIT_NAMES
 from weft.sim.dram import Dram
@@ -98,19 +98,25 @@ def test_gemm_costs_one_cycle_per_execution_plus_pipeline_fill():
     assert reset.counters["mac_active"] == 0 and reset.cycles == simulate(TINY, gemm_program(TINY, 4, 3, 2)).cycles
 
 
-def test_alu_micro_ops_reading_acc_src_issue_every_alu_src_interval_cycles():
+@pytest.mark.parametrize(("uops", "src", "reads"), [
+    (4, (0, 0), 4),  # no src factors, at most SRC_ROWS micro-ops: the first sweep reads, registers hold
+    (4, (1, 0), 24), (4, (0, 1), 24),  # a src factor: every execution reads
+    (SRC_ROWS + 1, (0, 0), 24 * (SRC_ROWS + 1) // 4),  # more micro-ops than registers
+])
+def test_alu_micro_ops_reading_acc_src_issue_every_alu_src_interval_cycles(uops, src, reads):
     def alu(imm: int | None) -> np.ndarray:
         p = ProgramBuilder()
-        p.load(MemId.UOP, 0, 0, 1, 4)
-        p.alu("add", 0, 4, 3, 2, dst=(8, 4), src=(0, 0), imm=imm)
+        p.load(MemId.UOP, 0, 0, 1, uops)
+        p.alu("add", 0, uops, 3, 2, dst=(8, 4), src=src, imm=imm)
         p.finish()
         return p.insns
 
-    execs = 4 * 3 * 2
+    execs = uops * 3 * 2
     with_imm, with_src = simulate(TINY, alu(1)), simulate(TINY, alu(None))
     assert with_imm.trace[1]["end"] - with_imm.trace[1]["start"] == execs + 2 + Microarch().loop_stages
-    # The accumulator's one read port reads dst and src in turn (hw.compute): ALU_SRC_INTERVAL cycles apart.
-    assert with_src.cycles - with_imm.cycles == (execs - 1) * (ALU_SRC_INTERVAL - 1)
+    # The accumulator's one read port reads dst and src in turn (hw.compute): a read waits
+    # ALU_SRC_INTERVAL - 1 cycles after the issue before it.
+    assert with_src.cycles - with_imm.cycles == (reads - 1) * (ALU_SRC_INTERVAL - 1)
     assert with_src.counters["alu_active"] == with_imm.counters["alu_active"] == execs
 
 
