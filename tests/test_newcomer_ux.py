@@ -107,7 +107,7 @@ def test_bitstream_refuses_a_config_that_does_not_fit_unless_forced(tmp_path, ca
     assert main(["bitstream", "--board", "pynq-z2", "--config", "zcu104", "-o", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "config 'zcu104' does not fit the xc7z020 of pynq-z2: bram36 215.5 (154%)" in err
-    assert "uses config pynq" in err and "--force" in err
+    assert "uses config default" in err and "--force" in err
     assert not list(tmp_path.iterdir())
     with pytest.raises(BitstreamError, match="pass --force to go on anyway"):
         check_board_fit("pynq-z1", PRESETS["zcu104"])
