@@ -51,7 +51,7 @@ from weft.hw.datapath import (
 )
 from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode, register_widths
-from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS
+from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS, holds_src_rows
 from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import MemId, Opcode, Unit
 from weft.isa.semantics import row_bytes
@@ -214,7 +214,7 @@ class ComputeUnit(UnitBase):
         m.d.comb += bufs.uop_r.addr.eq(k)
         # Without src loop factors each micro-op reads the same src row in every execution: with at most
         # SRC_ROWS micro-ops the first sweep reads them into registers and the rest issue back to back.
-        kept = (factors["src"][0] == 0) & (factors["src"][1] == 0) & (uop_end - uop_bgn <= SRC_ROWS)
+        kept = holds_src_rows(*factors["src"], uop_end - uop_bgn)
         reads = d.alu_src & ~(kept & ((i != 0) | (j != 0)))
         slot = Signal(range(SRC_ROWS))  # the register of the execution's src row
         m.d.comb += slot.eq(Mux(kept, k - uop_bgn, 0))

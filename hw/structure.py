@@ -7,8 +7,10 @@ model (:class:`weft.sim.timing.Microarch`) its costs, so the two cannot drift ap
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["ALU_SRC_INTERVAL", "COMPUTE_STAGES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "SRC_ROWS",
-           "STORE_LEN_DEPTH", "STORE_SEG_DEPTH", "UNPACK_DEPTH"]
+           "STORE_LEN_DEPTH", "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
 MAX_BURST = 16
@@ -32,3 +34,10 @@ ALU_SRC_INTERVAL = 2
 #: same src row (no src loop factor) and the instruction has at most this many micro-ops, only the first
 #: sweep reads them: a requantization's per-channel vectors cost the read port once per instruction.
 SRC_ROWS = 8
+
+
+def holds_src_rows(src_factor_out: Any, src_factor_in: Any, uops: Any) -> Any:
+    """Whether an ALU instruction reading acc[src] keeps its src rows in registers after the first sweep:
+    no src loop factor (each micro-op reads one row throughout) and at most SRC_ROWS micro-ops. On ints for
+    the timing model, on Amaranth values for the hardware: the one statement of the rule for both."""
+    return (src_factor_out == 0) & (src_factor_in == 0) & (uops <= SRC_ROWS)

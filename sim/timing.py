@@ -19,7 +19,7 @@ same numbers the cosimulation's DRAM answers with):
 * GEMM/ALU: one micro-op execution per cycle through the ``loop_stages``-stage pipeline, which fills
   and drains once per instruction; an ALU instruction that reads acc[src] issues one every
   ``alu_src_interval`` cycles (the accumulator's one read port reads dst and src in turn), but for an
-  instruction of at most ``src_rows`` micro-ops without src loop factors, whose first sweep reads the
+  instruction of at most ``hw.structure.SRC_ROWS`` micro-ops without src loop factors, whose first sweep reads the
   rows into registers and the rest issue one per cycle;
 * STORE: one element read per cycle from the output buffer, packed into beats, one write burst sequence
   per DRAM row (at most ``store_len_queue`` bursts ahead of their data), ``write_duty`` beats per cycle,
@@ -98,7 +98,6 @@ class Microarch:
     loop_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY
     #: hw.compute: cycles between issues of ALU micro-ops that read acc[src] (one accumulator read port).
     alu_src_interval: int = structure.ALU_SRC_INTERVAL
-    src_rows: int = structure.SRC_ROWS
     #: Cycles from queueing a read burst's beats (read_latency after the AR handshake, and at least one
     #: cycle after it) to its first R beat: the DRAM model's R source drives a beat on the next edge.
     read_handshake: int = 1
@@ -446,11 +445,11 @@ class _Run:
                 self.counters["alu_active"] += execs
             # Decode (1), loop launch (1), one issue per execution, then the pipeline drains. An execution that
             # reads acc[src] waits alu_src_interval - 1 cycles after the issue before it; without src loop
-            # factors and with at most src_rows micro-ops only the first sweep reads (registers hold the rows).
+            # factors and with at most SRC_ROWS micro-ops only the first sweep reads (registers hold the rows).
             waits = 0
             if op == Opcode.ALU and not r[_F["use_imm"]] and execs:
                 uops = r[_F["uop_end"]] - r[_F["uop_bgn"]]
-                kept = r[_F["src_factor_out"]] == 0 and r[_F["src_factor_in"]] == 0 and uops <= self.a.src_rows
+                kept = structure.holds_src_rows(r[_F["src_factor_out"]], r[_F["src_factor_in"]], uops)
                 waits = (uops if kept else execs) - 1
             return s + 2 + (execs - 1 + waits * (self.a.alu_src_interval - 1) + self.a.loop_stages if execs else 0)
         if r[_F["x_size"]] == 0:
