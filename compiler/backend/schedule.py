@@ -26,7 +26,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from weft.hw.structure import UNPACK_DEPTH
 from weft.isa.semantics import named_row_bytes
+from weft.sim.dram_timing import DramTiming
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -302,9 +304,9 @@ def space(g: LayerGeom, config: AcceleratorConfig, vthreads: tuple[int, ...] = (
 #: (tens of cycles), a GEMM/ALU fills and drains its pipeline.
 DMA_CYCLES = 40
 LOOP_CYCLES = 16
-#: Cycles per DRAM row a load requests: a load keeps a few rows in flight (hw.dma's unpack queue) against
-#: DRAM's latency, so windows of many short rows are bound by requests, not bytes.
-ROW_CYCLES = 4
+#: Cycles per DRAM row a load requests: a load keeps UNPACK_DEPTH rows in flight (hw.dma's unpack queue)
+#: against the board DRAM's read latency, so windows of many short rows are bound by requests, not bytes.
+ROW_CYCLES = DramTiming.pynq_z1().read_latency / UNPACK_DEPTH
 #: Share of bus cycles that move a beat on a typical board DRAM.
 DUTY = 0.75
 #: Share of the other units' time that overlapping does not hide (a unit waits at stage boundaries).
