@@ -7,6 +7,11 @@ roof = ``config.macs_per_cycle`` MACs per cycle, memory roof = the bus's bytes p
 (``bus_width / 8``) times the arithmetic intensity (MACs per DRAM byte); each accelerator layer is a
 point at its intensity and attained MACs per cycle. A layer's ideal is its useful MACs at the compute roof
 (``ceil(macs / macs_per_cycle)``: no layer can beat it, a pooling layer's is 0) and its gap the cycles above.
+
+How far a layer is from the DRAM's limit: ``dram_cycles`` is the time its DRAM traffic needs at the bus's
+rate under the DRAM timing it was timed with (reads and writes at their duty, on their own AXI channels, so
+the larger of the two), ``dram_share`` that time over the layer's cycles. A memory-bound layer near 100% is
+at the DRAM's limit; one well below it loses its cycles elsewhere (request latency, a serial schedule).
 """
 
 from __future__ import annotations
@@ -22,34 +27,43 @@ from typing import Any
 
 from weft.core.files import write_atomic
 from weft.errors import user_file
+from weft.runtime.fsim_device import new_timing_model
 from weft.runtime.session import InferenceSession
 
 __all__ = ["add_report_arguments", "compare", "format_comparison", "layer_table", "plot_roofline", "run_report",
            "summary"]
 
 COLUMNS = ("layer", "op", "target", "cycles", "ideal_cycles", "gap", "macs", "macs_per_cycle", "utilization",
-           "array_utilization", "bytes", "intensity", "bound", "why")
+           "array_utilization", "bytes", "intensity", "bound", "dram_cycles", "dram_share", "why")
+#: The DMA traffic a layer writes to DRAM (every other kind is read).
+WRITTEN = frozenset({"out"})
 
 
-def layer_table(stats: Mapping[str, Any], config: Any,
-                host_reasons: Mapping[str, str | None] | None = None) -> list[dict[str, Any]]:
+def layer_table(stats: Mapping[str, Any], config: Any, host_reasons: Mapping[str, str | None] | None = None,
+                dram: Any | None = None) -> list[dict[str, Any]]:
     """One row per layer from a session's stats. Host layers carry no cycles, bytes or utilization; their
     "why" is the compiler's reason from `host_reasons` (layer name -> reason).
 
     ``utilization`` is the layer's useful MACs (its logical count: a grouped convolution's real MACs) over
     what the GEMM core could do in its cycles; ``array_utilization`` counts the MACs the array executes,
     zeros included (channel padding, the block-diagonal weight tiles of grouped layers), so the gap between
-    the two is the work the mapping wastes."""
+    the two is the work the mapping wastes. `dram`: the DRAM timing the cycles were counted with (its
+    ``read_duty``/``write_duty``; None: a beat every cycle)."""
     peak = config.macs_per_cycle
     bus = config.bus_width // 8
     ridge = peak / bus  # MACs per byte where the memory roof meets the compute roof
+    read_rate = bus * (dram.read_duty if dram is not None else 1.0)  # bytes per cycle
+    write_rate = bus * (dram.write_duty if dram is not None else 1.0)
     rows = []
     for layer in stats["layers"]:
         row: dict[str, Any] = {"layer": layer["name"], "op": layer["op"], "target": layer["target"],
                                "cycles": layer.get("cycles"), "macs": int(layer["macs"]),
                                "why": (host_reasons or {}).get(layer["name"]) if layer["target"] != "accel" else None}
-        moved = sum(int(v) for v in (layer.get("bytes") or {}).values())
-        row["bytes"] = moved if layer["target"] == "accel" else None
+        moved = {k: int(v) for k, v in (layer.get("bytes") or {}).items()}
+        row["bytes"] = sum(moved.values()) if layer["target"] == "accel" else None
+        written = sum(v for k, v in moved.items() if k in WRITTEN)
+        dram_cycles = math.ceil(max((sum(moved.values()) - written) / read_rate, written / write_rate))
+        row["dram_cycles"] = dram_cycles if row["bytes"] else None
         cycles = row["cycles"]
         accel_macs = int(layer.get("accel_macs") or 0)
         if layer["target"] == "accel" and cycles:
@@ -58,9 +72,10 @@ def layer_table(stats: Mapping[str, Any], config: Any,
             row["macs_per_cycle"] = row["macs"] / cycles
             row["utilization"] = row["macs"] / (peak * cycles)
             row["array_utilization"] = accel_macs / (peak * cycles)
+            row["dram_share"] = dram_cycles / cycles
         else:
             row["macs_per_cycle"] = row["utilization"] = row["array_utilization"] = None
-            row["ideal_cycles"] = row["gap"] = None
+            row["ideal_cycles"] = row["gap"] = row["dram_share"] = None
         if row["bytes"]:
             row["intensity"] = row["macs"] / row["bytes"]
             row["bound"] = "compute" if row["intensity"] >= ridge else "memory"
@@ -182,7 +197,9 @@ def run_report(args: argparse.Namespace) -> int:
     sess.run(None, feeds)
     assert sess.stats is not None
     config = sess.device.config
-    rows = layer_table(sess.stats, config, {n.name: n.attrs.get("host_reason") for n in sess.artifact.graph.nodes})
+    timer = new_timing_model(config)
+    rows = layer_table(sess.stats, config, {n.name: n.attrs.get("host_reason") for n in sess.artifact.graph.nodes},
+                       dram=timer.dram if timer is not None else None)
     widths = [max(len(c), *(len(_format(r[c])) for r in rows)) for c in COLUMNS]
     print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)))
     for r in rows:

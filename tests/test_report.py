@@ -46,6 +46,24 @@ def test_table_rows_follow_the_runs_figures(run):
         assert row["bound"] == ("compute" if row["intensity"] >= ridge else "memory")
         # Nothing beats the roofline.
         assert row["macs_per_cycle"] <= min(config.macs_per_cycle, row["intensity"] * config.bus_width // 8)
+        # Without a DRAM timing a beat moves every cycle: the reads (everything but the outputs) or the
+        # writes, whichever take longer, and no layer moves its bytes faster than that.
+        written = layer["bytes"]["out"]
+        bus = config.bus_width // 8
+        assert row["dram_cycles"] == -(-max(row["bytes"] - written, written) // bus)
+        assert 0 < row["dram_share"] == row["dram_cycles"] / row["cycles"] <= 1
+
+
+def test_dram_cycles_follow_the_timing_the_cycles_were_counted_with(run):
+    from weft.sim.dram_timing import TIMINGS
+
+    art, stats = run
+    plain = layer_table(stats, art.config)
+    pynq = layer_table(stats, art.config, dram=TIMINGS["pynq"])  # a beat on 3 cycles of 4, reads and writes
+    for a, b in zip(plain, pynq, strict=True):
+        if a["dram_cycles"] is not None:
+            assert b["dram_cycles"] >= a["dram_cycles"] * 4 // 3
+            assert b["dram_share"] == b["dram_cycles"] / b["cycles"]
 
 
 def test_roofline_is_a_png(run, tmp_path):
