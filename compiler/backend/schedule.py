@@ -326,7 +326,9 @@ def cost(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> float:
     compute = u.gemm_execs + u.alu_execs + u.acc_bytes / per_cycle + LOOP_CYCLES * u.compute_insns
     store = u.store_bytes / per_cycle + DMA_CYCLES * u.store_insns
     total = load + compute + store
-    if s.vthreads > 1:
+    # Threads overlap by taking turns on tasks: a lone task's stages reuse one thread's buffer slice, so its
+    # loads wait for its GEMMs whatever the thread count.
+    if s.vthreads > 1 and u.tasks > 1:
         slowest = max(load, compute, store)
         return slowest + OVERLAP_LOSS * (total - slowest) + total / max(u.stages, 1)
     return total
