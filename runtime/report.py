@@ -86,14 +86,17 @@ def layer_table(stats: Mapping[str, Any], config: Any, host_reasons: Mapping[str
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Totals of a table: accelerator cycles, their ideal and gap, and the mean utilization of the
-    convolutions (each layer counts once, whatever its size) with and without the first one, whose few
-    input channels make it a case apart."""
+    """Totals of a table: accelerator cycles, their ideal and gap, the roofline's bound (no layer faster than
+    its compute ideal or its DRAM traffic), and the mean utilization of the convolutions (each layer counts
+    once, whatever its size) with and without the first one, whose few input channels make it a case apart."""
     accel = [r for r in rows if r.get("cycles")]
     convs = [r["utilization"] for r in accel if r["op"] == "qconv2d" and r.get("utilization") is not None]
     cycles = sum(int(r["cycles"]) for r in accel)
     ideal = sum(int(r.get("ideal_cycles") or 0) for r in accel)
-    return {"cycles": cycles, "ideal_cycles": ideal, "gap": cycles - ideal,
+    # The roofline's bound: no schedule beats a layer's compute ideal nor its DRAM traffic at the bus's rate.
+    roof = sum(max(int(r.get("ideal_cycles") or 0), int(r.get("dram_cycles") or 0)) for r in accel)
+    return {"cycles": cycles, "ideal_cycles": ideal, "gap": cycles - ideal, "roofline_cycles": roof,
+            "roofline_utilization": ideal / roof if roof else None,
             "utilization": ideal / cycles if cycles else None,
             "mean_conv_utilization": sum(convs) / len(convs) if convs else None,
             "mean_conv_utilization_after_first": sum(convs[1:]) / len(convs[1:]) if len(convs) > 1 else None}
@@ -211,6 +214,8 @@ def run_report(args: argparse.Namespace) -> int:
               f"{tot['gap']:,} cycles; utilization {_pct(tot['utilization'])}; mean over convolutions "
               f"{_pct(tot['mean_conv_utilization'])} ({_pct(tot['mean_conv_utilization_after_first'])} without the "
               "first)")
+        print(f"roofline bound (each layer at the larger of its ideal and its dram_cycles): "
+              f"{tot['roofline_cycles']:,} cycles, {_pct(tot['roofline_utilization'])} of the GEMM peak")
     if args.baseline:
         with user_file(args.baseline, "baseline table"):
             before = json.loads(Path(args.baseline).read_text())

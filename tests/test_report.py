@@ -11,7 +11,7 @@ import weft
 from weft.cli import main
 from weft.compiler import models
 from weft.runtime import InferenceSession
-from weft.runtime.report import COLUMNS, layer_table, plot_roofline
+from weft.runtime.report import COLUMNS, layer_table, plot_roofline, summary
 
 from .test_frontend_util import rand
 
@@ -52,6 +52,15 @@ def test_table_rows_follow_the_runs_figures(run):
         bus = config.bus_width // 8
         assert row["dram_cycles"] == -(-max(row["bytes"] - written, written) // bus)
         assert 0 < row["dram_share"] == row["dram_cycles"] / row["cycles"] <= 1
+
+
+def test_summary_bounds_the_cycles_by_the_roofline(run):
+    art, stats = run
+    rows = layer_table(stats, art.config)
+    tot = summary(rows)
+    accel = [r for r in rows if r["cycles"]]
+    assert tot["roofline_cycles"] == sum(max(r["ideal_cycles"], r["dram_cycles"]) for r in accel)
+    assert tot["ideal_cycles"] <= tot["roofline_cycles"] <= tot["cycles"]
 
 
 def test_dram_cycles_follow_the_timing_the_cycles_were_counted_with(run):
