@@ -18,7 +18,7 @@ import numpy as np
 
 from weft.core.accel_section import accel_section
 from weft.errors import UsageError
-from weft.runtime.fsim_device import timing_model
+from weft.runtime.fsim_device import new_timing_model, timing_model
 from weft.runtime.report import layer_table, summary
 from weft.runtime.session import InferenceSession
 
@@ -39,7 +39,8 @@ def _table(stats: dict[str, Any], config: AcceleratorConfig) -> list[str]:
     """Per layer; `GEMM %`: its real MACs over what the config's MACs per cycle could do in its cycles (a
     grouped layer's zero weights outside its groups do not count); `gap`: its cycles above that ideal. The
     last lines are the model's totals (see :func:`weft.runtime.report.summary`)."""
-    rows = layer_table(stats, config)
+    timer = new_timing_model(config)
+    rows = layer_table(stats, config, dram=timer.dram if timer is not None else None)
     layers = stats["layers"]
     width = max([len(layer["name"]) for layer in layers] + [5])
     head = (f"{'#':>3}  {'layer':<{width}}  {'op':<10} {'where':<6} {'MACs':>13} {'insns':>6} {'DRAM bytes':>11} "
@@ -65,6 +66,9 @@ def _table(stats: dict[str, Any], config: AcceleratorConfig) -> list[str]:
         lines.append(f"ideal {tot['ideal_cycles']:,} cycles, gap {tot['gap']:,}: {100 * tot['utilization']:.1f}% of "
                      "the GEMM peak end to end" + (f"; mean convolution utilization {100 * conv:.1f}%" if conv else "")
                      + (f" ({100 * rest:.1f}% without the first)" if rest else ""))
+        roof = tot["roofline_utilization"]
+        lines.append(f"roofline bound {tot['roofline_cycles']:,} cycles ({100 * roof:.1f}% of the peak): each layer at "
+                     "the larger of its ideal and its DRAM traffic at the bus's rate")
     return lines
 
 
