@@ -63,9 +63,10 @@ def row_order_refusal(config: AcceleratorConfig) -> str | None:
     small = min(c.block_in, c.block_out)
     if c.batch == 1 or c.block_in == c.block_out or act_block(c) // small == c.batch:
         return None
-    return (f"batch {c.batch} with block_in {c.block_in} and block_out {c.block_out}: converting activations "
-            f"between inp and out rows needs max(block_in, block_out) / min(block_in, block_out) == batch "
-            f"(here {act_block(c) // small})")
+    ratio = act_block(c) // small
+    return (f"batch {c.batch} with block_in {c.block_in} and block_out {c.block_out}: activations move between "
+            f"inp and out rows only when batch is 1, block_in == block_out or batch == max(block_in, block_out) / "
+            f"min(block_in, block_out) (set batch=1 or batch={ratio})")
 
 
 def to_rows(packed: np.ndarray, rows: int) -> np.ndarray:

@@ -274,8 +274,9 @@ class RtlDevice(Device):
     def record_run(self, dram: Dram, insn_addr: int, insn_count: int, stats: dict[str, Any]) -> None:
         """After one program ran: keep its cycles by layer and, when tracing, its per-instruction rows."""
         assert self.artifact is not None and self.hardware is not None
-        layer = next((x for x in self.layers.values() if x["insn_addr"] == insn_addr), None)
-        name = layer["name"] if layer is not None else f"program at 0x{insn_addr:x}"
+        programs = [x for layer in self.layers.values() for x in (layer, *layer.get("relayout", ()))]
+        program = next((x for x in programs if x["insn_addr"] == insn_addr), None)
+        name = program["name"] if program is not None else f"program at 0x{insn_addr:x}"
         cycles = int(stats["cycles"])
         self._measured[name] = cycles
         if not self.trace:
