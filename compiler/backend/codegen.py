@@ -7,6 +7,11 @@ token protocol and micro-op hazards are verified before anything is written. The
 artifact's ``accel`` section: the constant part of the DRAM image and, as JSON, where every value,
 program and micro-op block lives, with each layer's schedule and static figures. A layer that no default
 schedule lowers goes to the host (the partition's admission check catches most such layers earlier).
+
+With batch > 1 and block_in != block_out, activations sit in DRAM in the row orders of
+:mod:`weft.core.layout`: a value a layer writes (out rows) and a convolution reads (inp rows) has a second
+buffer, which a relayout program (:func:`lower_relayout`, recorded under the producer's ``relayout``) fills
+right after the producer's program.
 """
 
 from __future__ import annotations
