@@ -40,6 +40,14 @@ def test_every_preset_keeps_its_activations_in_row_orders():
     assert refusal is not None and "batch=2" in refusal
 
 
+@pytest.mark.parametrize("config", [PRESETS["tiny"], PRESETS["default"].replace(name="default_b2", batch=2)])
+def test_batch_one_and_square_configs_keep_the_packed_order(config):
+    art = _compile(models.mlp(batch=2), config)
+    meta = art.sections["accel"].meta
+    assert meta["layers"] and not any("rows" in info or "copies" in info for info in meta["values"].values())
+    assert not any("relayout" in layer for layer in meta["layers"])
+
+
 @pytest.mark.parametrize("name", ["mlp", "digits_cnn", "small_resnet"])
 def test_rect_runs_batch_two_models_bit_exact(name):
     model = _batch2(name)
