@@ -289,7 +289,8 @@ class RtlDevice(Device):
         ops = {node.name: node.op for node in self.artifact.graph.nodes}
         offset = sum(x.cycles for x in self.trace_layers)
         macs = cycles * self.config.macs_per_cycle
-        self.trace_layers.append(RtlLayer(name, ops.get(name, "?"), offset, cycles, rows,
+        op = ops.get(name, "relayout" if program is not None and program.get("rows") else "?")
+        self.trace_layers.append(RtlLayer(name, op, offset, cycles, rows,
                                           stats["macs"] / macs if macs else 0.0))
 
     def close(self) -> None:
