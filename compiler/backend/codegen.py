@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from weft.core.artifact import Artifact
 
 __all__ = ["BackendError", "generate", "layer_geometry", "lower_layer", "lower_relayout", "nonnegative_values",
-           "value_addr", "value_bytes"]
+           "place_values", "value_addr", "value_bytes"]
 
 _KIND = {"qconv2d": "conv", "qmaxpool": "maxpool", "qavgpool": "avgpool", "qalu": "eltwise"}
 _LOWERING: dict[str, type[Lowering]] = {"conv": ConvLowering, "maxpool": PoolLowering, "avgpool": PoolLowering,
@@ -158,7 +158,7 @@ def _row_blocks(graph: Graph, accel: list[Node], config: AcceleratorConfig) -> d
     return found
 
 
-def _place_values(graph: Graph, accel: list[Node], config: AcceleratorConfig,
+def place_values(graph: Graph, accel: list[Node], config: AcceleratorConfig,
                   plan: memory.DramPlan) -> dict[str, dict[str, Any]]:
     """The DRAM buffer of every activation the accelerator layers read or write. Where the config's row
     orders differ from the packed order (:func:`weft.core.layout.reordered`), each buffer names the order
@@ -218,7 +218,7 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
                              f"{node.attrs.get('host_reason', 'the partition put it there')}")
         raise UsageError(f"schedules given for '{unknown[0]}', which is not an accelerator layer of the model")
     plan = memory.DramPlan(c)
-    values = _place_values(graph, accel, c, plan)
+    values = place_values(graph, accel, c, plan)
     const_base = plan.size
     nonneg = nonnegative_values(graph)
     layers = []
