@@ -1,7 +1,8 @@
 """Batch > 1 with block_in != block_out (``rect``: 2 x 8 in x 4 out): activations sit in DRAM in the row
 order of the rows that move them (:func:`weft.core.layout.to_rows`), a value written in out rows and read by
 a convolution gets an inp-row copy from its producer's relayout program, and whole models run bit-exact with
-the reference. The slow ones: ResNet-18 on fsim, the digits CNN on the RTL (Verilator)."""
+the reference (odd image sizes, grouped convolutions and element-wise layers too). The slow ones: ResNet-18
+on fsim, the digits CNN on the RTL (Verilator)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,16 @@ def _batch2(name: str):
     if name == "digits_cnn":
         return models.train_digits_cnn(epochs=1, batch=2)  # the weights' quality does not matter here
     return models.MODELS[name](batch=2)
+
+
+@pytest.mark.parametrize("name", ["awkward_cnn", "mobilenet_v2", "reshape_net"])
+def test_rect_runs_odd_shapes_grouped_and_elementwise_layers_bit_exact(name):
+    model = _batch2(name)
+    art = _compile(model, "rect")
+    assert all(n.attrs["target"] == "accel" for n in art.graph.nodes
+               if n.op in ("qconv2d", "qmaxpool", "qavgpool", "qalu"))
+    input_name, shape = _shape(model)
+    assert_bit_exact(art, {input_name: rand(*shape, seed=7)})
 
 
 def test_each_dma_row_of_a_row_order_is_contiguous():
