@@ -6,15 +6,22 @@ on fsim, the digits CNN on the RTL (Verilator)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import helper
 
+import weft
 from weft.compiler import models
-from weft.config import PRESETS
+from weft.config import PRESETS, AcceleratorConfig
 from weft.core.layout import from_rows, reordered, row_order_refusal, to_rows
 
+from .test_backend_random import _model, layers
 from .test_e2e import _compile, _shape, assert_bit_exact
-from .test_frontend_util import rand
+from .test_frontend_util import make_model, rand
 
 
 def _batch2(name: str):
@@ -97,3 +104,39 @@ def test_digits_cnn_batch_two_on_rect_through_the_rtl_equals_fsim():
     input_name, shape = _shape(model)
     rows = _rtl_against_fsim(_compile(model, "rect"), {input_name: rand(*shape, seed=3)})
     assert len(rows) == 3
+
+
+@st.composite
+def unequal_blocks(draw) -> AcceleratorConfig:
+    """Batch 2 with one GEMM block twice the other (the ratio the relayout converts), random buffers."""
+    block_in, block_out = draw(st.sampled_from([(8, 4), (4, 8), (16, 8), (8, 16)]))
+    row = {"inp": 2 * block_in, "wgt": block_out * block_in * 8, "acc": 2 * block_out * 4}
+    sizes = {k: draw(st.integers(7, 10)) for k in row}  # log2 rows
+    return AcceleratorConfig(
+        name="unequal", batch=2, block_in=block_in, block_out=block_out,
+        inp_buff_bytes=row["inp"] << sizes["inp"], wgt_buff_bytes=row["wgt"] << sizes["wgt"] >> 3,
+        acc_buff_bytes=row["acc"] << sizes["acc"], uop_buff_bytes=4 << draw(st.integers(8, 11)))
+
+
+def _then_conv(model):
+    """`model` (output "y") followed by a 3x3 convolution reading it: its output needs the relayout."""
+    graph = model.graph
+    cout = graph.initializer[0].dims[0]
+    nodes = [*graph.node, helper.make_node("Conv", ["y", "w_next"], ["z"], name="next", pads=[1, 1, 1, 1])]
+    inits = {t.name: np.frombuffer(t.raw_data, np.float32).reshape(t.dims) if t.raw_data else
+             np.asarray(t.float_data, np.float32).reshape(t.dims) for t in graph.initializer}
+    inits["w_next"] = rand(5, cout, 3, 3, seed=11) * 0.4
+    shape = [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
+    return make_model(nodes, {"x": shape}, {"z": None}, inits)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(unequal_blocks(), layers())
+def test_random_layers_and_a_consumer_on_unequal_blocks_with_batch_two(config, layer):
+    _, _, _, h, w, cin, _, batch, _, _ = layer
+    model = _then_conv(_model(*layer))
+    cal = [{"x": rand(batch, cin, h, w, seed=s)} for s in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        art = weft.compile(model, config=config, calibration=cal)
+    assert_bit_exact(art, {"x": rand(batch, cin, h, w, seed=9) - 0.3})
