@@ -57,8 +57,8 @@ def row_order_refusal(config: AcceleratorConfig) -> str | None:
     """Why the config cannot keep activations in its row orders, or None when it can.
 
     A value written in out rows and read in inp rows is converted on the accelerator by an identity 1x1
-    convolution (:mod:`weft.compiler.backend.relayout`) that reads each tile as one GEMM row per
-    sub-block; that is exact only when a tile holds `batch` sub-blocks of the smaller GEMM block."""
+    convolution (:func:`weft.compiler.backend.codegen.lower_relayout`) whose GEMM rows hold one sub-block
+    of the smaller GEMM block per batch slot: exact only when a tile holds `batch` such sub-blocks."""
     c = config
     small = min(c.block_in, c.block_out)
     if c.batch == 1 or c.block_in == c.block_out or act_block(c) // small == c.batch:
