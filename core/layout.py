@@ -11,6 +11,14 @@ channels are exactly the next layer's padded input channels.
 
 Per-channel vectors (bias, multipliers) are padded with zeros to the padded channel count. Zero weights,
 zero bias and zero multipliers keep padded channels at exactly zero through every layer.
+
+In DRAM, the accelerator moves whole rows of ``(batch, r)`` elements, ``r`` the GEMM block of the memory
+(``block_in`` for inp rows, ``block_out`` for out and acc rows). With ``batch > 1`` and ``r < block``, the
+``(batch, r)`` rows of one ``(batch, block)`` tile are not contiguous in the packed order, so a value the
+accelerator touches sits in DRAM in its *row order* for ``r``: each tile as ``(block/r, batch, r)``
+(:func:`to_rows`, :func:`from_rows`; the identity when batch is 1 or ``r == block``). A value read by a
+convolution (inp rows) and written or read by anything else (out rows) then has two DRAM copies, one per
+order (:func:`dram_rows` says which orders a config needs).
 """
 
 from __future__ import annotations
@@ -23,8 +31,8 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = [
-    "act_block", "from_nhwc", "pack_act", "pack_weights", "packed_act_shape", "pad_to", "to_nhwc",
-    "unpack_act", "unpack_weights",
+    "act_block", "dram_rows", "from_nhwc", "from_rows", "pack_act", "pack_weights", "packed_act_shape", "pad_to",
+    "reordered", "row_order_refusal", "to_nhwc", "to_rows", "unpack_act", "unpack_weights",
 ]
 
 
@@ -32,6 +40,48 @@ def act_block(config: AcceleratorConfig) -> int:
     """Channel block of packed activations: the larger GEMM block (both are powers of two, so it is a
     multiple of the other and padded channel counts fit both)."""
     return max(config.block_in, config.block_out)
+
+
+def dram_rows(config: AcceleratorConfig) -> tuple[int, int]:
+    """(inp, out) row blocks: the channels of one DRAM row a convolution's input load moves, and of one
+    row every other transfer of activations moves (stores, residuals, pooling windows)."""
+    return config.block_in, config.block_out
+
+
+def reordered(batch: int, block: int, rows: int) -> bool:
+    """Whether the row order for `rows` differs from the packed order (tiles of `batch` x `block`)."""
+    return batch > 1 and rows != block
+
+
+def row_order_refusal(config: AcceleratorConfig) -> str | None:
+    """Why the config cannot keep activations in its row orders, or None when it can.
+
+    A value written in out rows and read in inp rows is converted on the accelerator by an identity 1x1
+    convolution (:func:`weft.compiler.backend.codegen.lower_relayout`) whose GEMM rows hold one sub-block
+    of the smaller GEMM block per batch slot: exact only when a tile holds `batch` such sub-blocks."""
+    c = config
+    small = min(c.block_in, c.block_out)
+    if c.batch == 1 or c.block_in == c.block_out or act_block(c) // small == c.batch:
+        return None
+    ratio = act_block(c) // small
+    return (f"batch {c.batch} with block_in {c.block_in} and block_out {c.block_out}: activations move between "
+            f"inp and out rows only when batch is 1, block_in == block_out or batch == max(block_in, block_out) / "
+            f"min(block_in, block_out) (set batch=1 or batch={ratio})")
+
+
+def to_rows(packed: np.ndarray, rows: int) -> np.ndarray:
+    """Packed ``(..., batch, block)`` -> the same shape holding the row order for `rows`: each tile's
+    elements in ``(block/rows, batch, rows)`` order (a copy)."""
+    *lead, b, blk = packed.shape
+    tiles = packed.reshape(*lead, b, blk // rows, rows)
+    return np.ascontiguousarray(np.moveaxis(tiles, -2, -3)).reshape(packed.shape)
+
+
+def from_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    """Inverse of :func:`to_rows`."""
+    *lead, b, blk = x.shape
+    tiles = x.reshape(*lead, blk // rows, b, rows)
+    return np.ascontiguousarray(np.moveaxis(tiles, -3, -2)).reshape(x.shape)
 
 
 def pad_to(n: int, multiple: int) -> int:

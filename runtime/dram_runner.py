@@ -20,6 +20,7 @@ import numpy as np
 from weft.core.accel_section import accel_section
 from weft.core.artifact_schema import ACCEL_SECTION
 from weft.core.ir import Node, numpy_dtype
+from weft.core.layout import from_rows, to_rows
 from weft.isa.arith import pack, unpack
 from weft.runtime.devices import DeviceError
 from weft.sim.dram import Dram
@@ -81,18 +82,29 @@ class AcceleratorImage:
         return layer
 
     def write_value(self, dram: Dram, name: str, array: np.ndarray) -> None:
-        info = self.section.values[name]
-        data = pack(np.asarray(array).reshape(-1, array.shape[-1]).astype(np.int64), self.config.out_width)
-        if data.size != info.bytes:
-            raise DeviceError(f"value '{name}' has {data.size} bytes, its DRAM buffer {info.bytes}")
-        dram.write(info.addr, data)
+        """Pack value `name` (in the packed layout) into each of its DRAM buffers, in the row order each
+        holds (:func:`weft.core.layout.to_rows`)."""
+        info, placed = self.section.values[name], self.meta["values"][name]
+        array = np.asarray(array)
+        for buf in (placed, *placed.get("copies", ())):
+            ordered = to_rows(array, int(buf["rows"])) if "rows" in buf else array
+            data = pack(ordered.reshape(-1, array.shape[-1]).astype(np.int64), self.config.out_width)
+            if data.size != info.bytes:
+                raise DeviceError(f"value '{name}' has {data.size} bytes, its DRAM buffer {info.bytes}")
+            dram.write(int(buf["addr"]), data)
 
     def read_value(self, dram: Any, name: str) -> np.ndarray:
-        """Value `name` unpacked from `dram` (anything with Dram's ``read(addr, nbytes)``)."""
-        info = self.section.values[name]
+        """Value `name` unpacked from `dram` (anything with Dram's ``read(addr, nbytes)``), in the packed layout."""
+        info, placed = self.section.values[name], self.meta["values"][name]
         raw = dram.read(info.addr, info.bytes)
-        values = unpack(raw[None, :], self.config.out_width)
-        return values.reshape(info.shape).astype(numpy_dtype(info.dtype))
+        values = unpack(raw[None, :], self.config.out_width).reshape(info.shape)
+        if "rows" in placed:
+            values = from_rows(values, int(placed["rows"]))
+        return values.astype(numpy_dtype(info.dtype))
+
+
+def _summed(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
 class ProgramRunner(Protocol):
@@ -142,9 +154,17 @@ class DramRunner:
         if hook is not None:
             hook(layer, dram, "before")
         stats = self.programs.run(dram, layer["insn_addr"], layer["insn_count"])
+        measured = [stats.get("cycles")]
+        for program in layer.get("relayout", ()):  # the output's copies in other row orders
+            more = self.programs.run(dram, program["insn_addr"], program["insn_count"])
+            measured.append(more.get("cycles"))
+            stats = {**stats, "insns": _summed(stats["insns"], more["insns"]),
+                     "insn_count": stats["insn_count"] + more["insn_count"],
+                     "bytes": _summed(stats["bytes"], more["bytes"]), "macs": stats["macs"] + more["macs"],
+                     "alu_ops": stats["alu_ops"] + more["alu_ops"]}
         if hook is not None:
             hook(layer, dram, "after")
-        cycles = stats.get("cycles")
+        cycles = None if None in measured else sum(measured)
         if cycles is None and self.cycles is not None:
             cycles = self.cycles(layer)
         return {"insns": stats["insns"], "insn_count": stats["insn_count"], "bytes": stats["bytes"],

@@ -62,10 +62,16 @@ class ProgramTimer:
         return cls(model, image) if model is not None else None
 
     def cycles(self, layer: Mapping[str, Any]) -> int:
+        """The layer's program and the relayout programs that follow it (:mod:`weft.runtime.dram_runner`)."""
         name = layer["name"]
         if name not in self._cycles:
             insns = decode_insns(self.image.config, self.image.program_words(name))
-            self._cycles[name] = int(self.model.simulate(insns, layer["insn_addr"]).cycles)
+            total = int(self.model.simulate(insns, layer["insn_addr"]).cycles)
+            for program in layer.get("relayout", ()):
+                start = program["insn_addr"] - self.image.section.const_base
+                words = self.image.const[start:start + program["insn_count"] * program["insn_bytes"]]
+                total += int(self.model.simulate(decode_insns(self.image.config, words), program["insn_addr"]).cycles)
+            self._cycles[name] = total
         return self._cycles[name]
 
 

@@ -274,8 +274,9 @@ class RtlDevice(Device):
     def record_run(self, dram: Dram, insn_addr: int, insn_count: int, stats: dict[str, Any]) -> None:
         """After one program ran: keep its cycles by layer and, when tracing, its per-instruction rows."""
         assert self.artifact is not None and self.hardware is not None
-        layer = next((x for x in self.layers.values() if x["insn_addr"] == insn_addr), None)
-        name = layer["name"] if layer is not None else f"program at 0x{insn_addr:x}"
+        programs = [x for layer in self.layers.values() for x in (layer, *layer.get("relayout", ()))]
+        program = next((x for x in programs if x["insn_addr"] == insn_addr), None)
+        name = program["name"] if program is not None else f"program at 0x{insn_addr:x}"
         cycles = int(stats["cycles"])
         self._measured[name] = cycles
         if not self.trace:
@@ -288,7 +289,8 @@ class RtlDevice(Device):
         ops = {node.name: node.op for node in self.artifact.graph.nodes}
         offset = sum(x.cycles for x in self.trace_layers)
         macs = cycles * self.config.macs_per_cycle
-        self.trace_layers.append(RtlLayer(name, ops.get(name, "?"), offset, cycles, rows,
+        op = ops.get(name, "relayout" if program is not None and program.get("rows") else "?")
+        self.trace_layers.append(RtlLayer(name, op, offset, cycles, rows,
                                           stats["macs"] / macs if macs else 0.0))
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from weft.core.accel_section import accel_section
+from weft.core.accel_section import AccelLayer, accel_section
 from weft.core.artifact import Artifact
 from weft.core.artifact_schema import ACCEL_SECTION
 from weft.core.files import write_atomic
@@ -141,9 +141,12 @@ def layer_timings(artifact: Artifact) -> list[LayerTiming]:
     out: list[LayerTiming] = []
     offset = 0
     for layer in section.layers:
-        report = model.simulate(decode_insns(artifact.config, section.program_words(layer)), layer.insn_addr)
-        out.append(LayerTiming(layer.name, ops.get(layer.name, "?"), offset, report))
-        offset += int(report.cycles)
+        relayouts = [AccelLayer(str(p["name"]), int(p["insn_addr"]), int(p["insn_bytes"]), int(p["insn_count"]), (), p)
+                     for p in layer.record.get("relayout", ())]  # they run right after the layer's program
+        for program, op in ((layer, ops.get(layer.name, "?")), *((r, "relayout") for r in relayouts)):
+            report = model.simulate(decode_insns(artifact.config, section.program_words(program)), program.insn_addr)
+            out.append(LayerTiming(program.name, op, offset, report))
+            offset += int(report.cycles)
     return out
 
 

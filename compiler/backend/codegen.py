@@ -7,6 +7,11 @@ token protocol and micro-op hazards are verified before anything is written. The
 artifact's ``accel`` section: the constant part of the DRAM image and, as JSON, where every value,
 program and micro-op block lives, with each layer's schedule and static figures. A layer that no default
 schedule lowers goes to the host (the partition's admission check catches most such layers earlier).
+
+With batch > 1 and block_in != block_out, activations sit in DRAM in the row orders of
+:mod:`weft.core.layout`: a value a layer writes (out rows) and a convolution reads (inp rows) has a second
+buffer, which a relayout program (:func:`lower_relayout`, recorded under the producer's ``relayout``) fills
+right after the producer's program.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 from weft.compiler.backend import alu, check, memory
 from weft.compiler.backend.conv import ConvLowering
 from weft.compiler.backend.pool import EltwiseLowering, PoolLowering
+from weft.compiler.backend.program import Stream
 from weft.compiler.backend.schedule import LayerGeom, Schedule, copies_by_gemm, ranked
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
@@ -29,7 +35,7 @@ from weft.compiler.partition import send_to_host
 from weft.core.artifact_schema import ACCEL_SECTION, ACCEL_VERSION
 from weft.core.errors import CompileError
 from weft.core.ir import ACCEL_OPS, Graph, Node
-from weft.core.layout import act_block
+from weft.core.layout import act_block, dram_rows, pack_weights, reordered, row_order_refusal
 from weft.errors import UsageError
 from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
@@ -40,7 +46,8 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.core.artifact import Artifact
 
-__all__ = ["BackendError", "generate", "layer_geometry", "lower_layer", "nonnegative_values", "value_bytes"]
+__all__ = ["BackendError", "generate", "layer_geometry", "lower_layer", "lower_relayout", "nonnegative_values",
+           "place_values", "value_addr", "value_bytes"]
 
 _KIND = {"qconv2d": "conv", "qmaxpool": "maxpool", "qavgpool": "avgpool", "qalu": "eltwise"}
 _LOWERING: dict[str, type[Lowering]] = {"conv": ConvLowering, "maxpool": PoolLowering, "avgpool": PoolLowering,
@@ -73,10 +80,9 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
         if not value.packed or value.shape[4:] != (gemm["batch"], block):  # type: ignore[index]
             raise BackendError(f"'{value.name}' is not in the packed layout of config '{c.name}'",
                                node=node.name, op=node.op)
-    if gemm["batch"] > 1 and gemm["block_in"] != gemm["block_out"]:
-        raise BackendError(f"config '{c.name}' has batch {c.batch} with block_in {c.block_in} != block_out "
-                           f"{c.block_out}: one GEMM row is not contiguous in the packed layout, so the DMA "
-                           "cannot move it", node=node.name, op=node.op)
+    refusal = row_order_refusal(c)
+    if refusal is not None:
+        raise BackendError(f"config '{c.name}' has {refusal}", node=node.name, op=node.op)
     if c.inp_width != c.out_width:
         raise BackendError(f"config '{c.name}' reads activations with inp_width {c.inp_width} but writes "
                            f"them with out_width {c.out_width}", node=node.name, op=node.op)
@@ -131,6 +137,56 @@ def value_bytes(graph: Graph, name: str, config: AcceleratorConfig) -> int:
     return int(np.prod(graph.values[name].shape)) * config.out_width // 8
 
 
+def _row_blocks(graph: Graph, accel: list[Node], config: AcceleratorConfig) -> dict[str, list[int]]:
+    """The activations the accelerator layers read or write, in the order they are first named, each with
+    the DRAM row blocks it is moved in, the one it is written in first: out rows for everything a layer
+    writes, a residual and a pooling or element-wise input, inp rows for a convolution's input."""
+    inp, out = dram_rows(config)
+    found: dict[str, list[int]] = {}
+    for node in accel:
+        if node.op == "qconv2d":
+            named = [(node.inputs[0], inp), *((x, out) for x in node.inputs[2:3]), (node.outputs[0], out)]
+        else:
+            named = [*((x, out) for x in node.inputs), (node.outputs[0], out)]
+        for name, rows in named:
+            if name and name not in graph.constants:
+                blocks = found.setdefault(name, [])
+                if rows not in blocks:
+                    blocks.append(rows)
+    for blocks in found.values():
+        blocks.sort(key=lambda rows: rows != out)
+    return found
+
+
+def place_values(graph: Graph, accel: list[Node], config: AcceleratorConfig,
+                  plan: memory.DramPlan) -> dict[str, dict[str, Any]]:
+    """The DRAM buffer of every activation the accelerator layers read or write. Where the config's row
+    orders differ from the packed order (:func:`weft.core.layout.reordered`), each buffer names the order
+    it holds (``rows``) and a value moved in both inp and out rows gets a second buffer (``copies``, in inp
+    rows), filled by its producer's relayout program or by the host."""
+    c = config
+    ordered = any(reordered(c.batch, act_block(c), rows) for rows in dram_rows(c))
+    values: dict[str, dict[str, Any]] = {}
+    for name, blocks in _row_blocks(graph, accel, c).items():
+        size = value_bytes(graph, name, c)
+        info: dict[str, Any] = {"addr": plan.alloc(f"value:{name}", size), "bytes": size,
+                                "shape": list(graph.values[name].shape), "dtype": graph.values[name].dtype}
+        if ordered:
+            info["rows"] = blocks[0]
+            info["copies"] = [{"addr": plan.alloc(f"value:{name}:rows{rows}", size), "rows": rows}
+                              for rows in blocks[1:]]
+        values[name] = info
+    return values
+
+
+def value_addr(info: dict[str, Any], rows: int) -> int:
+    """The byte address of the buffer of a value (its ``values`` entry) that holds it in `rows` rows."""
+    for buf in (info, *info.get("copies", ())):
+        if buf.get("rows", rows) == rows:
+            return int(buf["addr"])
+    raise ValueError(f"no DRAM buffer holds the value in rows of {rows} channels")
+
+
 def _schedule_for(node: Node, geom: LayerGeom, config: AcceleratorConfig, given: Any,
                   latency_hiding: bool) -> list[Schedule]:
     try:
@@ -162,14 +218,7 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
                              f"{node.attrs.get('host_reason', 'the partition put it there')}")
         raise UsageError(f"schedules given for '{unknown[0]}', which is not an accelerator layer of the model")
     plan = memory.DramPlan(c)
-    values: dict[str, dict[str, Any]] = {}
-    for node in accel:
-        for name in [node.inputs[0], *node.inputs[2:3], node.outputs[0]] if node.op == "qconv2d" else \
-                [*node.inputs, node.outputs[0]]:
-            if name and name not in values and name not in graph.constants:
-                addr = plan.alloc(f"value:{name}", value_bytes(graph, name, c))
-                values[name] = {"addr": addr, "bytes": value_bytes(graph, name, c),
-                                "shape": list(graph.values[name].shape), "dtype": graph.values[name].dtype}
+    values = place_values(graph, accel, c, plan)
     const_base = plan.size
     nonneg = nonnegative_values(graph)
     layers = []
@@ -183,6 +232,11 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
             # A limit the partition's admission check does not foresee (the exact micro-op count, an
             # encoding): the host runs the layer. Its DRAM buffers stay allocated, unused.
             send_to_host(graph, node, str(err).removeprefix(f"node '{node.name}' ({node.op}): "))
+    for layer in layers:
+        copies = values[layer["output"]].get("copies", ())
+        if copies:
+            layer["relayout"] = [lower_relayout(layer["output"], values[layer["output"]], copy, c, plan)
+                                 for copy in copies]
     meta = {
         "version": ACCEL_VERSION, "dram_bytes": plan.size, "const_base": const_base,
         "latency_hiding": latency_hiding, "values": values, "layers": layers,
@@ -203,12 +257,14 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     steps = _steps(node, c)
     kind = geom.kind
     in_mem = "inp" if kind == "conv" else "out"
-    addrs = {"inp": plan.element(values[node.inputs[0]]["addr"], in_mem),
-             "out": plan.element(values[node.outputs[0]]["addr"], "out")}
+    inp_rows, out_rows = dram_rows(c)
+    addrs = {"inp": plan.element(value_addr(values[node.inputs[0]], inp_rows if kind == "conv" else out_rows),
+                                 in_mem),
+             "out": plan.element(value_addr(values[node.outputs[0]], out_rows), "out")}
     residual_input = node.inputs[2] if node.op == "qconv2d" and len(node.inputs) > 2 else \
         node.inputs[1] if node.op == "qalu" and len(node.inputs) > 1 else ""
     if residual_input:
-        addrs["residual"] = plan.element(values[residual_input]["addr"], "out")
+        addrs["residual"] = plan.element(value_addr(values[residual_input], out_rows), "out")
     if kind == "conv":
         w = graph.constants[node.inputs[1]]
         want = (geom.ocb * geom.groups * geom.ro, geom.icb * geom.ri, geom.kh, geom.kw, c.block_out, c.block_in)
@@ -239,32 +295,81 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     else:
         raise BackendError(f"no schedule lowers onto config '{c.name}' ({'; '.join(errors[:3])})",
                            node=node.name, op=node.op)
+    placed = _place_program(node.name, node.op, stream, c, plan)
+    return {
+        "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),
+        "inputs": [x for x in node.inputs if x in values], "output": node.outputs[0],
+        "insn_addr": placed["insn_addr"], "insn_count": placed["insn_count"], "insn_bytes": INSN_BYTES,
+        "uop_addr": placed["uop_addr"], "uop_count": int(stream.uop_count), "tasks": len(lowering.tasks()),
+        "stages": lowering.stages(), "tokens_peak": placed["tokens_peak"],
+        "checked_executions": placed["checked_executions"], "instructions_by_role": placed["instructions_by_role"],
+    }
+
+
+def _place_program(name: str, op: str, stream: Stream, c: AcceleratorConfig, plan: memory.DramPlan) -> dict[str, Any]:
+    """Encode a lowered stream with its micro-op loads, FINISH and tokens, check it and put its micro-ops and
+    instructions into `plan`; returns where they live and the static figures."""
     uops = stream.uop_table()
     try:
         uop_words = encode_uops(c, uops)
     except EncodeError as err:
-        raise BackendError(f"micro-op {err.index}: {err}", node=node.name, op=node.op) from None
-    uop_addr = plan.constant(f"uop:{node.name}", uop_words, share=True)
+        raise BackendError(f"micro-op {err.index}: {err}", node=name, op=op) from None
+    uop_addr = plan.constant(f"uop:{name}", uop_words, share=True)
     program = stream.program(plan.element(uop_addr, "uop"))
     inject_sync(program.insns, c)
     insns = program.array()
-    figures = check.check_stream(node.name, insns, uops, c)
+    figures = check.check_stream(name, insns, uops, c)
     try:
         words = encode_insns(c, insns)
     except EncodeError as err:
-        raise BackendError(f"instruction {err.index} ({program.insns[err.index].note}): {err}", node=node.name,
-                           op=node.op) from None
-    insn_addr = plan.constant(f"insns:{node.name}", words)
+        raise BackendError(f"instruction {err.index} ({program.insns[err.index].note}): {err}", node=name,
+                           op=op) from None
+    insn_addr = plan.constant(f"insns:{name}", words)
     kinds: dict[str, int] = {}
     for insn in program.insns:
         key = insn.note or "other"
         kinds[key] = kinds.get(key, 0) + 1
-    return {
-        "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),
-        "inputs": [x for x in node.inputs if x in values], "output": node.outputs[0],
-        "insn_addr": insn_addr, "insn_count": len(insns), "insn_bytes": INSN_BYTES,
-        "uop_addr": uop_addr, "uop_count": int(stream.uop_count), "tasks": len(lowering.tasks()),
-        "stages": lowering.stages(), "tokens_peak": {k: figures[k] for k in QUEUES},
-        "checked_executions": figures["executions"], "instructions_by_role": kinds,
-    }
+    return {"insn_addr": insn_addr, "insn_count": len(insns), "uop_addr": uop_addr,
+            "tokens_peak": {k: figures[k] for k in QUEUES}, "checked_executions": figures["executions"],
+            "instructions_by_role": kinds}
+
+
+def lower_relayout(name: str, info: dict[str, Any], copy: dict[str, Any], c: AcceleratorConfig,
+                   plan: memory.DramPlan) -> dict[str, Any]:
+    """The program that fills buffer `copy` of value `name` (its ``values`` entry `info`, written in out
+    rows) in the row order of `copy` (inp rows): an identity 1x1 convolution over the value's bytes seen
+    as a tensor whose GEMM rows are its tiles' sub-blocks (:func:`weft.core.layout.row_order_refusal`).
+
+    Read as inp rows, a tile ``(block/block_out, batch, block_out)`` is ``block/block_in`` rows whose batch
+    slot is the sub-block and whose channels are (batch, channel); the identity writes each output
+    sub-block (a batch element) as one out row of the slots' channels, which is the tile in
+    ``(block/block_in, batch, block_in)`` order. Each tile is its own pixel: one channel block, the
+    value's channel blocks folded into the rows."""
+    block = act_block(c)
+    nb, cb, h, w = info["shape"][:4]
+    layer = f"{name}:relayout"
+    geom = LayerGeom(name=layer, kind="conv", nb=nb, icb=1, ocb=1, ri=block // c.block_in, ro=block // c.block_out,
+                     h=cb * h, w=w, ho=cb * h, wo=w)
+    eye = np.eye(block, dtype=np.int64).reshape(block, block, 1, 1)
+    wgt = plan.constant(f"wgt:identity:{layer}",
+                        memory.weight_bytes(pack_weights(eye, c.block_out, c.block_in, block, block), c), share=True)
+    addrs = Addresses(inp=plan.element(int(info["addr"]), "inp"), out=plan.element(int(copy["addr"]), "out"),
+                      wgt=plan.element(wgt, "wgt"))
+    errors = []
+    for sched in ranked(geom, c):
+        try:
+            stream = ConvLowering(layer, geom, sched, c, addrs, ()).lower()
+        except ValueError as err:
+            errors.append(f"{sched}: {err}")
+            continue
+        if stream.uop_count <= c.uop_rows:
+            break
+        errors.append(f"{sched}: {stream.uop_count} micro-ops exceed the {c.uop_rows} of the buffer")
+    else:
+        raise BackendError(f"no schedule converts '{name}' to rows of {copy['rows']} ({'; '.join(errors[:3])})",
+                           node=layer, op="relayout")
+    placed = _place_program(layer, "relayout", stream, c, plan)
+    return {"name": layer, "rows": copy["rows"], "schedule": sched.to_dict(), "insn_addr": placed["insn_addr"],
+            "insn_count": placed["insn_count"], "insn_bytes": INSN_BYTES, "uop_addr": placed["uop_addr"],
+            "uop_count": int(stream.uop_count)}
 

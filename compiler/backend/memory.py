@@ -1,11 +1,11 @@
 """The DRAM image of a compiled model: where every tensor, micro-op block and program lives.
 
-Layout, from address 0: one buffer per activation an accelerator layer reads or writes (zeros in the
-image; the device writes inputs and the programs write the rest), then the constants, laid out once at
-compile time: weights (the packed ``(O/bo, I/bi, kh, kw)`` rows as the weight buffer reads them), the
-epilogue vectors (acc rows), the micro-op blocks (identical blocks shared between layers) and the
-instruction streams. Every region starts on a boundary of the largest row size, so its address counts
-whole rows of whichever memory moves it.
+Layout, from address 0: one buffer per activation an accelerator layer reads or writes (two for a value
+kept in both row orders of :mod:`weft.core.layout`; zeros in the image; the device writes inputs and the
+programs write the rest), then the constants, laid out once at compile time: weights (the packed
+``(O/bo, I/bi, kh, kw)`` rows as the weight buffer reads them), the epilogue vectors (acc rows), the
+micro-op blocks (identical blocks shared between layers) and the instruction streams. Every region starts
+on a boundary of the largest row size, so its address counts whole rows of whichever memory moves it.
 """
 
 from __future__ import annotations
