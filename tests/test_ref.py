@@ -51,9 +51,7 @@ def test_same_widths_give_the_same_integers_on_every_config():
     model = models.small_resnet(batch=2, widths=(8, 24, 40))
     cal = {"input": rand(2, 2, 3, 32, 32, seed=3)}
     x = {"input": rand(2, 3, 32, 32, seed=4)}
-    # rect's GEMM rows are not contiguous in its packed layout: no instruction streams, the arithmetic is the point
-    outs = [weft.InferenceSession(weft.compile(model, config=c, calibration=cal, codegen=c != "rect")).run(None, x)[0]
-            for c in SAME_WIDTHS]
+    outs = [weft.InferenceSession(weft.compile(model, config=c, calibration=cal)).run(None, x)[0] for c in SAME_WIDTHS]
     for out in outs[1:]:
         np.testing.assert_array_equal(out, outs[0])
 
@@ -84,7 +82,7 @@ def test_qconv2d_matches_a_loop_over_pixels(config):
          helper.make_node("Add", ["c", "r"], ["s"], name="add"), helper.make_node("Relu", ["s"], ["y"], name="relu")],
         {"x": [3, 5, 9, 8], "r": [3, 7, 5, 5]}, {"y": None}, {"w": rand(7, 5, 3, 3, seed=2)})
     cal = [{"x": rand(3, 5, 9, 8, seed=k), "r": rand(3, 7, 5, 5, seed=50 + k)} for k in range(3)]
-    art = weft.compile(model, config=cfg, calibration=cal, codegen=config != "rect")  # rect: no instruction streams
+    art = weft.compile(model, config=cfg, calibration=cal)
     g = art.graph
     conv = g.node("conv")
     assert conv.op == "qconv2d" and len(conv.inputs) == 3

@@ -67,18 +67,9 @@ def lower(layer: Layer, schedule: Schedule, config: AcceleratorConfig) -> Lowere
     c, node, graph = config, layer.node, layer.graph
     tensorize(c, codegen.intrinsic(c))
     plan = memory.DramPlan(c)
-    values: dict[str, dict[str, Any]] = {}
-    # Every activation where the whole model's image has it (the back end places them first, in this
-    # order); only the constants before this layer's (earlier layers' weights and programs) are missing.
-    for other in graph.nodes:
-        if other.attrs.get("target") != "accel":
-            continue
-        names = [other.inputs[0], *other.inputs[2:3], other.outputs[0]] if other.op == "qconv2d" else \
-            [*other.inputs, other.outputs[0]]
-        for name in names:
-            if name and name not in values and name not in graph.constants:
-                size = codegen.value_bytes(graph, name, c)
-                values[name] = {"addr": plan.alloc(f"value:{name}", size), "bytes": size}
+    # Every activation where the whole model's image has it (the back end places them first); only the
+    # constants before this layer's (earlier layers' weights and programs) are missing.
+    values = codegen.place_values(graph, [n for n in graph.nodes if n.attrs.get("target") == "accel"], c, plan)
     meta = codegen.lower_layer(node, graph, c, plan, values, schedule, True, layer.nonnegative)
     addr = meta["insn_addr"]
     data = next(d for a, d in plan.chunks if a == addr)
