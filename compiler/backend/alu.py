@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from weft.compiler.backend.schedule import LOOP_CYCLES
 from weft.compiler.backend.te import Axis, Expr, Kernel, Nest, fold, split_single_row
 from weft.core.epilogue import KINDS, EpilogueOverflow, bounds
+from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS
 from weft.isa.constants import AluOp
 from weft.isa.encoding import UOP_DTYPE, layout_of
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from weft.core.epilogue import Step
 
 __all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "rows_kernel", "simplify",
-           "vectors_of"]
+           "vec_chunks", "vectors_of"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,31 @@ def _vec_kernel(tile: Tile, vec: int) -> Kernel:
     return fold(Nest((n, o, p, s), dst, src))
 
 
+def _held_kernel(tile: Tile, vec: int, first: int, count: int) -> Kernel:
+    """Vector rows ``first..first+count`` (flat over ``oB, so``) applied to their tile rows: one micro-op per
+    vector row, the loops over the batch and the pixels, which do not move src, so the compute unit keeps
+    the vector rows in registers after the first sweep (:func:`~weft.hw.structure.holds_src_rows`)."""
+    j = np.arange(first, first + count)
+    uops = np.zeros(count, dtype=UOP_DTYPE)
+    uops["dst"] = tile.base + (j // tile.ro) * tile.pix * tile.ro + j % tile.ro
+    uops["src"] = vec + j
+    return Kernel(uops, tile.tn, tile.pix, (tile.toc * tile.pix * tile.ro, tile.ro), (0, 0), (0, 0))
+
+
+def vec_chunks(tile: Tile) -> list[tuple[int, int]]:
+    """How a vector step on `tile` is split into instructions: ``(first, count)`` vector rows (flat over
+    ``oB, so``) each, or none for one folded instruction. A folded instruction whose micro-ops outnumber the
+    ``SRC_ROWS`` rows the compute unit holds rereads its vector row at every execution (``ALU_SRC_INTERVAL``
+    cycles each); chunks of at most ``SRC_ROWS`` rows read them once but cost an instruction each (the cost
+    model's ``LOOP_CYCLES``). The cheaper of the two, by :mod:`weft.sim.timing`'s rule."""
+    rows = tile.toc * tile.ro
+    chunks = [(first, min(SRC_ROWS, rows - first)) for first in range(0, rows, SRC_ROWS)]
+    executions = rows * tile.tn * tile.pix
+    held = len(chunks) * LOOP_CYCLES + executions + rows - len(chunks)
+    folded = LOOP_CYCLES + executions + (executions - 1) * (ALU_SRC_INTERVAL - 1)
+    return chunks if len(chunks) == 1 or held < folded else []
+
+
 def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_base: int, vec_rows: int,
              kernel: Callable[[tuple, Callable[[], Kernel]], Kernel], thread: int) -> None:
     """Emit `steps` on `tile`; `res` holds the residual tile, vector k sits at ``vec_base + k*vec_rows``."""
@@ -147,8 +174,11 @@ def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_b
                 stream.alu(op, k, imm=int(operand), note=f"epilogue {kind} {int(operand)}")
             else:
                 vec = vec_base + next(counter) * vec_rows
-                k = kernel(("vec", thread, target.base, vec), lambda vec=vec: _vec_kernel(target, vec))
-                stream.alu(op, k, note=f"epilogue {kind}")
+                for first, count in vec_chunks(target) or [(-1, 0)]:
+                    k = kernel(("vec", thread, target.base, vec, first),
+                               lambda vec=vec, first=first, count=count: _vec_kernel(target, vec) if first < 0
+                               else _held_kernel(target, vec, first, count))
+                    stream.alu(op, k, note=f"epilogue {kind}")
 
     run(steps, tile, False)
 
