@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from weft.compiler.backend.schedule import LOOP_CYCLES
+from weft.compiler.backend.schedule import vector_chunks
 from weft.compiler.backend.te import Axis, Expr, Kernel, Nest, fold, split_single_row
-from weft.core.epilogue import KINDS, EpilogueOverflow, bounds
-from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS
+from weft.core.epilogue import KINDS, EpilogueOverflow, bounds, run_steps
+from weft.hw.structure import SRC_ROWS
+from weft.isa.arith import wrap
 from weft.isa.constants import AluOp
 from weft.isa.encoding import UOP_DTYPE, layout_of
 
@@ -71,7 +72,8 @@ def simplify(steps: Sequence[Step], config: AcceleratorConfig) -> tuple[Step, ..
     saves one pass over the tile. Additions wrap, so moving ``c`` across the residual's addition changes
     nothing; the rule only applies where neither the old nor the new residual steps can wrap on any
     ``out_width`` input (the residual is a narrowed tensor). A sum too wide for the instruction's immediate
-    becomes an ``add_vec`` of the constant (still one pass) when the epilogue has vectors to size it by."""
+    becomes an ``add_vec`` of the constant (still one pass) when the epilogue has vectors to size it by, and
+    otherwise the residual's steps are refitted to immediates that include it (:func:`_refit`)."""
     imm = layout_of(config).formats["alu"].field("imm")
     top = 1 << (config.out_width - 1)
     channels = next((len(op) for _, op in steps if isinstance(op, np.ndarray)), None)
@@ -80,6 +82,8 @@ def simplify(steps: Sequence[Step], config: AcceleratorConfig) -> tuple[Step, ..
         prev = out[-1] if out else None
         if kind == "add_imm" and prev is not None and prev[0] == "residual":
             merged = _absorb(tuple(prev[1]), int(operand), (imm.min, imm.max), channels, top, config.acc_width)
+            if merged is None:
+                merged = _refit(tuple(prev[1]), int(operand), (imm.min, imm.max), top, config.acc_width)
             if merged is not None:
                 out[-1] = ("residual", merged)
                 continue
@@ -108,6 +112,48 @@ def _absorb(sub: tuple[Step, ...], c: int, imm: tuple[int, int], channels: int |
     except EpilogueOverflow:
         return None
     return new
+
+
+def _refit(sub: tuple[Step, ...], c: int, imm: tuple[int, int], top: int, acc_width: int) -> tuple[Step, ...] | None:
+    """Residual sub-steps ``mul_imm m, add_imm d, shr_imm s`` (each left out where m = 1, d = 0, s = 0), no
+    more of them than `sub` has, that compute `sub` then ``+ c`` for every residual value; None if none do.
+
+    Exact by enumeration: the residual is a narrowed ``out_width`` tensor, so `sub` only ever sees the
+    ``2 * top`` values of ``[-top, top)``, and the result is compared with ``wrap(sub(r) + c)`` on each (with
+    the ALU's wrapping semantics, :func:`~weft.core.epilogue.run_steps`). The pair add that follows wraps,
+    so adding ``c`` inside the residual or after it is the same modulo ``2**acc_width``. A per-channel `sub`
+    is refitted only where every channel computes the same function."""
+    r = np.arange(-top, top, dtype=np.int64)
+    channels = next((len(op) for _, op in sub if isinstance(op, np.ndarray)), 1)
+    got = run_steps(np.repeat(r[:, None], channels, axis=1), sub, acc_width)
+    if np.any(got != got[:, :1]):
+        return None
+    want = wrap(got[:, 0] + c, acc_width)
+    for shift in range(acc_width - 1):
+        # m * r + d must land in [want << shift, (want << shift) + 2**shift) for every r: for each slope m
+        # (between the extremes' chords) the offsets d that do form an interval.
+        lo, hi = want << shift, (want << shift) + (1 << shift) - 1
+        first = -(-(int(lo[-1]) - int(hi[0])) // (2 * top - 1))
+        last = (int(hi[-1]) - int(lo[0])) // (2 * top - 1)
+        slopes = np.arange(max(first, imm[0]), min(last, imm[1]) + 1, dtype=np.int64)[:1 << 16]
+        if not slopes.size:
+            continue
+        d_lo = np.max(lo[None, :] - slopes[:, None] * r[None, :], axis=1)
+        d_hi = np.min(hi[None, :] - slopes[:, None] * r[None, :], axis=1)
+        d = np.clip(0, np.maximum(d_lo, imm[0]), np.minimum(d_hi, imm[1]))  # 0 where allowed: one step fewer
+        ok = np.flatnonzero(np.maximum(d_lo, imm[0]) <= np.minimum(d_hi, imm[1]))
+        for k in ok[np.argsort((slopes[ok] != 1).astype(int) + (d[ok] != 0), kind="stable")]:
+            m, add = int(slopes[k]), int(d[k])
+            new = tuple(step for step, keep in ((("mul_imm", m), m != 1), (("add_imm", add), add != 0),
+                                                (("shr_imm", shift), shift != 0)) if keep)
+            if len(new) > len(sub) or not np.array_equal(run_steps(r, new, acc_width), want):
+                continue
+            try:
+                bounds(new, np.int64(-top), np.int64(top - 1), acc_width)
+            except EpilogueOverflow:
+                continue
+            return new
+    return None
 
 
 def _uop(dst: int, src: int = 0) -> np.ndarray:
@@ -140,17 +186,12 @@ def _held_kernel(tile: Tile, vec: int, first: int, count: int) -> Kernel:
 
 
 def vec_chunks(tile: Tile) -> list[tuple[int, int]]:
-    """How a vector step on `tile` is split into instructions: ``(first, count)`` vector rows (flat over
-    ``oB, so``) each, or none for one folded instruction. A folded instruction whose micro-ops outnumber the
-    ``SRC_ROWS`` rows the compute unit holds rereads its vector row at every execution (``ALU_SRC_INTERVAL``
-    cycles each); chunks of at most ``SRC_ROWS`` rows read them once but cost an instruction each (the cost
-    model's ``LOOP_CYCLES``). The cheaper of the two, by :mod:`weft.sim.timing`'s rule."""
+    """A vector step on `tile` as instructions of ``(first, count)`` vector rows (flat over ``oB, so``), or
+    none for one folded instruction (:func:`~weft.compiler.backend.schedule.vector_chunks` decides)."""
     rows = tile.toc * tile.ro
-    chunks = [(first, min(SRC_ROWS, rows - first)) for first in range(0, rows, SRC_ROWS)]
-    executions = rows * tile.tn * tile.pix
-    held = len(chunks) * LOOP_CYCLES + executions + rows - len(chunks)
-    folded = LOOP_CYCLES + executions + (executions - 1) * (ALU_SRC_INTERVAL - 1)
-    return chunks if len(chunks) == 1 or held < folded else []
+    if not vector_chunks(rows, tile.tn * tile.pix):
+        return []
+    return [(first, min(SRC_ROWS, rows - first)) for first in range(0, rows, SRC_ROWS)]
 
 
 def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_base: int, vec_rows: int,
