@@ -129,19 +129,25 @@ def _refit(sub: tuple[Step, ...], c: int, imm: tuple[int, int], top: int, acc_wi
     if np.any(got != got[:, :1]):
         return None
     want = wrap(got[:, 0] + c, acc_width)
+    first, second = np.triu_indices(r.size, 1)
+    apart = r[second] - r[first]
     for shift in range(acc_width - 1):
-        # m * r + d must land in [want << shift, (want << shift) + 2**shift) for every r: for each slope m
-        # (between the extremes' chords) the offsets d that do form an interval.
+        # m * r + d must land in [lo, hi] = [want << shift, (want << shift) + 2**shift) for every r. The slopes m
+        # that some d allows are those between every pair's chords (Fourier-Motzkin on the two unknowns);
+        # for each, the offsets d that do form an interval.
         lo, hi = want << shift, (want << shift) + (1 << shift) - 1
-        first = -(-(int(lo[-1]) - int(hi[0])) // (2 * top - 1))
-        last = (int(hi[-1]) - int(lo[0])) // (2 * top - 1)
-        slopes = np.arange(max(first, imm[0]), min(last, imm[1]) + 1, dtype=np.int64)[:1 << 16]
-        if not slopes.size:
+        if lo[top] > imm[1] or hi[top] < imm[0]:  # d itself, at r = 0
             continue
-        d_lo = np.max(lo[None, :] - slopes[:, None] * r[None, :], axis=1)
-        d_hi = np.min(hi[None, :] - slopes[:, None] * r[None, :], axis=1)
-        d = np.clip(0, np.maximum(d_lo, imm[0]), np.minimum(d_hi, imm[1]))  # 0 where allowed: one step fewer
-        ok = np.flatnonzero(np.maximum(d_lo, imm[0]) <= np.minimum(d_hi, imm[1]))
+        least = max(int(np.max(-((hi[first] - lo[second]) // apart))), imm[0])
+        most = min(int(np.min((hi[second] - lo[first]) // apart)), imm[1])
+        if least > most:
+            continue
+        slopes = np.unique(np.r_[np.linspace(least, most, min(most - least + 1, 4096)).astype(np.int64),
+                                 [1] if least <= 1 <= most else []]).astype(np.int64)
+        d_lo = np.maximum(np.max(lo[None, :] - slopes[:, None] * r[None, :], axis=1), imm[0])
+        d_hi = np.minimum(np.min(hi[None, :] - slopes[:, None] * r[None, :], axis=1), imm[1])
+        d = np.clip(0, d_lo, d_hi)  # 0 where allowed: one step fewer
+        ok = np.flatnonzero(d_lo <= d_hi)
         for k in ok[np.argsort((slopes[ok] != 1).astype(int) + (d[ok] != 0), kind="stable")]:
             m, add = int(slopes[k]), int(d[k])
             new = tuple(step for step, keep in ((("mul_imm", m), m != 1), (("add_imm", add), add != 0),
