@@ -3,7 +3,10 @@ one ALU instruction over the accumulator rows of an output tile.
 
 * ``*_imm`` steps: the op with its immediate, one micro-op looping over every row of the tile;
 * ``*_vec`` steps: the op with a per-channel vector as the source operand; vectors sit in acc rows (one
-  per GEMM output block: the channel values repeated over the batch), loaded once per output-channel tile;
+  per GEMM output block: the channel values repeated over the batch), loaded once per output-channel tile.
+  An instruction takes one micro-op per vector row and loops over the pixels, so the compute unit reads
+  each vector row once and holds it; a tile of more output blocks than it holds splits into several such
+  instructions where that costs fewer cycles than rereading (:func:`vec_chunks`);
 * ``residual``: the residual tile (loaded as sign-extended ``acc_narrow`` rows) runs its own steps, then
   is added to the output tile.
 
