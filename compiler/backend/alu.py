@@ -3,7 +3,10 @@ one ALU instruction over the accumulator rows of an output tile.
 
 * ``*_imm`` steps: the op with its immediate, one micro-op looping over every row of the tile;
 * ``*_vec`` steps: the op with a per-channel vector as the source operand; vectors sit in acc rows (one
-  per GEMM output block: the channel values repeated over the batch), loaded once per output-channel tile;
+  per GEMM output block: the channel values repeated over the batch), loaded once per output-channel tile.
+  An instruction takes one micro-op per vector row and loops over the pixels, so the compute unit reads
+  each vector row once and holds it; a tile of more output blocks than it holds splits into several such
+  instructions where that costs fewer cycles than rereading (:func:`vec_chunks`);
 * ``residual``: the residual tile (loaded as sign-extended ``acc_narrow`` rows) runs its own steps, then
   is added to the output tile.
 
@@ -20,8 +23,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from weft.compiler.backend.schedule import vector_chunks
 from weft.compiler.backend.te import Axis, Expr, Kernel, Nest, fold, split_single_row
-from weft.core.epilogue import KINDS, EpilogueOverflow, bounds
+from weft.core.epilogue import KINDS, EpilogueOverflow, bounds, run_steps
+from weft.hw.structure import SRC_ROWS
+from weft.isa.arith import wrap
 from weft.isa.constants import AluOp
 from weft.isa.encoding import UOP_DTYPE, layout_of
 
@@ -31,7 +37,7 @@ if TYPE_CHECKING:
     from weft.core.epilogue import Step
 
 __all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "rows_kernel", "simplify",
-           "vectors_of"]
+           "vec_chunks", "vectors_of"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,8 @@ def simplify(steps: Sequence[Step], config: AcceleratorConfig) -> tuple[Step, ..
     saves one pass over the tile. Additions wrap, so moving ``c`` across the residual's addition changes
     nothing; the rule only applies where neither the old nor the new residual steps can wrap on any
     ``out_width`` input (the residual is a narrowed tensor). A sum too wide for the instruction's immediate
-    becomes an ``add_vec`` of the constant (still one pass) when the epilogue has vectors to size it by."""
+    becomes an ``add_vec`` of the constant (still one pass) when the epilogue has vectors to size it by, and
+    otherwise the residual's steps are refitted to immediates that include it (:func:`_refit`)."""
     imm = layout_of(config).formats["alu"].field("imm")
     top = 1 << (config.out_width - 1)
     channels = next((len(op) for _, op in steps if isinstance(op, np.ndarray)), None)
@@ -78,6 +85,8 @@ def simplify(steps: Sequence[Step], config: AcceleratorConfig) -> tuple[Step, ..
         prev = out[-1] if out else None
         if kind == "add_imm" and prev is not None and prev[0] == "residual":
             merged = _absorb(tuple(prev[1]), int(operand), (imm.min, imm.max), channels, top, config.acc_width)
+            if merged is None:
+                merged = _refit(tuple(prev[1]), int(operand), (imm.min, imm.max), top, config.acc_width)
             if merged is not None:
                 out[-1] = ("residual", merged)
                 continue
@@ -108,6 +117,54 @@ def _absorb(sub: tuple[Step, ...], c: int, imm: tuple[int, int], channels: int |
     return new
 
 
+def _refit(sub: tuple[Step, ...], c: int, imm: tuple[int, int], top: int, acc_width: int) -> tuple[Step, ...] | None:
+    """Residual sub-steps ``mul_imm m, add_imm d, shr_imm s`` (each left out where m = 1, d = 0, s = 0), no
+    more of them than `sub` has, that compute `sub` then ``+ c`` for every residual value; None if none do.
+
+    Exact by enumeration: the residual is a narrowed ``out_width`` tensor, so `sub` only ever sees the
+    ``2 * top`` values of ``[-top, top)``, and the result is compared with ``wrap(sub(r) + c)`` on each (with
+    the ALU's wrapping semantics, :func:`~weft.core.epilogue.run_steps`). The pair add that follows wraps,
+    so adding ``c`` inside the residual or after it is the same modulo ``2**acc_width``. A per-channel `sub`
+    is refitted only where every channel computes the same function."""
+    r = np.arange(-top, top, dtype=np.int64)
+    channels = next((len(op) for _, op in sub if isinstance(op, np.ndarray)), 1)
+    got = run_steps(np.repeat(r[:, None], channels, axis=1), sub, acc_width)
+    if np.any(got != got[:, :1]):
+        return None
+    want = wrap(got[:, 0] + c, acc_width)
+    first, second = np.triu_indices(r.size, 1)
+    apart = r[second] - r[first]
+    for shift in range(acc_width - 1):
+        # m * r + d must land in [lo, hi] = [want << shift, (want << shift) + 2**shift) for every r. The slopes m
+        # that some d allows are those between every pair's chords (Fourier-Motzkin on the two unknowns);
+        # for each, the offsets d that do form an interval.
+        lo, hi = want << shift, (want << shift) + (1 << shift) - 1
+        if lo[top] > imm[1] or hi[top] < imm[0]:  # d itself, at r = 0
+            continue
+        least = max(int(np.max(-((hi[first] - lo[second]) // apart))), imm[0])
+        most = min(int(np.min((hi[second] - lo[first]) // apart)), imm[1])
+        if least > most:
+            continue
+        slopes = np.unique(np.r_[np.linspace(least, most, min(most - least + 1, 4096)).astype(np.int64),
+                                 [1] if least <= 1 <= most else []]).astype(np.int64)
+        d_lo = np.maximum(np.max(lo[None, :] - slopes[:, None] * r[None, :], axis=1), imm[0])
+        d_hi = np.minimum(np.min(hi[None, :] - slopes[:, None] * r[None, :], axis=1), imm[1])
+        d = np.clip(0, d_lo, d_hi)  # 0 where allowed: one step fewer
+        ok = np.flatnonzero(d_lo <= d_hi)
+        for k in ok[np.argsort((slopes[ok] != 1).astype(int) + (d[ok] != 0), kind="stable")]:
+            m, add = int(slopes[k]), int(d[k])
+            new = tuple(step for step, keep in ((("mul_imm", m), m != 1), (("add_imm", add), add != 0),
+                                                (("shr_imm", shift), shift != 0)) if keep)
+            if len(new) > len(sub) or not np.array_equal(run_steps(r, new, acc_width), want):
+                continue
+            try:
+                bounds(new, np.int64(-top), np.int64(top - 1), acc_width)
+            except EpilogueOverflow:
+                continue
+            return new
+    return None
+
+
 def _uop(dst: int, src: int = 0) -> np.ndarray:
     u = np.zeros(1, dtype=UOP_DTYPE)
     u["dst"], u["src"] = dst, src
@@ -124,6 +181,26 @@ def _vec_kernel(tile: Tile, vec: int) -> Kernel:
     dst = Expr((("n", tile.toc * tile.pix * tile.ro), ("oB", tile.pix * tile.ro), ("p", tile.ro), ("so", 1)), tile.base)
     src = Expr((("oB", tile.ro), ("so", 1)), vec)
     return fold(Nest((n, o, p, s), dst, src))
+
+
+def _held_kernel(tile: Tile, vec: int, first: int, count: int) -> Kernel:
+    """Vector rows ``first..first+count`` (flat over ``oB, so``) applied to their tile rows: one micro-op per
+    vector row, the loops over the batch and the pixels, which do not move src, so the compute unit keeps
+    the vector rows in registers after the first sweep (:func:`~weft.hw.structure.holds_src_rows`)."""
+    j = np.arange(first, first + count)
+    uops = np.zeros(count, dtype=UOP_DTYPE)
+    uops["dst"] = tile.base + (j // tile.ro) * tile.pix * tile.ro + j % tile.ro
+    uops["src"] = vec + j
+    return Kernel(uops, tile.tn, tile.pix, (tile.toc * tile.pix * tile.ro, tile.ro), (0, 0), (0, 0))
+
+
+def vec_chunks(tile: Tile) -> list[tuple[int, int]]:
+    """A vector step on `tile` as instructions of ``(first, count)`` vector rows (flat over ``oB, so``), or
+    none for one folded instruction (:func:`~weft.compiler.backend.schedule.vector_chunks` decides)."""
+    rows = tile.toc * tile.ro
+    if not vector_chunks(rows, tile.tn * tile.pix):
+        return []
+    return [(first, min(SRC_ROWS, rows - first)) for first in range(0, rows, SRC_ROWS)]
 
 
 def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_base: int, vec_rows: int,
@@ -147,8 +224,11 @@ def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_b
                 stream.alu(op, k, imm=int(operand), note=f"epilogue {kind} {int(operand)}")
             else:
                 vec = vec_base + next(counter) * vec_rows
-                k = kernel(("vec", thread, target.base, vec), lambda vec=vec: _vec_kernel(target, vec))
-                stream.alu(op, k, note=f"epilogue {kind}")
+                for first, count in vec_chunks(target) or [(-1, 0)]:
+                    k = kernel(("vec", thread, target.base, vec, first),
+                               lambda vec=vec, first=first, count=count: _vec_kernel(target, vec) if first < 0
+                               else _held_kernel(target, vec, first, count))
+                    stream.alu(op, k, note=f"epilogue {kind}")
 
     run(steps, tile, False)
 

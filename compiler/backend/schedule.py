@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from weft.hw.structure import UNPACK_DEPTH
+from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS, UNPACK_DEPTH
 from weft.isa.semantics import named_row_bytes
 from weft.sim.dram_timing import DramTiming
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule",
-           "every_other_row", "ranked", "separable", "shared_tiles", "space", "usage"]
+           "every_other_row", "ranked", "separable", "shared_tiles", "space", "usage", "vector_chunks"]
 
 ORDERS = ("oc_outer", "pix_outer")
 KINDS = ("conv", "maxpool", "avgpool", "eltwise")
@@ -204,6 +204,12 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     by_gemm = copies_by_gemm(g, config)
     acc_bytes = 0  # the compute unit's own loads beyond the vectors and the residual
     compute_insns = tasks * (g.alu_steps + (1 if g.residual else 0) + (planes if g.residual else 0)) + vec_loads
+    # A vector step over more GEMM output blocks than the compute unit holds: more instructions, or rereads.
+    blocks, reps = s.tile_oc * g.ro, pix
+    if g.vectors and blocks > SRC_ROWS:
+        chunks = vector_chunks(blocks, reps)
+        compute_insns += tasks * g.vectors * (chunks - 1 if chunks else 0)
+        alu_execs += tasks * g.vectors * (blocks - chunks if chunks else blocks * reps - 1)
     store_insns = tasks * planes
     if g.kind == "conv":
         kh = kernel_rows(g, s)
@@ -261,6 +267,18 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     acc_bytes = vec_loads * vec_rows * rb["acc"] + (out_bytes if g.residual and not by_gemm else 0) + acc_bytes
     return Usage(inp, wgt, acc, uops * s.vthreads, tasks, stages, gemm_execs, alu_execs, load_bytes, load_insns,
                  acc_bytes, compute_insns, out_bytes, store_insns, by_gemm, input_rows)
+
+
+def vector_chunks(blocks: int, reps: int) -> int:
+    """Instructions an epilogue vector step over `blocks` vector rows, each applied to `reps` tile rows, takes:
+    at most ``SRC_ROWS`` rows each, which the compute unit reads once and holds
+    (:func:`~weft.hw.structure.holds_src_rows`), or 0 for one instruction over all of them, which rereads its
+    vector row at every execution (``ALU_SRC_INTERVAL`` cycles each): whichever costs fewer cycles."""
+    chunks = -(-blocks // SRC_ROWS)
+    executions = blocks * reps
+    held = chunks * LOOP_CYCLES + executions + blocks - chunks
+    folded = LOOP_CYCLES + executions + (executions - 1) * (ALU_SRC_INTERVAL - 1)
+    return chunks if chunks == 1 or held < folded else 0
 
 
 def kernel_rows(g: LayerGeom, s: Schedule) -> int:
