@@ -19,6 +19,7 @@ from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
+from weft.compiler.llvm.pointwise import pointwise_applies, pointwise_kernel
 from weft.compiler.llvm.te import Kernel, compute
 from weft.compiler.llvm.winograd import pack_winograd_weights, winograd_applies, winograd_kernel
 from weft.core.errors import UnsupportedError
@@ -106,12 +107,15 @@ def _fused_conv(p: Planner, node: Node) -> None:
         workload = nn.ConvWorkload(spec, act, clip, r_layout)
         schedule = p.tuned.get(workload.key)
         p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
-        # a tuning log's schedule is the direct kernel's: untuned 3x3 stride-1 convolutions take Winograd's
+        # a tuning log's schedule is the direct kernel's: untuned 3x3 stride-1 convolutions take Winograd's,
+        # untuned 1x1 ones the pixel-axis product where the direct kernel's rows tile poorly
+        packed = nn.pack_conv_weights(w, bi, bo)
         if schedule is None and winograd_applies(spec):
             packed = pack_winograd_weights(w, bi, bo)
             kernel = winograd_kernel("wconv", spec, p.target, act=act, clip=clip, residual=residual)
+        elif schedule is None and len(out_shape) == 4 and pointwise_applies(spec, p.target):
+            kernel = pointwise_kernel("pconv", spec, p.target, act=act, clip=clip, residual=residual)
         else:
-            packed = nn.pack_conv_weights(w, bi, bo)
             kernel = workload.kernel(p.target, schedule)
     args = [src, constant_tensor(p, node, "w", packed), constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
     if r_t is not None:

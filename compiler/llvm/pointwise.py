@@ -1,0 +1,100 @@
+"""1x1 convolutions as one packed matrix product over the pixels, where the direct kernel tiles poorly.
+
+The direct kernel (:func:`~weft.compiler.llvm.nn.conv_kernel`) blocks pixels along one output row, so its
+register tile must divide the width: a 7-wide row (the last stage of every ImageNet network) leaves it
+7x1 tiles, 8 loads for 7 FMAs, and a stride-2 1x1 downsample reads every other pixel of a row. Here the
+pixels are one axis instead::
+
+    xp[c.o, p, c.i] = x[n, c.o, oh*s + dy, ow*s + dx, c.i]      # packed: p = (n, oh, ow), rounded up
+    acc[k.o, p, k.i] = sum_c xp[c.o, p, c.i] * w[k.o, c.o, c.i, k.i]   # register tiles of the pixel axis
+    y[n, k.o, oh, ow, k.i] = act(acc + bias (+ residual))       # the epilogue, into the output's layout
+
+The pixel axis is rounded up to a multiple of four (the padding pixels repeat the last one and are never
+stored) so that the 4x2 tile of :func:`~weft.compiler.llvm.nn.register_tiles` fits; the weights are
+packed as the direct kernel's, and each sum adds the same products in the same order as it does.
+"""
+
+from __future__ import annotations
+
+from weft.compiler.llvm.elementwise import Operand
+from weft.compiler.llvm.expr import Buffer, Expr, Var, minimum
+from weft.compiler.llvm.layout import Layout
+from weft.compiler.llvm.nn import ConvSpec, conv_epilogue, conv_tiles, register_tiles, tile_score
+from weft.compiler.llvm.target import Target
+from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
+
+__all__ = ["pointwise_applies", "pointwise_kernel"]
+
+#: pixels are rounded up to a multiple of this (the widest pixel tile :func:`register_tiles` picks)
+PIXEL_ROUND = 4
+
+
+def _pixels(spec: ConvSpec) -> tuple[int, int]:
+    oh, ow = spec.out_hw
+    pixels = spec.n * oh * ow
+    return pixels, -(-pixels // PIXEL_ROUND) * PIXEL_ROUND
+
+
+def pointwise_applies(spec: ConvSpec, target: Target) -> bool:
+    """Whether a 1x1 convolution (blocked input and output) runs faster as :func:`pointwise_kernel`: when it
+    strides (packing reads each used pixel once, contiguously) or its rows give the direct kernel a worse
+    register tile than the pixel axis does."""
+    if (spec.kh, spec.kw) != (1, 1) or spec.bi == 1 or spec.bo == 1:
+        return False
+    if spec.stride != (1, 1):
+        return True
+    blocks = spec.cout // spec.bo
+    return tile_score(*conv_tiles(spec, target)) < tile_score(*register_tiles(_pixels(spec)[1], blocks, target))
+
+
+def pointwise_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,
+                     residual: Operand | None = None) -> Kernel:
+    """1x1 convolution + bias (+ residual) (+ ReLU or clip) as a packed matrix product (see the module
+    docstring). Parameters as :func:`~weft.compiler.llvm.nn.conv_kernel`'s (the same packed weights), then
+    the scratch buffers xp and acc."""
+    s = spec
+    if (s.kh, s.kw) != (1, 1):
+        raise ValueError(f"'{name}': a pointwise kernel computes 1x1 convolutions, got {s}")
+    oh_, ow_ = s.out_hw
+    pixels, padded = _pixels(s)
+    cb_, kb_ = s.cin // s.bi, s.cout // s.bo
+    sh, sw = s.stride
+    dy, dx = s.offset
+    x = Buffer("x", (s.n, cb_, s.h, s.w, s.bi))
+    w = Buffer("w", (kb_, cb_, 1, 1, s.bi, s.bo))
+    bias = Buffer("bias", (kb_, s.bo))
+
+    def pack(cb: Var, p: Var, c: Var) -> Expr:
+        q = minimum(p, pixels - 1) if padded > pixels else p
+        n, rest = q // (oh_ * ow_), q % (oh_ * ow_)
+        return x[n, cb, rest // ow_ * sh + dy, rest % ow_ * sw + dx, c]
+
+    xp = compute("xp", (cb_, padded, s.bi), pack)
+    cb, p, c = xp.axes
+    xp.vectorize(c)
+    xp.parallel(cb)
+
+    rco, rci = reduce_axis(cb_, "rc.o"), reduce_axis(s.bi, "rc.i")
+    acc = compute("acc", (kb_, padded, s.bo),
+                  lambda kb, p, k: reduce_sum(xp.out[rco, p, rci] * w[kb, rco, 0, 0, rci, k], [rco, rci]))
+    r, ocb = register_tiles(padded, kb_, target)
+    kb, p, k = acc.axes
+    po, pi = acc.split(p, r)
+    kbo, kbi = acc.split(kb, ocb)
+    acc.reorder(kbo, po, rco, rci, pi, kbi, k)
+    acc.cache_write()
+    acc.vectorize(k)
+    acc.unroll(pi)
+    acc.unroll(kbi)
+    acc.parallel(acc.fuse(kbo, po))
+
+    out_shape = (s.n, s.cout, oh_, ow_)
+    epilogue = conv_epilogue(bias, residual, out_shape, Layout(s.bo), act, clip)
+    halo = Layout(s.bo, s.out_halo)
+    y = compute("y", (s.n, kb_, oh_, ow_, s.bo), lambda n, kb, oh, ow, k: acc.out[kb, (n * oh_ + oh) * ow_ + ow, k],
+                epilogue=epilogue, buffer_shape=halo.physical(out_shape), store=lambda idx: halo.at(*idx))
+    n, kb, _, _, k = y.axes
+    y.vectorize(k)
+    y.parallel(y.fuse(n, kb))
+    inputs = [x, w, bias] + ([residual.buffer] if residual is not None else [])
+    return Kernel(name, inputs, [y.out], [xp, acc, y])
