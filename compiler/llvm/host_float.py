@@ -273,7 +273,8 @@ def _channel_affine(p: Planner, node: Node) -> None:
     rank = len(p.out_shape(node))
     shape = (-1,) + (1,) * (rank - 2)
     consts = [np.ascontiguousarray(np.asarray(p.g.constants[v], np.float32).reshape(shape)) for v in (scale, shift)]
-    _affine_like(p, node, x, consts, lambda xs: xs[0] * xs[1] + xs[2])
+    act = node.attrs.get("act", "none")  # a Relu the host planner fused (fusion.fuse_host_affine)
+    _affine_like(p, node, x, consts, lambda xs: nn.activation(xs[0] * xs[1] + xs[2], act))
 
 
 def _affine_like(p: Planner, node: Node, x: str, consts: list[np.ndarray], fn: Callable[[list[Expr]], Expr]) -> None:
@@ -310,11 +311,20 @@ def _softmax(p: Planner, node: Node) -> None:
 
 
 def _concat(p: Planner, node: Node) -> None:
-    parts = [p.get(x, PLAIN, node) for x in node.inputs]
     out_shape = p.out_shape(node)
-    kernel = ew.concat_kernel("concat", [t.operand(f"in{k}") for k, t in enumerate(parts)], node.attrs["axis"], PLAIN,
-                              p.target)
-    y = p.new(node.outputs[0], out_shape, PLAIN)
+    parts = [p.get(x, None, node) for x in node.inputs]
+    block = parts[0].layout.block
+    # channel blocks stacked: a concatenation of whole blocks needs no conversion of its parts or its readers
+    blocked = (len(out_shape) == 4 and node.attrs["axis"] % 4 == 1 and parts[0].layout.blocked
+               and all(t.layout.blocked and t.layout.block == block and t.shape[1] % block == 0 for t in parts))
+    operands = [t.operand(f"in{k}") for k, t in enumerate(parts)]
+    if blocked:
+        kernel, layout = ew.block_concat_kernel("concat", operands, p.target), Layout(block)
+    else:
+        parts = [p.get(x, PLAIN, node) for x in node.inputs]
+        operands = [t.operand(f"in{k}") for k, t in enumerate(parts)]
+        kernel, layout = ew.concat_kernel("concat", operands, node.attrs["axis"], PLAIN, p.target), PLAIN
+    y = p.new(node.outputs[0], out_shape, layout)
     p.step(node.name, kernel, [*parts, y])
 
 
