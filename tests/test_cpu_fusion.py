@@ -98,7 +98,7 @@ def test_densenet_block_against_onnxruntime():
 
 
 @pytest.mark.parametrize(("c", "o", "hw", "stride", "halo"), [(32, 64, 7, 1, 0), (16, 24, 14, 2, 0), (24, 16, 7, 1, 1),
-                                                              (16, 32, 5, 2, 0)])
+                                                              (16, 32, 5, 2, 0), (32, 16, 3, 1, 2)])
 def test_pointwise_is_bit_identical_to_the_direct_kernel(c, o, hw, stride, halo):
     target = host_target()
     out = (hw - 1) // stride + 1
@@ -111,5 +111,5 @@ def test_pointwise_is_bit_identical_to_the_direct_kernel(c, o, hw, stride, halo)
     want = np.zeros(direct.params[-1].shape, np.float32)
     got = [np.zeros(b.shape, np.float32) for b in packed.params[len(args):]]
     build(direct)(*args, want, nthreads=2)
-    build(packed)(*args, *got, nthreads=2)
+    build(packed)(*[a.reshape(b.shape) for a, b in zip(args, packed.params, strict=False)], *got, nthreads=2)
     assert np.array_equal(got[0], want)

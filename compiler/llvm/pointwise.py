@@ -60,41 +60,59 @@ def pointwise_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "n
     cb_, kb_ = s.cin // s.bi, s.cout // s.bo
     sh, sw = s.stride
     dy, dx = s.offset
-    x = Buffer("x", (s.n, cb_, s.h, s.w, s.bi))
     w = Buffer("w", (kb_, cb_, 1, 1, s.bi, s.bo))
     bias = Buffer("bias", (kb_, s.bo))
 
-    def pack(cb: Var, p: Var, c: Var) -> Expr:
+    def pixel(p: Expr) -> tuple[Expr, Expr, Expr]:
+        """(n, oh, ow) of pixel `p`; a padding pixel is the last one again."""
         q = minimum(p, pixels - 1) if padded > pixels else p
-        n, rest = q // (oh_ * ow_), q % (oh_ * ow_)
-        return x[n, cb, rest // ow_ * sh + dy, rest % ow_ * sw + dx, c]
+        return q // (oh_ * ow_), q % (oh_ * ow_) // ow_, q % ow_
 
-    xp = compute("xp", (cb_, padded, s.bi), pack)
-    cb, p, c = xp.axes
-    xp.vectorize(c)
-    xp.parallel(cb)
+    stages = []
+    if s.n == 1 and s.stride == (1, 1) and s.offset == (0, 0) and (s.h, s.w) == (oh_, ow_):
+        # the pixels of each channel block are already one contiguous row: read them where they are
+        x = Buffer("x", (cb_, oh_ * ow_, s.bi))
+        src = x
+        clamp = (lambda p: minimum(p, pixels - 1)) if padded > pixels else (lambda p: p)
+    else:
+        x = Buffer("x", (s.n, cb_, s.h, s.w, s.bi))
+
+        def pack(cb: Var, p: Var, c: Var) -> Expr:
+            n, oh, ow = pixel(p)
+            return x[n, cb, oh * sh + dy, ow * sw + dx, c]
+
+        xp = compute("xp", (cb_, padded, s.bi), pack)
+        cb, p, c = xp.axes
+        xp.vectorize(c)
+        xp.parallel(cb)
+        stages.append(xp)
+        src = xp.out
+        clamp = lambda p: p  # noqa: E731 (the packed rows have the padding pixels)
 
     rco, rci = reduce_axis(cb_, "rc.o"), reduce_axis(s.bi, "rc.i")
-    acc = compute("acc", (kb_, padded, s.bo),
-                  lambda kb, p, k: reduce_sum(xp.out[rco, p, rci] * w[kb, rco, 0, 0, rci, k], [rco, rci]))
-    r, ocb = register_tiles(padded, kb_, target)
-    kb, p, k = acc.axes
-    po, pi = acc.split(p, r)
-    kbo, kbi = acc.split(kb, ocb)
-    acc.reorder(kbo, po, rco, rci, pi, kbi, k)
-    acc.cache_write()
-    acc.vectorize(k)
-    acc.unroll(pi)
-    acc.unroll(kbi)
-    acc.parallel(acc.fuse(kbo, po))
-
     out_shape = (s.n, s.cout, oh_, ow_)
     epilogue = conv_epilogue(bias, residual, out_shape, Layout(s.bo), act, clip)
     halo = Layout(s.bo, s.out_halo)
-    y = compute("y", (s.n, kb_, oh_, ow_, s.bo), lambda n, kb, oh, ow, k: acc.out[kb, (n * oh_ + oh) * ow_ + ow, k],
-                epilogue=epilogue, buffer_shape=halo.physical(out_shape), store=lambda idx: halo.at(*idx))
-    n, kb, _, _, k = y.axes
+
+    def store(idx: list[Expr]) -> tuple[Expr, ...]:  # a padding pixel rewrites the last one's same value
+        kb, p, k = idx
+        n, oh, ow = pixel(p)
+        return halo.at(n, kb, oh, ow, k)
+
+    y = compute("y", (kb_, padded, s.bo),
+                lambda kb, p, k: reduce_sum(src[rco, clamp(p), rci] * w[kb, rco, 0, 0, rci, k], [rco, rci]),
+                epilogue=lambda acc, kb, p, k: epilogue(acc, *pixel(p)[:1], kb, *pixel(p)[1:], k),
+                buffer_shape=halo.physical(out_shape), store=store)
+    r, ocb = register_tiles(padded, kb_, target)
+    kb, p, k = y.axes
+    po, pi = y.split(p, r)
+    kbo, kbi = y.split(kb, ocb)
+    y.reorder(kbo, po, rco, rci, pi, kbi, k)
+    y.cache_write()
     y.vectorize(k)
-    y.parallel(y.fuse(n, kb))
+    y.unroll(pi)
+    y.unroll(kbi)
+    y.parallel(y.fuse(kbo, po))
+    stages.append(y)
     inputs = [x, w, bias] + ([residual.buffer] if residual is not None else [])
-    return Kernel(name, inputs, [y.out], [xp, acc, y])
+    return Kernel(name, inputs, [y.out], stages)
