@@ -14,8 +14,8 @@ import numpy as np
 from weft.core.ir import Graph, Node
 
 __all__ = [
-    "flatten_dense", "fold_affine", "fold_batchnorm", "fold_pad", "fuse_activation", "fuse_residual",
-    "lower_affine", "lower_dense",
+    "flatten_dense", "fold_affine", "fold_batchnorm", "fold_pad", "fuse_activation", "fuse_host_affine",
+    "fuse_residual", "lower_affine", "lower_dense",
 ]
 
 
@@ -294,5 +294,39 @@ def lower_affine(graph: Graph) -> Graph:
         s_name = g.set_constant(g.unique_name(f"{node.name}_scale"), scale.astype(np.float32))
         t_name = g.set_constant(g.unique_name(f"{node.name}_shift"), shift.astype(np.float32))
         g.nodes[k] = Node("ChannelAffine", [x, s_name, t_name], node.outputs, {}, node.name)
+    g.prune_values()
+    return g
+
+
+def fuse_host_affine(graph: Graph) -> Graph:
+    """For the host planner only (the accelerator keeps each ALU layer): a ChannelAffine that reads another
+    one, its only reader, becomes one (``x * (s1 * s2) + (t1 * s2 + t2)``, folded in float64), and a Relu
+    after a ChannelAffine fuses into it (attribute ``act``): one pass over the tensor instead of several
+    (an exported DenseNet's pre-activation BatchNorm is a Mul and an Add, then its Relu)."""
+    g = graph.copy()
+    changed = True
+    while changed:
+        changed = False
+        producers, uses = g.producers(), g.consumers()
+        for node in g.nodes:
+            prev = producers.get(node.inputs[0]) if node.inputs else None
+            if (prev is None or prev.op != "ChannelAffine" or prev.attrs.get("act", "none") != "none"
+                    or _single_use(g, prev.outputs[0], uses) is not node):
+                continue
+            if node.op == "Relu":
+                prev.attrs["act"] = "relu"
+                prev.outputs = list(node.outputs)
+            elif node.op == "ChannelAffine" and node.attrs.get("act", "none") == "none":
+                s1, t1 = (g.constants[v].astype(np.float64) for v in prev.inputs[1:])
+                s2, t2 = (g.constants[v].astype(np.float64) for v in node.inputs[1:])
+                scale = g.set_constant(g.unique_name(f"{node.name}_scale"), (s1 * s2).astype(np.float32))
+                shift = g.set_constant(g.unique_name(f"{node.name}_shift"), (t1 * s2 + t2).astype(np.float32))
+                prev.inputs = [prev.inputs[0], scale, shift]
+                prev.outputs = list(node.outputs)
+            else:
+                continue
+            g.nodes = [n for n in g.nodes if n is not node]
+            changed = True
+            break
     g.prune_values()
     return g

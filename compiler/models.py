@@ -35,6 +35,7 @@ from weft.errors import UsageError
 __all__ = [
     "DEFAULT_OPSET",
     "MIN_OPSET",
+    "MOBILENET_V2_BLOCKS",
     "MODELS",
     "accuracy",
     "awkward_cnn",
@@ -46,6 +47,7 @@ __all__ = [
     "max_opset",
     "mlp",
     "mobilenet_v2",
+    "mobilenet_v2_224",
     "reshape_net",
     "resnet18",
     "resnext",
@@ -379,6 +381,23 @@ def mobilenet_v2(seed: int = 0, batch: int = 1, num_classes: int = 10, opset: in
                   f"features.{index}.2")
     logits = net.head(x, num_classes)
     return g.model([(logits, [batch, num_classes])], f"small MobileNetV2, blocks {list(blocks)}, seed {seed}")
+
+
+#: torchvision's MobileNetV2 (width 1.0): the inverted residual settings (t, c, n, s) of the paper's Table 2
+MOBILENET_V2_BLOCKS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                       (6, 320, 1, 1))
+
+
+def mobilenet_v2_224(seed: int = 0, batch: int = 1, num_classes: int = 1000, opset: int = DEFAULT_OPSET,
+                     image: int = 224) -> onnx.ModelProto:
+    """torchvision's full-size MobileNetV2 on [batch, 3, 224, 224] "input" -> [batch, num_classes] "logits":
+    :func:`mobilenet_v2`'s layers with the paper's 32-channel stem, its seven block settings
+    (:data:`MOBILENET_V2_BLOCKS`, 17 inverted residuals) and the 1280-channel last convolution (the
+    classifier's Dropout is gone in an exported model). `image` may be smaller for a quick test."""
+    model = mobilenet_v2(seed, batch, num_classes, opset, image, MOBILENET_V2_BLOCKS, stem=32, last=1280)
+    doc = f"MobileNetV2 (torchvision topology, width 1.0), seeded He init and calibrated random BN, seed {seed}"
+    model.graph.name, model.graph.doc_string, model.doc_string = "mobilenet_v2_224", doc, doc
+    return model
 
 
 def resnext(seed: int = 0, batch: int = 1, num_classes: int = 10, opset: int = DEFAULT_OPSET, image: int = 16,
@@ -727,6 +746,7 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "mlp": mlp,
     "awkward_cnn": awkward_cnn,
     "mobilenet_v2": mobilenet_v2,
+    "mobilenet_v2_224": mobilenet_v2_224,
     "resnext": resnext,
     "reshape_net": reshape_net,
     "digits_cnn": train_digits_cnn,

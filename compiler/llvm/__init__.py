@@ -14,8 +14,9 @@ The loop-level IR, in the order code flows through it:
 * :mod:`~weft.compiler.llvm.cuda`: PTX, ``ptxas``, the CUDA driver API.
 
 On top: operator templates (:mod:`~weft.compiler.llvm.nn`, :mod:`~weft.compiler.llvm.depthwise`,
-:mod:`~weft.compiler.llvm.norm`, :mod:`~weft.compiler.llvm.elementwise`, :mod:`~weft.compiler.llvm.mathfn`,
-:mod:`~weft.compiler.llvm.gpu`), whole graphs (:mod:`~weft.compiler.llvm.graph` with
+:mod:`~weft.compiler.llvm.winograd` for 3x3 stride-1 and :mod:`~weft.compiler.llvm.pointwise` for 1x1
+convolutions, :mod:`~weft.compiler.llvm.norm`, :mod:`~weft.compiler.llvm.elementwise`,
+:mod:`~weft.compiler.llvm.mathfn`, :mod:`~weft.compiler.llvm.gpu`), whole graphs (:mod:`~weft.compiler.llvm.graph` with
 :mod:`~weft.compiler.llvm.host_float`, :mod:`~weft.compiler.llvm.host_ops` and
 :mod:`~weft.compiler.llvm.host_quant`, and a numpy step for any op they have no kernel for), the "cpu" and "cuda"
 devices (:mod:`weft.runtime.cpu_device`), ``weft bench cpu`` (:mod:`~weft.tools.bench_cpu`), and an

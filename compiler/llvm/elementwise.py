@@ -19,8 +19,8 @@ from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, Stage, compute
 
 __all__ = [
-    "Operand", "concat_kernel", "elementwise_kernel", "layout_kernel", "pad_kernel", "schedule_elementwise",
-    "slice_kernel",
+    "Operand", "block_concat_kernel", "concat_kernel", "elementwise_kernel", "layout_kernel", "pad_kernel",
+    "schedule_elementwise", "slice_kernel",
 ]
 
 #: below this many output elements a kernel runs on the calling thread: starting threads costs more
@@ -187,6 +187,27 @@ def concat_kernel(name: str, parts: Sequence[Operand], axis: int, out_layout: La
     stage = compute(f"{name}_out", out_layout.physical(out_shape), body, dtype=dtype)
     schedule_elementwise(stage, target)
     return Kernel(name, [p.buffer for p in parts], [stage.out], [stage])
+
+
+def block_concat_kernel(name: str, parts: Sequence[Operand], target: Target) -> Kernel:
+    """Concatenate channel-blocked NCHW `parts` (same block, whole blocks each) along channels into an
+    (N, C/b, H, W, b) tensor: one copy stage per part, each writing its own range of blocks of the one
+    output (contiguous vectors, no per-element choice of part)."""
+    block = parts[0].layout.block
+    n, _, h, w = parts[0].shape
+    total = sum(p.shape[1] for p in parts) // block
+    out = Buffer(f"{name}_out", (n, total, h, w, block), parts[0].buffer.dtype)
+    stages, first = [], 0
+    for k, p in enumerate(parts):
+        src, blocks, base = p, p.shape[1] // block, first
+        stage = compute(f"{name}_{k}", (n, blocks, h, w, block),
+                        lambda i, cb, y, x, c, src=src: src.buffer[src.layout.at(i, cb, y, x, c)],
+                        buffer_shape=out.shape, store=lambda idx, base=base: (idx[0], idx[1] + base, *idx[2:]))
+        stage.out = out  # every stage writes its blocks of the same tensor
+        schedule_elementwise(stage, target)
+        stages.append(stage)
+        first += blocks
+    return Kernel(name, [p.buffer for p in parts], [out], stages)
 
 
 def slice_kernel(name: str, src: Operand, starts: Sequence[int], steps: Sequence[int], out_shape: Sequence[int],

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from weft.compiler.fusion import fuse_host_affine
 from weft.compiler.llvm.codegen_cpu import render_module
 from weft.compiler.llvm.expr import dtype_of_numpy, np_dtype
 from weft.compiler.llvm.host_float import FLOAT_HANDLERS, plan_halos
@@ -50,6 +51,7 @@ __all__ = ["HostPlan", "allocate_host", "cross_compile", "plan_graph", "plan_ste
 def plan_steps(graph: Graph, target: Target, tuned: Mapping[str, ConvSchedule] | None = None) -> HostPlan:
     """The layouts, tensors and kernel steps of `graph` for `target`, not yet compiled or allocated.
     `tuned`: conv workload key -> schedule (from a tuning log); other convolutions take the heuristic's."""
+    graph = fuse_host_affine(graph)
     p = Planner(graph, target, {**FLOAT_HANDLERS, **OP_HANDLERS, **QUANT_HANDLERS}, QUANT_OPS)
     p.tuned = dict(tuned or {})
     p.halos = plan_halos(graph)

@@ -19,7 +19,9 @@ from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
+from weft.compiler.llvm.pointwise import pointwise_applies, pointwise_kernel
 from weft.compiler.llvm.te import Kernel, compute
+from weft.compiler.llvm.winograd import pack_winograd_weights, winograd_applies, winograd_kernel
 from weft.core.errors import UnsupportedError
 from weft.core.float_ops import conv_out_size, full_pads, pool_geometry, slice_index
 from weft.core.ir import Graph, Node, numpy_dtype
@@ -83,9 +85,7 @@ def _fused_conv(p: Planner, node: Node) -> None:
     out_halo = p.halos.get(node.outputs[0], 0) if len(out_shape) == 4 else 0
     spec = nn.ConvSpec(x_shape[0], cin, phys[2], phys[3], o, kh, kw, strides, bi, bo,  # type: ignore[arg-type]
                        offset=offset, out=(oh, ow), out_halo=out_halo)
-    packed = depthwise_weights(w, bo) if depthwise else nn.pack_conv_weights(w, bi, bo)
-    args = [src, constant_tensor(p, node, "w", packed), constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
-    r_layout = None
+    r_t, r_layout = None, None
     if res_name:
         if len(out_shape) == 4:
             r_t = p.get(res_name, None, node)
@@ -93,21 +93,33 @@ def _fused_conv(p: Planner, node: Node) -> None:
                 r_t = p.get(res_name, Layout(bo), node)
         else:
             r_t = p.get(res_name, PLAIN, node)
-        args.append(r_t)
         r_layout = r_t.layout if r_t.layout.blocked else Layout(bo)  # (N, O) is (N, O/bo, 1, 1, bo)
+    shape4 = (x_shape[0], o, oh, ow)
+    residual = Operand(Buffer("residual", r_layout.physical(shape4)), shape4, r_layout) if r_layout else None
     if groups > 1:  # not tuned: host tuning times ungrouped convolutions only
-        shape4 = (x_shape[0], o, oh, ow)
-        residual = Operand(Buffer("residual", r_layout.physical(shape4)), shape4, r_layout) if r_layout else None
+        packed = depthwise_weights(w, bo) if depthwise else nn.pack_conv_weights(w, bi, bo)
         if depthwise:
             kernel = depthwise_kernel("dwconv", spec, p.target, act=act, clip=clip, residual=residual)
         else:
             kernel = nn.conv_kernel("gconv", spec, p.target, act=act, clip=clip, residual=residual,
                                     tiles=grouped_tiles(ow, p.target), groups=groups)
-    else:  # the kernel comes from its workload, exactly as host tuning builds and times it
+    else:  # the direct kernel comes from its workload, exactly as host tuning builds and times it
         workload = nn.ConvWorkload(spec, act, clip, r_layout)
         schedule = p.tuned.get(workload.key)
         p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
-        kernel = workload.kernel(p.target, schedule)
+        # a tuning log's schedule is the direct kernel's: untuned 3x3 stride-1 convolutions take Winograd's,
+        # untuned 1x1 ones the pixel-axis product where the direct kernel's rows tile poorly
+        packed = nn.pack_conv_weights(w, bi, bo)
+        if schedule is None and winograd_applies(spec):
+            packed = pack_winograd_weights(w, bi, bo)
+            kernel = winograd_kernel("wconv", spec, p.target, act=act, clip=clip, residual=residual)
+        elif schedule is None and len(out_shape) == 4 and pointwise_applies(spec, p.target):
+            kernel = pointwise_kernel("pconv", spec, p.target, act=act, clip=clip, residual=residual)
+        else:
+            kernel = workload.kernel(p.target, schedule)
+    args = [src, constant_tensor(p, node, "w", packed), constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
+    if r_t is not None:
+        args.append(r_t)
     if len(out_shape) == 2:  # a dense layer over a whole image: (N, O/bo, 1, 1, bo) is (N, O)
         y = p.new(node.outputs[0], out_shape, PLAIN)
     else:
@@ -261,7 +273,8 @@ def _channel_affine(p: Planner, node: Node) -> None:
     rank = len(p.out_shape(node))
     shape = (-1,) + (1,) * (rank - 2)
     consts = [np.ascontiguousarray(np.asarray(p.g.constants[v], np.float32).reshape(shape)) for v in (scale, shift)]
-    _affine_like(p, node, x, consts, lambda xs: xs[0] * xs[1] + xs[2])
+    act = node.attrs.get("act", "none")  # a Relu the host planner fused (fusion.fuse_host_affine)
+    _affine_like(p, node, x, consts, lambda xs: nn.activation(xs[0] * xs[1] + xs[2], act))
 
 
 def _affine_like(p: Planner, node: Node, x: str, consts: list[np.ndarray], fn: Callable[[list[Expr]], Expr]) -> None:
@@ -298,11 +311,20 @@ def _softmax(p: Planner, node: Node) -> None:
 
 
 def _concat(p: Planner, node: Node) -> None:
-    parts = [p.get(x, PLAIN, node) for x in node.inputs]
     out_shape = p.out_shape(node)
-    kernel = ew.concat_kernel("concat", [t.operand(f"in{k}") for k, t in enumerate(parts)], node.attrs["axis"], PLAIN,
-                              p.target)
-    y = p.new(node.outputs[0], out_shape, PLAIN)
+    parts = [p.get(x, None, node) for x in node.inputs]
+    block = parts[0].layout.block
+    # channel blocks stacked: a concatenation of whole blocks needs no conversion of its parts or its readers
+    blocked = (len(out_shape) == 4 and node.attrs["axis"] % 4 == 1 and parts[0].layout.blocked
+               and all(t.layout.blocked and t.layout.block == block and t.shape[1] % block == 0 for t in parts))
+    operands = [t.operand(f"in{k}") for k, t in enumerate(parts)]
+    if blocked:
+        kernel, layout = ew.block_concat_kernel("concat", operands, p.target), Layout(block)
+    else:
+        parts = [p.get(x, PLAIN, node) for x in node.inputs]
+        operands = [t.operand(f"in{k}") for k, t in enumerate(parts)]
+        kernel, layout = ew.concat_kernel("concat", operands, node.attrs["axis"], PLAIN, p.target), PLAIN
+    y = p.new(node.outputs[0], out_shape, layout)
     p.step(node.name, kernel, [*parts, y])
 
 

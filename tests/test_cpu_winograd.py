@@ -1,0 +1,129 @@
+"""Winograd F(2x2, 3x3) on the cpu backend: which convolutions take it, and its results against the float
+reference and onnxruntime (relative error <= 1e-4) on even and odd sizes, pads, halos, fused epilogues and
+residuals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import weft
+from weft.compiler.llvm import nn
+from weft.compiler.llvm.graph import plan_graph
+from weft.compiler.llvm.jit import build
+from weft.compiler.llvm.layout import Layout
+from weft.compiler.llvm.target import host_target
+from weft.compiler.llvm.winograd import pack_winograd_weights, winograd_applies, winograd_kernel
+from weft.core.float_ops import conv2d, fused_conv
+from weft.core.ir import Graph, Node, Value
+from weft.runtime import InferenceSession
+
+from .test_frontend_util import make_model, ort_run
+
+RTOL = 1e-4
+
+
+def rand(*shape: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    return float(np.abs(got.astype(np.float64) - want).max() / np.abs(want).max())
+
+
+def test_which_convolutions_take_winograd():
+    spec = nn.ConvSpec(1, 16, 10, 10, 16, 3, 3, (1, 1), 8, 8)
+    assert winograd_applies(spec)
+    assert winograd_applies(nn.ConvSpec(1, 16, 9, 9, 16, 3, 3, (1, 1), 8, 8))  # odd output: 7x7
+    assert not winograd_applies(nn.ConvSpec(1, 16, 10, 10, 16, 3, 3, (2, 2), 8, 8))  # stride 2
+    assert not winograd_applies(nn.ConvSpec(1, 16, 10, 10, 16, 1, 1, (1, 1), 8, 8))  # 1x1
+    assert not winograd_applies(nn.ConvSpec(1, 3, 10, 10, 16, 3, 3, (1, 1), 1, 8))  # a plain NCHW input
+
+
+@pytest.mark.parametrize(("c", "o", "h", "w"), [(16, 16, 8, 8), (8, 24, 7, 7), (24, 8, 5, 9), (16, 32, 1, 1)])
+def test_kernel_against_the_reference(c, o, h, w):
+    """The kernel alone on an input padded by 1 (odd sizes clamp the last tile's reads inside the buffer)."""
+    target = host_target()
+    b = 8
+    spec = nn.ConvSpec(1, c, h + 2, w + 2, o, 3, 3, (1, 1), b, b)
+    x, wt, bias = rand(1, c, h + 2, w + 2, seed=1), rand(o, c, 3, 3, seed=2, scale=0.3), rand(o, seed=3)
+    kernel = winograd_kernel("wconv", spec, target, act="clip", clip=(-1.0, 1.5))
+    fn = build(kernel)
+    y = np.zeros((1, o // b, h, w, b), np.float32)
+    temps = [np.zeros(t.shape, np.float32) for t in kernel.temps]
+    fn(Layout(b).to_numpy(x), pack_winograd_weights(wt, b, b), bias.reshape(-1, b), y, *temps, nthreads=2)
+    want = np.clip(conv2d(x.astype(np.float64), wt.astype(np.float64), bias.astype(np.float64), (1, 1),
+                          (0, 0, 0, 0)), -1.0, 1.5)
+    assert rel_err(Layout(b).from_numpy(y), want) <= RTOL
+
+
+def conv_graph(n: int, c: int, o: int, h: int, w: int, pads: tuple[int, int, int, int], act: str, residual: bool,
+               seed: int) -> tuple[Graph, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """conv3x3 (-> act) -> conv3x3 (+ residual) -> act: the first writes its output inside the second's halo."""
+    t, l, b, r = pads
+    h1, w1 = h + t + b - 2, w + l + r - 2
+    h2, w2 = h1, w1  # the second convolution pads by 1
+    attrs = {"strides": (1, 1), "act": act}
+    nodes = [Node("FusedConv", ["x", "w0", "b0"], ["a"], {**attrs, "pads": pads}, name="c0"),
+             Node("FusedConv", ["a", "w1", "b1"] + (["r"] if residual else []), ["y"],
+                  {**attrs, "pads": (1, 1, 1, 1)}, name="c1")]
+    feeds = {"x": rand(n, c, h, w, seed=seed)}
+    if residual:
+        feeds["r"] = rand(n, o, h2, w2, seed=seed + 1)
+    g = Graph("t", inputs=list(feeds), outputs=["y"], nodes=nodes,
+              values={k: Value(k, v.shape, "float32") for k, v in feeds.items()})
+    g.values["a"] = Value("a", (n, o, h1, w1), "float32")
+    g.values["y"] = Value("y", (n, o, h2, w2), "float32")
+    consts = {"w0": rand(o, c, 3, 3, seed=seed + 2, scale=0.3), "b0": rand(o, seed=seed + 3),
+              "w1": rand(o, o, 3, 3, seed=seed + 4, scale=0.2), "b1": rand(o, seed=seed + 5)}
+    if act == "clip":
+        for node in nodes:
+            node.attrs["clip"] = (0.0, 6.0)
+    for k, v in consts.items():
+        g.set_constant(k, v)
+    return g, feeds, consts
+
+
+@pytest.mark.parametrize(("n", "c", "o", "h", "w", "pads", "act", "residual"), [
+    (1, 16, 16, 12, 12, (1, 1, 1, 1), "relu", True),
+    (1, 8, 16, 7, 7, (1, 1, 1, 1), "clip", False),
+    (2, 16, 8, 9, 6, (1, 1, 1, 1), "none", True),
+    (1, 16, 16, 8, 8, (0, 0, 0, 0), "relu", False),  # no pads: the second convolution reads a halo of 1
+    (1, 16, 24, 6, 6, (2, 2, 2, 2), "relu", False),  # pads wider than the halo a producer leaves
+    (1, 16, 16, 6, 9, (0, 1, 1, 0), "none", False),  # asymmetric pads
+])
+def test_chained_layers_against_the_reference(n, c, o, h, w, pads, act, residual):
+    g, feeds, consts = conv_graph(n, c, o, h, w, pads, act, residual, seed=7)
+    plan = plan_graph(g)
+    names = [s.kernel.name for s in plan.steps if s.node == "c1"]
+    assert "wconv" in names, names
+    got = plan.run(feeds, threads=2)[0]["y"]
+    a = fused_conv(g.nodes[0], feeds["x"], consts["w0"], consts["b0"], None)
+    want = fused_conv(g.nodes[1], a.astype(np.float32), consts["w1"], consts["b1"], feeds.get("r"))
+    assert rel_err(got, want) <= RTOL
+
+
+def test_onnx_resnet_block_against_onnxruntime():
+    """A BasicBlock as PyTorch exports it (Conv, BatchNormalization, Relu, Add) through the importer."""
+    rng = np.random.default_rng(3)
+
+    def bn(name: str, c: int) -> dict[str, np.ndarray]:
+        return {f"{name}.g": rng.uniform(0.5, 1.5, c).astype(np.float32), f"{name}.b": rand(c, seed=len(name)),
+                f"{name}.m": rand(c, seed=c) * 0.1, f"{name}.v": rng.uniform(0.5, 2, c).astype(np.float32)}
+
+    c = 32
+    inits = {"w1": rand(c, c, 3, 3, seed=1, scale=0.1), "w2": rand(c, c, 3, 3, seed=2, scale=0.1),
+             **bn("bn1", c), **bn("bn2", c)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4, kernel_shape=[3, 3]),
+             helper.make_node("BatchNormalization", ["c1", "bn1.g", "bn1.b", "bn1.m", "bn1.v"], ["n1"]),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1] * 4, kernel_shape=[3, 3]),
+             helper.make_node("BatchNormalization", ["c2", "bn2.g", "bn2.b", "bn2.m", "bn2.v"], ["n2"]),
+             helper.make_node("Add", ["n2", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, {"x": [1, c, 14, 14]}, {"y": None}, inits)
+    feeds = {"x": rand(1, c, 14, 14, seed=9)}
+    sess = InferenceSession(weft.compile(model, target="cpu"), device="cpu", threads=2)
+    assert rel_err(sess.run(None, feeds)[0], ort_run(model, feeds)[0]) <= RTOL
