@@ -17,7 +17,7 @@ from weft.core.accel_section import accel_section
 from weft.core.artifact import Artifact
 from weft.core.errors import CalibrationWarning, CompileError
 from weft.errors import UsageError
-from weft.hw.synth import BOARDS, default_cache, fits, synthesize
+from weft.hw.synth import BOARDS, cached_synthesis, default_cache, fits, synthesize
 from weft.isa.encoding import decode_insns
 from weft.sim.timing import TimingModel
 
@@ -35,11 +35,13 @@ def program_cycles(artifact: Artifact) -> list[int]:
 
 
 def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float], *, area: bool = True,
-                   family: str = "xc7", seed: int = 0) -> dict[str, Any]:
+                   family: str = "xc7", seed: int = 0, cached_only: bool = False) -> dict[str, Any]:
     """Compile `model` for `config`, time every accelerator layer, and (with `area`) synthesize the design.
 
     A point that the compiler refuses (a layer that does not fit the buffers, say) comes back with its
-    error instead of figures, so one bad point never sinks a sweep.
+    error instead of figures, so one bad point never sinks a sweep. With `cached_only`, the area comes from
+    the synthesis cache alone: a point never synthesized has no area (``synth_s`` empty) and costs no Yosys
+    run, so a sweep cut short is written up from what it finished.
     """
     from weft.compiler.driver import compile_model  # optional dependency: onnx
 
@@ -62,11 +64,16 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
                host_fallbacks=len(artifact.graph.meta.get("fallbacks", {})))
     if area:
         try:
-            synth = synthesize(cfg, family=family, cache=default_cache())
+            synth = cached_synthesis(cfg, family, default_cache()) if cached_only \
+                else synthesize(cfg, family=family, cache=default_cache())
         except Exception as err:
             row["error"] = f"synth: {type(err).__name__}: {err}"
             return row
+        if synth is None:
+            return row
         row.update(synth["area"])
+        # The Yosys run's own time, also for a cached result: what the point costs to synthesize afresh.
+        row["synth_s"] = synth.get("seconds")
         row["fits"] = ",".join(b for b in sorted(BOARDS) if fits(synth["area"], BOARDS[b])["fits"])
     return row
 
@@ -91,10 +98,13 @@ def _dask(jobs: list[tuple], address: str) -> Iterator[dict[str, Any]]:
 
 def run_sweep(model: bytes, configs: list[tuple[dict[str, float], AcceleratorConfig]], *, area: bool = True,
               family: str = "xc7", seed: int = 0, workers: int | None = None, scheduler: str | None = None,
-              on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Evaluate every point; rows come back in the order of `configs`. `scheduler`: a Dask scheduler
-    address (or a ``Client``-compatible cluster address); default: a local process pool of `workers`."""
-    jobs = [((model, cfg.to_dict(), knobs), {"area": area, "family": family, "seed": seed})
+              on_done: Callable[[dict[str, Any]], None] | None = None,
+              cached_only: bool = False) -> list[dict[str, Any]]:
+    """Evaluate every point (:func:`evaluate_point`); rows come back in the order of `configs`. `scheduler`:
+    a Dask scheduler address (or a ``Client``-compatible cluster address); default: a local process pool of
+    `workers`."""
+    jobs = [((model, cfg.to_dict(), knobs), {"area": area, "family": family, "seed": seed,
+                                             "cached_only": cached_only})
             for knobs, cfg in configs]
     rows = []
     stream = _dask(jobs, scheduler) if scheduler else _local(jobs, workers)
