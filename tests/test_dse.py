@@ -120,6 +120,8 @@ def test_cached_area_takes_only_what_the_synthesis_cache_holds(model, tmp_path, 
     assert "pynq-z2" in synthesized["fits"].split(",")
     never = evaluate_point(model.read_bytes(), cfg_b.to_dict(), {"block": 8}, cached_only=True)
     assert never["cycles"] > 0 and "lut" not in never and "fits" not in never and "error" not in never
+    # The geometry's estimate stands in, in columns of its own: 8x8 int8 products, two to a DSP.
+    assert never["dsp_min"] == 32 and never["bram36_est"] > 0
 
 
 def test_weft_dse_writes_csv_and_plot(model, tmp_path, capsys):

@@ -31,7 +31,7 @@ def _summary(row: dict[str, Any], area: bool) -> str:
     if row.get("error"):
         return f"{text}, {row['error']}"
     if area and row.get("lut") is None:
-        return f"{text}, not synthesized"
+        return f"{text}, not synthesized (estimate: {row['bram36_est']:g} BRAM36, >= {row['dsp_min']:g} DSP)"
     if area:
         text += (f", {row['lut']:g} LUT, {row['ff']:g} FF, {row['bram36']:g} BRAM36, {row['dsp']:g} DSP, "
                  f"fits: {row.get('fits') or 'none'}")

@@ -13,6 +13,10 @@ from weft.hw.synth import BOARDS
 
 __all__ = ["pareto_front", "plot_pareto", "write_csv"]
 
+#: A resource's estimate from the geometry alone (:func:`weft.hw.synth.estimate_area`), and what it is.
+_ESTIMATES = {"bram36": "bram36_est", "dsp": "dsp_min"}
+_ESTIMATE_KIND = {"bram36_est": "estimate", "dsp_min": "lower bound"}
+
 
 def pareto_front(rows: list[dict[str, Any]], x: str, y: str = "latency_us") -> list[int]:
     """Indices of the rows no other row beats on both `x` and `y` (lower is better); rows without either
@@ -68,6 +72,8 @@ def plot_pareto(rows: list[dict[str, Any]], x: str | Sequence[str], path: str | 
 
 def _panel(ax: Any, rows: list[dict[str, Any]], x: str, board: str, by_size: list[str],
            colours: dict[str, str]) -> None:
+    from matplotlib.ticker import FuncFormatter
+
     points = [r for r in rows if r.get(x) is not None and r.get("latency_us") is not None]
     seen: set[str] = set()
     for r in points:
@@ -85,6 +91,13 @@ def _panel(ax: Any, rows: list[dict[str, Any]], x: str, board: str, by_size: lis
         ax.scatter(r[x], r["latency_us"] / 1000, s=36, facecolors=colour if filled else "none", edgecolors=colour,
                    label=(key or None) if key not in seen else None, zorder=3)
         seen.add(key)
+    # Points with no Yosys area, at the geometry's estimate: off the front, which compares synthesized points.
+    estimated = [r for r in rows if r.get(x) is None and r.get(_ESTIMATES.get(x, "")) is not None
+                 and r.get("latency_us") is not None]
+    if estimated:
+        column = _ESTIMATES[x]
+        ax.scatter([r[column] for r in estimated], [r["latency_us"] / 1000 for r in estimated], marker="x", s=30,
+                   color="grey", label=f"not synthesized: {column} ({_ESTIMATE_KIND[column]})", zorder=3)
     front = [rows[i] for i in pareto_front(rows, x)]
     for r in front:
         ax.annotate(r["config"].split("-", 1)[-1], (r[x], r["latency_us"] / 1000), fontsize=6, xytext=(3, 3),
@@ -99,4 +112,7 @@ def _panel(ax: Any, rows: list[dict[str, Any]], x: str, board: str, by_size: lis
     ax.set_xlabel(x + (" (Yosys synth_xilinx)" if x in ("lut", "ff", "bram36", "dsp") else ""))
     ax.set_ylabel("latency (ms, timing model)")
     ax.set_yscale("log")
+    # Plain milliseconds on the log axis, not powers of ten.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
     ax.grid(True, which="both", lw=0.3, alpha=0.5)

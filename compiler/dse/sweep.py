@@ -17,7 +17,7 @@ from weft.core.accel_section import accel_section
 from weft.core.artifact import Artifact
 from weft.core.errors import CalibrationWarning, CompileError
 from weft.errors import UsageError
-from weft.hw.synth import BOARDS, cached_synthesis, default_cache, fits, synthesize
+from weft.hw.synth import BOARDS, cached_synthesis, default_cache, estimate_area, fits, synthesize
 from weft.isa.encoding import decode_insns
 from weft.sim.timing import TimingModel
 
@@ -40,8 +40,9 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
 
     A point that the compiler refuses (a layer that does not fit the buffers, say) comes back with its
     error instead of figures, so one bad point never sinks a sweep. With `cached_only`, the area comes from
-    the synthesis cache alone: a point never synthesized has no area (``synth_s`` empty) and costs no Yosys
-    run, so a sweep cut short is written up from what it finished.
+    the synthesis cache alone: a point never synthesized has no Yosys area and costs no Yosys run, so a sweep
+    cut short is written up from what it finished. Every row with `area` also carries the geometry's
+    estimate (``bram36_est``, and ``dsp_min``, a lower bound), which a point never synthesized still has.
     """
     from weft.compiler.driver import compile_model  # optional dependency: onnx
 
@@ -63,6 +64,8 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
     row.update(cycles=cycles, latency_us=cycles / cfg.clock_mhz, layers=len(layers),
                host_fallbacks=len(artifact.graph.meta.get("fallbacks", {})))
     if area:
+        estimate = estimate_area(cfg)
+        row.update(bram36_est=estimate["bram36"], dsp_min=estimate["dsp"])
         try:
             synth = cached_synthesis(cfg, family, default_cache()) if cached_only \
                 else synthesize(cfg, family=family, cache=default_cache())
