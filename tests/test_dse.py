@@ -76,6 +76,9 @@ def test_local_sweep_times_each_point(model):
     assert [r["config"] for r in rows] == ["tiny-block4", "tiny-block8"] and len(done) == 2
     for r, (_, cfg) in zip(rows, valid, strict=True):
         assert "error" not in r and r["cycles"] > 0 and r["latency_us"] == r["cycles"] / cfg.clock_mhz
+    # The whole model run on fsim with the timing model takes the cycles its programs are timed at.
+    ran = evaluate_point(model.read_bytes(), valid[0][1].to_dict(), {"block": 4}, area=False, fsim=True)
+    assert ran["fsim_cycles"] == ran["cycles"] == rows[0]["cycles"]
     # Same compile and timing in this process: a point's cycles do not depend on where it ran.
     assert evaluate_point(model.read_bytes(), valid[1][1].to_dict(), {"block": 8}, area=False)["cycles"] \
         == rows[1]["cycles"]

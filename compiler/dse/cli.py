@@ -28,6 +28,8 @@ def _summary(row: dict[str, Any], area: bool) -> str:
     if "cycles" not in row:
         return f"{row['config']}: {row.get('error')}"
     text = f"{row['config']}: {row['cycles']} cycles, {row['latency_us']:.1f} us"
+    if "fsim_cycles" in row:
+        text += f" (fsim: {row['fsim_cycles']})"
     if row.get("error"):
         return f"{text}, {row['error']}"
     if area and row.get("lut") is None:
@@ -53,6 +55,8 @@ def add_dse_arguments(parser: argparse.ArgumentParser) -> None:
                              "each of lut, bram36 and dsp (without area: one, MACs per cycle)")
     parser.add_argument("--board", choices=sorted(BOARDS), default="pynq-z2",
                         help="the board whose fitting points the plot fills in")
+    parser.add_argument("--fsim", action="store_true",
+                        help="also run each point on the functional simulator with the timing model (fsim_cycles)")
     parser.add_argument("--workers", type=int, default=None, help="local worker processes (default: cores)")
     parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
                         help="run the points on this Dask scheduler (tcp://host:8786) instead of locally")
@@ -78,7 +82,7 @@ def run_dse(args: argparse.Namespace) -> int:
 
         started = time.monotonic()
         rows = run_sweep(model, valid, area=area, family=args.family, seed=args.seed, workers=args.workers,
-                         scheduler=args.scheduler, on_done=done, cached_only=args.area == "cached")
+                         scheduler=args.scheduler, on_done=done, cached_only=args.area == "cached", fsim=args.fsim)
     rows += [{"config": point_name(base.name, knobs), **knobs, "error": reason} for knobs, reason in skipped]
     x = args.resource if area else "macs_per_cycle"
     front = set(pareto_front(rows, x))
