@@ -73,8 +73,14 @@ def run_dse(args: argparse.Namespace) -> int:
     if not valid:
         raise UsageError("every point of the sweep breaks a config rule; nothing to run")
     area = args.area != "none"
+    stem = Path(args.output)
+    finished: list[dict[str, Any]] = []
     with Progress(len(valid), "dse") as bar:
         def done(row: dict[str, Any]) -> None:
+            # STEM.csv holds every point finished so far: a sweep of hours cut short keeps its figures.
+            finished.append(row)
+            with user_file(stem.with_suffix(".csv"), "output"):
+                write_csv(finished, stem.with_suffix(".csv"))
             bar.advance(note=row["config"])
             if not bar.enabled:  # a log gets a line per point: a synthesized sweep takes hours
                 print(f"dse {bar.done}/{len(valid)} {time.monotonic() - started:.0f}s {_summary(row, area)}",
@@ -88,7 +94,6 @@ def run_dse(args: argparse.Namespace) -> int:
     front = set(pareto_front(rows, x))
     for i, r in enumerate(rows):
         r["pareto"] = i in front
-    stem = Path(args.output)
     with user_file(stem.with_suffix(".csv"), "output"):
         csv_path = write_csv(rows, stem.with_suffix(".csv"))
     with user_file(stem.with_suffix(".png"), "output"):
