@@ -41,6 +41,22 @@ def test_grid_maps_knobs_to_fields_and_skips_what_breaks_a_rule():
     assert "config field 'block_in'" in skipped[0][1]
 
 
+def test_depth_knob_keeps_every_block_and_batch_of_the_grid_valid():
+    base = load_config("default")
+    # At the default byte sizes a 1x8x8 point has twice the rows: its GEMM instruction outgrows the word,
+    # and the refusal names the field and sizes that fit.
+    valid, skipped = expand_grid(base, {"block": [8]})
+    assert not valid and "the GEMM instruction needs 131 bits" in skipped[0][1] and "sizes that fit" in skipped[0][1]
+    valid, skipped = expand_grid(base, {"block": [8, 16, 32], "batch": [1, 2], "depth": [0.5, 1]})
+    assert len(valid) == 12 and not skipped
+    for knobs, cfg in valid:
+        for memory in ("inp", "wgt", "acc"):
+            assert cfg.rows(memory) == base.rows(memory) * knobs["depth"]
+        assert cfg.uop_buff_bytes == base.uop_buff_bytes
+    # depth 1 at the base's own block and batch is the base design itself.
+    assert next(c for k, c in valid if k == {"block": 16, "batch": 1, "depth": 1}).hash == base.hash
+
+
 def test_pareto_front():
     rows = [{"lut": 10, "latency_us": 9}, {"lut": 20, "latency_us": 5}, {"lut": 20, "latency_us": 6},
             {"lut": 30, "latency_us": 5}, {"error": "x"}, {"lut": 5, "latency_us": 12}]
@@ -60,6 +76,9 @@ def test_local_sweep_times_each_point(model):
     assert [r["config"] for r in rows] == ["tiny-block4", "tiny-block8"] and len(done) == 2
     for r, (_, cfg) in zip(rows, valid, strict=True):
         assert "error" not in r and r["cycles"] > 0 and r["latency_us"] == r["cycles"] / cfg.clock_mhz
+    # The whole model run on fsim with the timing model takes the cycles its programs are timed at.
+    ran = evaluate_point(model.read_bytes(), valid[0][1].to_dict(), {"block": 4}, area=False, fsim=True)
+    assert ran["fsim_cycles"] == ran["cycles"] == rows[0]["cycles"]
     # Same compile and timing in this process: a point's cycles do not depend on where it ran.
     assert evaluate_point(model.read_bytes(), valid[1][1].to_dict(), {"block": 8}, area=False)["cycles"] \
         == rows[1]["cycles"]
@@ -74,6 +93,38 @@ def test_dask_sweep_matches_the_local_one(model):
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         remote = run_sweep(model.read_bytes(), valid, area=False, scheduler=cluster.scheduler_address)
     assert [(r["config"], r["cycles"]) for r in remote] == [(r["config"], r["cycles"]) for r in local]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="needs dask[distributed]")
+def test_weft_dse_on_a_dask_scheduler_writes_the_local_rows(model, tmp_path, capsys):
+    from dask.distributed import LocalCluster
+
+    args = ["dse", str(model), "--config", "tiny", "--sweep", "block=4,8", "--sweep", "batch=1,2", "--area", "none"]
+    assert main([*args, "--workers", "1", "-o", str(tmp_path / "local")]) == 0
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        assert main([*args, "--scheduler", cluster.scheduler_address, "-o", str(tmp_path / "dask")]) == 0
+    capsys.readouterr()
+    local, remote = ((tmp_path / f"{stem}.csv").read_text() for stem in ("local", "dask"))
+    assert remote == local and len(local.splitlines()) == 5
+
+
+def test_cached_area_takes_only_what_the_synthesis_cache_holds(model, tmp_path, monkeypatch):
+    import json
+
+    from weft.compiler.dse import sweep
+
+    monkeypatch.setattr(sweep, "default_cache", lambda: tmp_path)
+    (a, cfg_a), (_, cfg_b) = expand_grid(load_config("tiny"), {"block": [4, 8]})[0]
+    area = {"lut": 7000, "ff": 4000, "bram36": 3.5, "dsp": 22}
+    (tmp_path / "x.json").write_text(json.dumps({"family": "xc7", "config_hash": cfg_a.hash, "area": area,
+                                                 "seconds": 12.5}))
+    synthesized = evaluate_point(model.read_bytes(), cfg_a.to_dict(), a, cached_only=True)
+    assert {k: synthesized[k] for k in area} == area and synthesized["synth_s"] == 12.5
+    assert "pynq-z2" in synthesized["fits"].split(",")
+    never = evaluate_point(model.read_bytes(), cfg_b.to_dict(), {"block": 8}, cached_only=True)
+    assert never["cycles"] > 0 and "lut" not in never and "fits" not in never and "error" not in never
+    # The geometry's estimate stands in, in columns of its own: 8x8 int8 products, two to a DSP.
+    assert never["dsp_min"] == 32 and never["bram36_est"] > 0
 
 
 def test_weft_dse_writes_csv_and_plot(model, tmp_path, capsys):
@@ -105,5 +156,10 @@ def test_pareto_plot_colours_by_board_and_survives_a_sweep_of_errors(tmp_path):
             {"config": "t-block64", "lut": 90000, "latency_us": 3.0, "fits": "zcu104", "pareto": True},
             {"config": "t-block128", "lut": 400000, "latency_us": 2.0, "fits": "", "pareto": True}]
     assert plot_pareto(rows, "lut", tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+    for r, extra in zip(rows, ({"bram36": 3.5, "dsp": 22}, {"bram36": 100, "dsp": 700}, {"bram36": 400, "dsp": 0}),
+                        strict=True):
+        r.update(extra)
+    panels = plot_pareto(rows, ("lut", "bram36", "dsp"), tmp_path / "c.png", board="pynq-z2")
+    assert panels.read_bytes()[:4] == b"\x89PNG"
     errors = [{"config": "t-x", "error": "ConfigError"}]
     assert plot_pareto(errors, "lut", tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"

@@ -4,17 +4,40 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from weft.cli_common import add_config_option
-from weft.compiler.dse.knobs import KNOBS, expand_grid, parse_sweep, point_name
+from weft.compiler.dse.knobs import DERIVED_KNOBS, KNOBS, expand_grid, parse_sweep, point_name
 from weft.compiler.dse.pareto import pareto_front, plot_pareto, write_csv
 from weft.compiler.dse.sweep import run_sweep
 from weft.config import load_config
 from weft.errors import UsageError, read_input, user_file
+from weft.hw.synth import BOARDS
 from weft.progress import Progress
 
 __all__ = ["add_dse_arguments", "run_dse"]
+
+#: The plot's panels with area: latency against each resource a board can run out of first.
+_PANELS = ("lut", "bram36", "dsp")
+
+
+def _summary(row: dict[str, Any], area: bool) -> str:
+    """One point on one line: its cycles and latency, and with `area` its resources and the boards it fits."""
+    if "cycles" not in row:
+        return f"{row['config']}: {row.get('error')}"
+    text = f"{row['config']}: {row['cycles']} cycles, {row['latency_us']:.1f} us"
+    if "fsim_cycles" in row:
+        text += f" (fsim: {row['fsim_cycles']})"
+    if row.get("error"):
+        return f"{text}, {row['error']}"
+    if area and row.get("lut") is None:
+        return f"{text}, not synthesized (estimate: {row['bram36_est']:g} BRAM36, >= {row['dsp_min']:g} DSP)"
+    if area:
+        text += (f", {row['lut']:g} LUT, {row['ff']:g} FF, {row['bram36']:g} BRAM36, {row['dsp']:g} DSP, "
+                 f"fits: {row.get('fits') or 'none'}")
+    return text
 
 
 def add_dse_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,12 +45,18 @@ def add_dse_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_option(parser)
     parser.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2",
                         help="a knob and its values (repeatable); knobs: "
-                             + ", ".join(f"{k} ({v[0]})" for k, v in KNOBS.items()))
-    parser.add_argument("--area", choices=("synth", "none"), default="synth",
-                        help="synth: Yosys area and board fit per point (cached); none: cycles only")
+                             + ", ".join(f"{k} ({v[0]})" for k, v in [*KNOBS.items(), *DERIVED_KNOBS.items()]))
+    parser.add_argument("--area", choices=("synth", "cached", "none"), default="synth",
+                        help="synth: Yosys area and board fit per point (cached); cached: only the points the "
+                             "synthesis cache holds have an area (no Yosys run); none: cycles only")
     parser.add_argument("--family", choices=("xc7", "xcup"), default="xc7", help="synth_xilinx family")
     parser.add_argument("--resource", choices=("lut", "ff", "bram36", "dsp"), default="lut",
-                        help="the resource on the Pareto plot's x axis (without area: MACs per cycle)")
+                        help="the resource of the Pareto column and the '*' marks; the plot has a panel for "
+                             "each of lut, bram36 and dsp (without area: one, MACs per cycle)")
+    parser.add_argument("--board", choices=sorted(BOARDS), default="pynq-z2",
+                        help="the board whose fitting points the plot fills in")
+    parser.add_argument("--fsim", action="store_true",
+                        help="also run each point on the functional simulator with the timing model (fsim_cycles)")
     parser.add_argument("--workers", type=int, default=None, help="local worker processes (default: cores)")
     parser.add_argument("--scheduler", metavar="ADDRESS", default=None,
                         help="run the points on this Dask scheduler (tcp://host:8786) instead of locally")
@@ -43,23 +72,34 @@ def run_dse(args: argparse.Namespace) -> int:
         print(f"skipped {point_name(base.name, knobs)}: {reason}", file=sys.stderr)
     if not valid:
         raise UsageError("every point of the sweep breaks a config rule; nothing to run")
-    area = args.area == "synth"
+    area = args.area != "none"
+    stem = Path(args.output)
+    finished: list[dict[str, Any]] = []
     with Progress(len(valid), "dse") as bar:
+        def done(row: dict[str, Any]) -> None:
+            # STEM.csv holds every point finished so far: a sweep of hours cut short keeps its figures.
+            finished.append(row)
+            with user_file(stem.with_suffix(".csv"), "output"):
+                write_csv(finished, stem.with_suffix(".csv"))
+            bar.advance(note=row["config"])
+            if not bar.enabled:  # a log gets a line per point: a synthesized sweep takes hours
+                print(f"dse {bar.done}/{len(valid)} {time.monotonic() - started:.0f}s {_summary(row, area)}",
+                      file=sys.stderr, flush=True)
+
+        started = time.monotonic()
         rows = run_sweep(model, valid, area=area, family=args.family, seed=args.seed, workers=args.workers,
-                         scheduler=args.scheduler, on_done=lambda _: bar.advance())
+                         scheduler=args.scheduler, on_done=done, cached_only=args.area == "cached", fsim=args.fsim)
     rows += [{"config": point_name(base.name, knobs), **knobs, "error": reason} for knobs, reason in skipped]
     x = args.resource if area else "macs_per_cycle"
     front = set(pareto_front(rows, x))
     for i, r in enumerate(rows):
         r["pareto"] = i in front
-    stem = Path(args.output)
     with user_file(stem.with_suffix(".csv"), "output"):
         csv_path = write_csv(rows, stem.with_suffix(".csv"))
     with user_file(stem.with_suffix(".png"), "output"):
-        png_path = plot_pareto(rows, x, stem.with_suffix(".png"), title=f"weft dse: {Path(args.model).name}")
+        png_path = plot_pareto(rows, _PANELS if area else x, stem.with_suffix(".png"), board=args.board,
+                               title=f"weft dse: {Path(args.model).name}, {len(valid)} points")
     for r in rows:
-        figures = r.get("error") or f"{r['cycles']} cycles, {r['latency_us']:.1f} us" + (
-            f", {r[x]:g} {x}, fits: {r.get('fits') or 'none'}" if area else "")
-        print(f"{'*' if r['pareto'] else ' '} {r['config']}: {figures}")
+        print(f"{'*' if r['pareto'] else ' '} {_summary(r, area)}")
     print(f"wrote {csv_path} and {png_path} ({len(valid)} points, {len(skipped)} skipped; * = Pareto front)")
     return 0

@@ -1,19 +1,46 @@
-"""The sweep grammar: short knob names mapped to config fields, and the grid of configs they span."""
+"""The sweep grammar: short knob names mapped to config fields, and the grid of configs they span.
+
+Most knobs set fields directly. ``depth`` sizes the data buffers in rows instead of bytes: the
+instruction's index fields follow the rows, so a grid over block and batch at one depth keeps every point's
+instruction the same width, where a fixed byte size would give a small block so many rows that its GEMM
+instruction outgrows the 128-bit word (the 1x8x8 point at the default sizes).
+"""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from weft.config import AcceleratorConfig, ConfigError
 from weft.errors import UsageError
 
-__all__ = ["KNOBS", "expand_grid", "parse_sweep", "point_name"]
+__all__ = ["DERIVED_KNOBS", "KNOBS", "expand_grid", "parse_sweep", "point_name"]
 
 
 def _kib(field: str) -> Callable[[float], dict[str, Any]]:
     return lambda v: {field: int(v * 1024)}
+
+
+#: The data buffers the ``depth`` knob sizes and the fields whose product is one row's bits (a vector of batch x
+#: block elements, or a block_out x block_in weight tile). The micro-op buffer holds code, not data: no block
+#: size scales it.
+_DEPTH_ROWS: dict[str, tuple[str, ...]] = {
+    "inp": ("batch", "block_in", "inp_width"),
+    "wgt": ("block_out", "block_in", "wgt_width"),
+    "acc": ("batch", "block_out", "acc_width"),
+}
+
+
+def _depth_changes(value: float, fields: dict[str, Any], base: AcceleratorConfig) -> dict[str, Any]:
+    """``<memory>_buff_bytes`` giving a point of `fields` `value` times the rows `base` has.
+
+    From the fields, not a built config: the point at the base's byte sizes may itself break a rule (too
+    many rows for the instruction), the very thing this knob avoids.
+    """
+    return {f"{m}_buff_bytes": int(base.rows(m) * value) * math.prod(fields[f] for f in lanes) // 8
+            for m, lanes in _DEPTH_ROWS.items()}
 
 
 #: knob -> (what it sets, value -> config field changes).
@@ -32,6 +59,12 @@ KNOBS: dict[str, tuple[str, Callable[[float], dict[str, Any]]]] = {
     "inp_bits": ("inp_width", lambda v: {"inp_width": int(v)}),
 }
 
+#: knobs applied after the others, from the point's fields and the base config: what they set -> changes.
+DERIVED_KNOBS: dict[str, tuple[str, Callable[[float, dict[str, Any], AcceleratorConfig], dict[str, Any]]]] = {
+    "depth": ("inp/wgt/acc buffer rows as a multiple of the base config's (bytes follow block and batch)",
+              _depth_changes),
+}
+
 
 def parse_sweep(specs: Sequence[str]) -> dict[str, list[float]]:
     """``["block=8,16", "acc_kib=64,128"]`` -> ``{"block": [8, 16], "acc_kib": [64, 128]}``.
@@ -44,8 +77,8 @@ def parse_sweep(specs: Sequence[str]) -> dict[str, list[float]]:
         name = name.strip()
         if not sep or not values.strip():
             raise UsageError(f"--sweep '{spec}': expected KNOB=V1,V2,...")
-        if name not in KNOBS:
-            raise UsageError(f"--sweep '{spec}': unknown knob '{name}' (knobs: {', '.join(KNOBS)})")
+        if name not in KNOBS and name not in DERIVED_KNOBS:
+            raise UsageError(f"--sweep '{spec}': unknown knob '{name}' (knobs: {', '.join([*KNOBS, *DERIVED_KNOBS])})")
         if name in sweep:
             raise UsageError(f"--sweep '{spec}': knob '{name}' is swept twice")
         try:
@@ -73,7 +106,12 @@ def expand_grid(base: AcceleratorConfig, sweep: dict[str, list[float]]
         knobs = dict(zip(names, combo, strict=True))
         changes: dict[str, Any] = {}
         for n, v in knobs.items():
-            changes.update(KNOBS[n][1](v))
+            if n in KNOBS:
+                changes.update(KNOBS[n][1](v))
+        fields = {**base.hw_dict(), **changes}
+        for n, v in knobs.items():
+            if n in DERIVED_KNOBS:
+                changes.update(DERIVED_KNOBS[n][1](v, fields, base))
         try:
             valid.append((knobs, base.replace(name=point_name(base.name, knobs), **changes)))
         except ConfigError as err:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,10 @@ from weft.core.files import write_atomic
 from weft.hw.synth import BOARDS
 
 __all__ = ["pareto_front", "plot_pareto", "write_csv"]
+
+#: A resource's estimate from the geometry alone (:func:`weft.hw.synth.estimate_area`), and what it is.
+_ESTIMATES = {"bram36": "bram36_est", "dsp": "dsp_min"}
+_ESTIMATE_KIND = {"bram36_est": "estimate", "dsp_min": "lower bound"}
 
 
 def pareto_front(rows: list[dict[str, Any]], x: str, y: str = "latency_us") -> list[int]:
@@ -39,42 +44,75 @@ def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return write_atomic(Path(path), buf.getvalue().encode())
 
 
-def plot_pareto(rows: list[dict[str, Any]], x: str, path: str | Path, *, title: str = "weft dse") -> Path:
-    """Latency against resource `x`, the Pareto front as a line (its points labelled with their knobs), each
-    point coloured by the smallest board it fits (hollow: none)."""
+def plot_pareto(rows: list[dict[str, Any]], x: str | Sequence[str], path: str | Path, *, title: str = "weft dse",
+                board: str = "pynq-z2") -> Path:
+    """Latency against each resource of `x` (a panel each, side by side) with that resource's Pareto front as
+    a line, its points labelled with their knobs. A point that fits `board` is filled, any other hollow; the
+    colour names the smallest board it fits (black: none of :data:`~weft.hw.synth.BOARDS`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    points = [r for r in rows if r.get(x) is not None and r.get("latency_us") is not None]
-    # Colour: the smallest board (fewest LUTs) the point fits; hollow: it fits none.
+    resources = [x] if isinstance(x, str) else list(x)
+    fig, axes = plt.subplots(1, len(resources), figsize=(6.5 * len(resources), 5.5), squeeze=False)
+    # Colour: the smallest board (fewest LUTs) the point fits; boards on one part share a colour.
     by_size = sorted(BOARDS, key=lambda b: (BOARDS[b].lut, b))
-    colours = {b: f"C{i}" for i, b in enumerate(by_size)}
-    seen: set[str] = set()
-    for r in points:
-        fitting = [b for b in by_size if b in (r.get("fits") or "").split(",")]
-        key = fitting[0] if fitting else ("no board" if r.get("fits") is not None else "")
-        colour = colours.get(key, "grey")
-        ax.scatter(r[x], r["latency_us"], s=30, facecolors=colour if fitting or r.get("fits") is None else "none",
-                   edgecolors=colour, label=(f"fits {key} (smallest)" if fitting else key or None)
-                   if key not in seen else None)
-        seen.add(key)
-        if r.get("pareto"):
-            ax.annotate(r["config"].split("-", 1)[-1], (r[x], r["latency_us"]), fontsize=6, xytext=(3, 3),
-                        textcoords="offset points")
-    front = [rows[i] for i in pareto_front(rows, x)]
-    if front:
-        ax.plot([r[x] for r in front], [r["latency_us"] for r in front], color="black", lw=0.8,
-                label="Pareto front")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    ax.set_xlabel(x)
-    ax.set_ylabel("latency (us, timing model)")
-    ax.set_title(title)
+    parts = list(dict.fromkeys(BOARDS[b].name for b in by_size))
+    colours = {b: f"C{parts.index(BOARDS[b].name)}" for b in by_size}
+    for ax, resource in zip(axes[0], resources, strict=True):
+        _panel(ax, rows, resource, board, by_size, colours)
+    fig.suptitle(title)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return write_atomic(Path(path), buf.getvalue())
+
+
+def _panel(ax: Any, rows: list[dict[str, Any]], x: str, board: str, by_size: list[str],
+           colours: dict[str, str]) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    points = [r for r in rows if r.get(x) is not None and r.get("latency_us") is not None]
+    seen: set[str] = set()
+    for r in points:
+        fits = (r.get("fits") or "").split(",") if r.get("fits") is not None else None
+        fitting = [b for b in by_size if fits and b in fits]
+        if fits is None:
+            key, colour = "", "grey"
+        elif fitting:
+            # Boards on one part fit alike: name them all, the board asked for first.
+            same = [b for b in fitting if BOARDS[b].name == BOARDS[fitting[0]].name]
+            key, colour = "fits " + "/".join(sorted(same, key=lambda b: b != board)), colours[fitting[0]]
+        else:
+            key, colour = "fits no board", "black"
+        filled = fits is None or board in fitting
+        ax.scatter(r[x], r["latency_us"] / 1000, s=36, facecolors=colour if filled else "none", edgecolors=colour,
+                   label=(key or None) if key not in seen else None, zorder=3)
+        seen.add(key)
+    # Points with no Yosys area, at the geometry's estimate: off the front, which compares synthesized points.
+    estimated = [r for r in rows if r.get(x) is None and r.get(_ESTIMATES.get(x, "")) is not None
+                 and r.get("latency_us") is not None]
+    if estimated:
+        column = _ESTIMATES[x]
+        ax.scatter([r[column] for r in estimated], [r["latency_us"] / 1000 for r in estimated], marker="x", s=30,
+                   color="grey", label=f"not synthesized: {column} ({_ESTIMATE_KIND[column]})", zorder=3)
+    front = [rows[i] for i in pareto_front(rows, x)]
+    for r in front:
+        ax.annotate(r["config"].split("-", 1)[-1], (r[x], r["latency_us"] / 1000), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    if front:
+        ax.plot([r[x] for r in front], [r["latency_us"] / 1000 for r in front], color="black", lw=0.8,
+                label="Pareto front", zorder=2)
+    if board in BOARDS and x in ("lut", "ff", "bram36", "dsp"):
+        ax.axvline(getattr(BOARDS[board], x), color="C3", ls="--", lw=0.8, label=f"{board} {x}")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    ax.set_xlabel(x + (" (Yosys synth_xilinx)" if x in ("lut", "ff", "bram36", "dsp") else ""))
+    ax.set_ylabel("latency (ms, timing model)")
+    ax.set_yscale("log")
+    # Plain milliseconds on the log axis, not powers of ten.
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)

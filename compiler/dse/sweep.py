@@ -17,11 +17,11 @@ from weft.core.accel_section import accel_section
 from weft.core.artifact import Artifact
 from weft.core.errors import CalibrationWarning, CompileError
 from weft.errors import UsageError
-from weft.hw.synth import BOARDS, default_cache, fits, synthesize
+from weft.hw.synth import BOARDS, cached_synthesis, default_cache, estimate_area, fits, synthesize
 from weft.isa.encoding import decode_insns
 from weft.sim.timing import TimingModel
 
-__all__ = ["evaluate_point", "program_cycles", "run_sweep"]
+__all__ = ["evaluate_point", "fsim_cycles", "program_cycles", "run_sweep"]
 
 
 def program_cycles(artifact: Artifact) -> list[int]:
@@ -34,12 +34,35 @@ def program_cycles(artifact: Artifact) -> list[int]:
             for layer in section.layers]
 
 
+def fsim_cycles(artifact: Artifact, seed: int = 0) -> int:
+    """Cycles of one run of `artifact` on the functional simulator with the timing model, on seeded normal
+    inputs: the whole model executed, every result computed, not only its instruction streams timed."""
+    import numpy as np
+
+    from weft.runtime.session import InferenceSession
+
+    session = InferenceSession(artifact, device="fsim", timing=True)
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for arg in session.get_inputs():
+        if arg.type != "tensor(float)":
+            raise CompileError(f"input '{arg.name}' is {arg.type}: the sweep feeds float tensors only")
+        feeds[arg.name] = rng.standard_normal(arg.shape).astype(np.float32)
+    session.run(None, feeds)
+    return int(session.stats["cycles"])
+
+
 def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float], *, area: bool = True,
-                   family: str = "xc7", seed: int = 0) -> dict[str, Any]:
+                   family: str = "xc7", seed: int = 0, cached_only: bool = False,
+                   fsim: bool = False) -> dict[str, Any]:
     """Compile `model` for `config`, time every accelerator layer, and (with `area`) synthesize the design.
 
     A point that the compiler refuses (a layer that does not fit the buffers, say) comes back with its
-    error instead of figures, so one bad point never sinks a sweep.
+    error instead of figures, so one bad point never sinks a sweep. With `cached_only`, the area comes from
+    the synthesis cache alone: a point never synthesized has no Yosys area and costs no Yosys run, so a sweep
+    cut short is written up from what it finished. Every row with `area` also carries the geometry's
+    estimate (``bram36_est``, and ``dsp_min``, a lower bound), which a point never synthesized still has.
+    With `fsim`, the point also runs on the functional simulator (:func:`fsim_cycles`, ``fsim_cycles``).
     """
     from weft.compiler.driver import compile_model  # optional dependency: onnx
 
@@ -52,6 +75,7 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
             warnings.simplefilter("ignore", CalibrationWarning)
             artifact = compile_model(model, config=cfg, seed=seed)
         layers = program_cycles(artifact)
+        ran = {"fsim_cycles": fsim_cycles(artifact, seed)} if fsim else {}
     except Exception as err:  # every failure of a point is reported in its row
         row["error"] = f"{type(err).__name__}: {err}"
         return row
@@ -59,14 +83,21 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
     # Layers an accelerator limit sent to the host add no cycles here: say how many, so no point looks faster
     # than it is.
     row.update(cycles=cycles, latency_us=cycles / cfg.clock_mhz, layers=len(layers),
-               host_fallbacks=len(artifact.graph.meta.get("fallbacks", {})))
+               host_fallbacks=len(artifact.graph.meta.get("fallbacks", {})), **ran)
     if area:
+        estimate = estimate_area(cfg)
+        row.update(bram36_est=estimate["bram36"], dsp_min=estimate["dsp"])
         try:
-            synth = synthesize(cfg, family=family, cache=default_cache())
+            synth = cached_synthesis(cfg, family, default_cache()) if cached_only \
+                else synthesize(cfg, family=family, cache=default_cache())
         except Exception as err:
             row["error"] = f"synth: {type(err).__name__}: {err}"
             return row
+        if synth is None:
+            return row
         row.update(synth["area"])
+        # The Yosys run's own time, also for a cached result: what the point costs to synthesize afresh.
+        row["synth_s"] = synth.get("seconds")
         row["fits"] = ",".join(b for b in sorted(BOARDS) if fits(synth["area"], BOARDS[b])["fits"])
     return row
 
@@ -91,10 +122,13 @@ def _dask(jobs: list[tuple], address: str) -> Iterator[dict[str, Any]]:
 
 def run_sweep(model: bytes, configs: list[tuple[dict[str, float], AcceleratorConfig]], *, area: bool = True,
               family: str = "xc7", seed: int = 0, workers: int | None = None, scheduler: str | None = None,
-              on_done: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Evaluate every point; rows come back in the order of `configs`. `scheduler`: a Dask scheduler
-    address (or a ``Client``-compatible cluster address); default: a local process pool of `workers`."""
-    jobs = [((model, cfg.to_dict(), knobs), {"area": area, "family": family, "seed": seed})
+              on_done: Callable[[dict[str, Any]], None] | None = None,
+              cached_only: bool = False, fsim: bool = False) -> list[dict[str, Any]]:
+    """Evaluate every point (:func:`evaluate_point`); rows come back in the order of `configs`. `scheduler`:
+    a Dask scheduler address (or a ``Client``-compatible cluster address); default: a local process pool of
+    `workers`."""
+    jobs = [((model, cfg.to_dict(), knobs), {"area": area, "family": family, "seed": seed,
+                                             "cached_only": cached_only, "fsim": fsim})
             for knobs, cfg in configs]
     rows = []
     stream = _dask(jobs, scheduler) if scheduler else _local(jobs, workers)
