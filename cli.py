@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bitstream": ("weft.runtime.cli", "generate board projects and list bitstreams"),
     "tune": ("weft.tools.tune_cli", "tune schedules of a model's accelerator layers"),
     "synth": ("weft.hw.cli", "synthesize the design with Yosys and report area"),
-    "dse": ("weft.compiler.dse.cli", "sweep configs: cycles and area, CSV and Pareto plot"),
+    "dse": ("weft.tools.dse.cli", "sweep configs: cycles and area, CSV and Pareto plot"),
     "report": ("weft.runtime.report", "per-layer table and roofline plot"),
 }
 

@@ -120,7 +120,9 @@ CASES = {
     "const_base past DRAM": (_set(_accel, "const_base", 2**31), "'sections.accel.meta.const_base' is 2147483648"),
     "negative value addr": (_set(_first_value, "addr", -8), "values.input_q.addr' is -8"),
     "value bytes past DRAM": (_set(_first_value, "bytes", 2**31), "values.input_q.bytes' is 2147483648"),
-    "layer program past DRAM": (_set(_first_layer, "insn_count", 1000), "insn_count' puts the program past"),
+    # as many instructions as the image has bytes: within the count's own range, past the image's end
+    "layer program past DRAM": (lambda m: _first_layer(m).__setitem__("insn_count", _accel(m)["dram_bytes"]),
+                                "insn_count' puts the program past"),
     "layer insn_bytes 0": (_set(_first_layer, "insn_bytes", 0), "layers[0].insn_bytes' is 0"),
     "layer input without a buffer": (_set(_first_layer, "inputs", ["nothing"]), "names 'nothing', which has no DRAM"),
     "layer without a schedule": (_drop(_first_layer, "schedule"), "layers[0].schedule' is missing"),

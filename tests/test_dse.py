@@ -10,9 +10,9 @@ import pytest
 
 from weft.cli import main
 from weft.compiler import models
-from weft.compiler.dse import evaluate_point, expand_grid, pareto_front, parse_sweep, run_sweep
 from weft.config import load_config
 from weft.progress import Progress, progress
+from weft.tools.dse import evaluate_point, expand_grid, pareto_front, parse_sweep, run_sweep
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_weft_dse_on_a_dask_scheduler_writes_the_local_rows(model, tmp_path, cap
 def test_cached_area_takes_only_what_the_synthesis_cache_holds(model, tmp_path, monkeypatch):
     import json
 
-    from weft.compiler.dse import sweep
+    from weft.tools.dse import sweep
 
     monkeypatch.setattr(sweep, "default_cache", lambda: tmp_path)
     (a, cfg_a), (_, cfg_b) = expand_grid(load_config("tiny"), {"block": [4, 8]})[0]
@@ -150,7 +150,7 @@ def test_progress_bar_draws_only_when_enabled():
 
 
 def test_pareto_plot_colours_by_board_and_survives_a_sweep_of_errors(tmp_path):
-    from weft.compiler.dse.pareto import plot_pareto
+    from weft.tools.dse.pareto import plot_pareto
 
     rows = [{"config": "t-block4", "lut": 7000, "latency_us": 15.0, "fits": "kv260,pynq-z1", "pareto": True},
             {"config": "t-block64", "lut": 90000, "latency_us": 3.0, "fits": "zcu104", "pareto": True},

@@ -99,3 +99,12 @@ def test_a_wide_output_tile_runs_its_vector_steps_in_chunks_bit_exact(residual):
     roles = meta["instructions_by_role"]
     assert roles["epilogue add_vec"] % 2 == 0 and roles["epilogue mul_vec"] == 2 * meta["tasks"]
     assert_bit_exact(art, {"x": rand(1, 16, 4, 4, seed=9) - 0.3}, timing=True)
+
+
+def test_refit_leaves_wide_residuals_alone():
+    """An int16 residual has 65,536 values: the pairwise refit would need 2**31 pairs (gigabytes), so it
+    declines at once and the add stays a step of its own."""
+    sub = (("mul_imm", 3), ("add_imm", 5), ("shr_imm", 2))
+    assert alu._refit(sub, 7, (-(1 << 15), (1 << 15) - 1), top=1 << 15, acc_width=32) is None
+    # int8 still refits: folding + 7 into the add (5 + (7 << 2) = 33) is exact
+    assert alu._refit(sub, 7, (-(1 << 15), (1 << 15) - 1), top=1 << 7, acc_width=32) is not None

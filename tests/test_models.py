@@ -365,7 +365,7 @@ def test_build_saves_a_loadable_model(tmp_path):
     assert loaded.SerializeToString() == model.SerializeToString()
     assert input_shape(loaded) == [8, 64]
     assert set(MODELS) == {"resnet18", "small_resnet", "vgg_small", "mlp", "awkward_cnn", "reshape_net", "digits_cnn",
-                           "mobilenet_v2", "resnext"}
+                           "mobilenet_v2", "mobilenet_v2_224", "resnext"}
 
 
 def test_bad_arguments_are_named():

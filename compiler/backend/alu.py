@@ -117,6 +117,10 @@ def _absorb(sub: tuple[Step, ...], c: int, imm: tuple[int, int], channels: int |
     return new
 
 
+#: The most residual values :func:`_refit` enumerates (int8's 256; its pairwise bounds grow as the square).
+REFIT_VALUES = 1 << 10
+
+
 def _refit(sub: tuple[Step, ...], c: int, imm: tuple[int, int], top: int, acc_width: int) -> tuple[Step, ...] | None:
     """Residual sub-steps ``mul_imm m, add_imm d, shr_imm s`` (each left out where m = 1, d = 0, s = 0), no
     more of them than `sub` has, that compute `sub` then ``+ c`` for every residual value; None if none do.
@@ -125,7 +129,10 @@ def _refit(sub: tuple[Step, ...], c: int, imm: tuple[int, int], top: int, acc_wi
     ``2 * top`` values of ``[-top, top)``, and the result is compared with ``wrap(sub(r) + c)`` on each (with
     the ALU's wrapping semantics, :func:`~weft.core.epilogue.run_steps`). The pair add that follows wraps,
     so adding ``c`` inside the residual or after it is the same modulo ``2**acc_width``. A per-channel `sub`
-    is refitted only where every channel computes the same function."""
+    is refitted only where every channel computes the same function, and only for residuals of up to
+    :data:`REFIT_VALUES` values (the chord bounds below take every pair: int16 would need 2**31 of them)."""
+    if 2 * top > REFIT_VALUES:
+        return None
     r = np.arange(-top, top, dtype=np.int64)
     channels = next((len(op) for _, op in sub if isinstance(op, np.ndarray)), 1)
     got = run_steps(np.repeat(r[:, None], channels, axis=1), sub, acc_width)

@@ -108,12 +108,14 @@ def _fused_conv(p: Planner, node: Node) -> None:
         schedule = p.tuned.get(workload.key)
         p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
         # a tuning log's schedule is the direct kernel's: untuned 3x3 stride-1 convolutions take Winograd's,
-        # untuned 1x1 ones the pixel-axis product where the direct kernel's rows tile poorly
+        # untuned 1x1 ones the pixel-axis product where the direct kernel's rows tile poorly (both shaped and
+        # measured on CPUs: a GPU keeps the direct kernel)
         packed = nn.pack_conv_weights(w, bi, bo)
-        if schedule is None and winograd_applies(spec):
+        cpu = schedule is None and p.target.kind == "cpu"
+        if cpu and winograd_applies(spec):
             packed = pack_winograd_weights(w, bi, bo)
             kernel = winograd_kernel("wconv", spec, p.target, act=act, clip=clip, residual=residual)
-        elif schedule is None and len(out_shape) == 4 and pointwise_applies(spec, p.target):
+        elif cpu and len(out_shape) == 4 and pointwise_applies(spec, p.target):
             kernel = pointwise_kernel("pconv", spec, p.target, act=act, clip=clip, residual=residual)
         else:
             kernel = workload.kernel(p.target, schedule)

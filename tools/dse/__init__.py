@@ -6,8 +6,8 @@
 - :mod:`.cli`: ``weft dse``.
 """
 
-from weft.compiler.dse.knobs import KNOBS, expand_grid, parse_sweep
-from weft.compiler.dse.pareto import pareto_front
-from weft.compiler.dse.sweep import evaluate_point, run_sweep
+from weft.tools.dse.knobs import KNOBS, expand_grid, parse_sweep
+from weft.tools.dse.pareto import pareto_front
+from weft.tools.dse.sweep import evaluate_point, run_sweep
 
 __all__ = ["KNOBS", "evaluate_point", "expand_grid", "pareto_front", "parse_sweep", "run_sweep"]

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from weft.cli_common import add_config_option
-from weft.compiler.dse.knobs import DERIVED_KNOBS, KNOBS, expand_grid, parse_sweep, point_name
-from weft.compiler.dse.pareto import pareto_front, plot_pareto, write_csv
-from weft.compiler.dse.sweep import run_sweep
 from weft.config import load_config
 from weft.errors import UsageError, read_input, user_file
 from weft.hw.synth import BOARDS
 from weft.progress import Progress
+from weft.tools.dse.knobs import DERIVED_KNOBS, KNOBS, expand_grid, parse_sweep, point_name
+from weft.tools.dse.pareto import pareto_front, plot_pareto, write_csv
+from weft.tools.dse.sweep import run_sweep
 
 __all__ = ["add_dse_arguments", "run_dse"]
 
