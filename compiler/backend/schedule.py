@@ -325,8 +325,8 @@ LOOP_CYCLES = 16
 #: Cycles per DRAM row a load requests: a load keeps UNPACK_DEPTH rows in flight (hw.dma's unpack queue)
 #: against the board DRAM's read latency, so windows of many short rows are bound by requests, not bytes.
 ROW_CYCLES = DramTiming.pynq_z1().read_latency / UNPACK_DEPTH
-#: Share of bus cycles that move a beat on a typical board DRAM.
-DUTY = 0.75
+#: Share of bus cycles that move a beat on the board DRAM the cycles are counted with.
+DUTY = DramTiming.pynq_z1().read_duty
 #: Share of the other units' time that overlapping does not hide (a unit waits at stage boundaries).
 OVERLAP_LOSS = 0.1
 
