@@ -32,18 +32,19 @@ def test_conv_tiles_fit_the_register_file_and_hide_the_fma_latency(target):
         r, ocb = nn.conv_tiles(spec, target)
         blocks = spec.cout // spec.bo
         assert ow % r == 0 and blocks % ocb == 0
-        assert r * ocb + ocb + 2 <= target.vector_registers  # accumulators, weights, the broadcast, one spare
+        assert r * ocb + ocb + 1 <= target.vector_registers  # accumulators, weights, the broadcast
         assert nn.ConvSchedule(r, ocb).illegal_for(spec, target) is None
         # every shape here allows a tile of 7 accumulators or more; take one (FMA latency x pipes is 8)
         enough = max(a * b for a in range(1, ow + 1) for b in range(1, blocks + 1)
-                     if ow % a == 0 and blocks % b == 0 and a * b + b + 2 <= target.vector_registers)
+                     if ow % a == 0 and blocks % b == 0 and a * b + b + 1 <= target.vector_registers)
         assert r * ocb >= min(7, enough), (cin, cout, ow, r, ocb)
 
 
 def test_latency_bound_tiles_score_below_balanced_ones():
     assert nn.tile_score(1, 4) < nn.tile_score(7, 1) < nn.tile_score(4, 2)
-    assert nn.tile_score(4, 2) == pytest.approx(nn.tile_score(2, 4))
-    assert nn.tile_score(6, 2) > nn.tile_score(4, 2)  # alike in the model: fewer loads per FMA wins
+    assert nn.tile_score(4, 2) > nn.tile_score(2, 4)  # a weight vector costs more than a broadcast
+    assert nn.tile_score(4, 3) > nn.tile_score(6, 2) > nn.tile_score(4, 2)  # 12 accumulators spread the loads
+    assert nn.tile_score(4, 2) > nn.tile_score(14, 1)  # 15 loads for 14 FMAs
     # a wider register file reaches tiles the narrow one cannot hold
     spec = nn.ConvSpec(1, 512, 7, 7, 2048, 1, 1, (1, 1), 16, 16)
     assert nn.conv_tiles(spec, AVX2) == (7, 1)

@@ -87,35 +87,41 @@ def pack_conv_weights(w: np.ndarray, bi: int, bo: int) -> np.ndarray:
         w.reshape(o // bo, bo, c // bi, bi, kh, kw).transpose(0, 2, 4, 5, 3, 1), dtype=np.float32)
 
 
-#: What the tile model assumes of the core's FMA unit: two pipelined FMA pipes of 4 cycles' latency, fed by
-#: two loads a cycle. Every x86 core with FMA since Haswell and Zen 1 has this shape (Zen 2: latency 5,
-#: Skylake-X: 4); so have the wide ARM cores. The register file, which does differ, comes from the target.
-FMA_PIPES, FMA_LATENCY, LOAD_PORTS = 2, 4, 2
+#: What the tile model assumes of the core's FMA unit: two pipelined FMA pipes of 4 cycles' latency. Every x86
+#: core with FMA since Haswell and Zen 1 has this shape (Zen 2: latency 5, Skylake-X: 4); so have the wide ARM
+#: cores. The register file, which does differ, comes from the target.
+FMA_PIPES, FMA_LATENCY = 2, 4
+#: Cycles a reduction step spends on each vector load of weights and each broadcast of an input value beyond
+#: its FMAs: fitted to the micro-kernel's measured times on Zen 4 (AVX2; 1x1 and 3x3 convolutions, tiles
+#: 2x4, 4x2, 8x1, 14x1 and 4x3 within 2% of the model). The loads do not hide behind the FMAs: a weight vector
+#: costs more than a broadcast, so 4x2 beats 2x4 by 6 to 11% and 14x1 (15 loads) is slower than 4x2.
+WEIGHT_LOAD_CYCLES, BROADCAST_CYCLES = 0.7, 0.42
 
 
 def tile_score(r: int, ocb: int) -> float:
     """The modelled share of the FMA peak a tile of r output pixels by ocb channel blocks reaches.
 
-    One step of the reduction (one input channel) does r * ocb FMAs, loads ocb weight vectors and r
-    broadcasts, and cannot finish before the FMA latency (each accumulator's FMAs depend on each other):
-    1x4 (4 accumulators: latency-bound) reaches half of what 4x2 or 2x4 do. Among tiles the model rates
-    alike, fewer loads per FMA (more reuse of each load) wins by a small margin."""
-    fmas, loads = r * ocb, r + ocb
-    cycles = max(fmas / FMA_PIPES, loads / LOAD_PORTS, FMA_LATENCY)
-    return fmas / FMA_PIPES / cycles - 0.01 * loads / fmas
+    One step of the reduction (one input channel) does r * ocb FMAs, which cannot finish before the FMA
+    latency (each accumulator's FMAs depend on each other), and loads ocb weight vectors and r broadcasts
+    (:data:`WEIGHT_LOAD_CYCLES`, :data:`BROADCAST_CYCLES`): 1x4 (4 accumulators: latency-bound) reaches half
+    of what 4x2 does, and 12 accumulators (4x3, 6x2) spread the loads over more FMAs than 8 do."""
+    fmas = r * ocb
+    cycles = max(fmas / FMA_PIPES, FMA_LATENCY) + WEIGHT_LOAD_CYCLES * ocb + BROADCAST_CYCLES * r
+    return fmas / FMA_PIPES / cycles
 
 
 def register_tiles(rows: int, blocks: int, target: Target) -> tuple[int, int]:
     """(r, ocb) of a register-blocked product: r of `rows` (output pixels, matrix rows) by ocb of `blocks`
     vector blocks of output channels; the best :func:`tile_score` of the tiles that fit the target.
 
-    The ``r * ocb`` accumulators, ``ocb`` weight vectors and the broadcast must fit the register file with
-    one register to spare: a tile that fills all of them (4x3 on AVX2's 16) spills in this loop and runs
-    slower than 4x2 (measured). r divides `rows` and ocb `blocks`, so that no tile needs a guard.
+    The ``r * ocb`` accumulators, ``ocb`` weight vectors and the broadcast must fit the register file: 4x3
+    fills AVX2's 16 exactly and runs 7 to 9% faster than 4x2 (measured on 1x1 and 3x3 convolutions); one
+    more (7x2, 5x3) spills, and runs at half the speed. r divides `rows` and ocb `blocks`, so that no tile
+    needs a guard.
     """
     regs = target.vector_registers  # (bounds both loops: a matrix may have thousands of rows)
     fits = [(r, ocb) for ocb in range(1, min(blocks, regs) + 1) if blocks % ocb == 0
-            for r in range(1, min(rows, regs) + 1) if rows % r == 0 and r * ocb + ocb + 2 <= regs]
+            for r in range(1, min(rows, regs) + 1) if rows % r == 0 and r * ocb + ocb + 1 <= regs]
     return max(fits, key=lambda t: tile_score(*t), default=(1, 1))
 
 
