@@ -5,11 +5,12 @@ Each 2x2 block of outputs (a tile) comes from a 4x4 patch of input: ``Y = A^T [(
 multiply-adds drop 2.25 times and become 16 independent matrix products, one per position of the 4x4
 transformed tile. The kernel runs three stages over scratch buffers::
 
-    v[pos, c.o, n, th, tw, c.i] = (B^T d B)[pos]       # input transform: additions only, 16 outputs per patch
-    m[pos, k.o, n, th, tw, k.i] = sum_c v[..c..] * u[pos, k.o, c.o, c.i, k.i]   # 16 register-tiled GEMMs
+    v[pos, c.o, q, c.i] = (B^T d B)[pos]        # input transform: additions only, 16 outputs per patch
+    m[pos, k.o, q, k.i] = sum_c v[..c..] * u[pos, k.o, c.o, c.i, k.i]   # 16 register-tiled GEMMs
     y[n, k.o, 2th + a, 2tw + b, k.i] = act((A^T m A)[a, b] + bias (+ residual))  # output transform, epilogue
 
-The weights are transformed once when the plan is made (:func:`pack_winograd_weights`, in float64). The
+where q = (n, th, tw) runs over every tile of every image as one axis (the GEMMs' rows). The weights are
+transformed once when the plan is made (:func:`pack_winograd_weights`, in float64). The
 transforms' coefficients are 0, 1/2 and +-1: the error this adds is a few float32 roundings per output,
 measured against onnxruntime by the tests (relative error well under 1e-4). In each transform stage the
 16 (or 4) positions are one unrolled loop, so every position's expression keeps only its own few terms.
@@ -22,7 +23,7 @@ import numpy as np
 from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, Expr, Var, minimum, select
 from weft.compiler.llvm.layout import Layout
-from weft.compiler.llvm.nn import ConvSpec, conv_epilogue, register_tiles
+from weft.compiler.llvm.nn import ConvSpec, conv_epilogue, register_tiles, tile_score
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
 
@@ -64,6 +65,16 @@ def _chain(index: Expr, cases: list[Expr]) -> Expr:
     return out
 
 
+def _rows(tiles: int, blocks: int, target: Target) -> int:
+    """The tile count rounded up to the multiple of a register tile's height with the best
+    :func:`~weft.compiler.llvm.nn.tile_score` (a padding row costs its share of the work)."""
+
+    def score(rows: int) -> float:
+        return tile_score(*register_tiles(rows, blocks, target)) * tiles / rows
+
+    return max(sorted({-(-tiles // r) * r for r in range(1, target.vector_registers + 1)}), key=score)
+
+
 def winograd_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,
                     residual: Operand | None = None) -> Kernel:
     """3x3 stride-1 convolution + bias (+ residual) (+ ReLU or clip) by F(2x2, 3x3) (see the module
@@ -83,7 +94,11 @@ def winograd_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "no
     u = Buffer("u", (16, kb_, cb_, s.bi, s.bo))
     bias = Buffer("bias", (kb_, s.bo))
 
-    def transform_in(pos: Var, cb: Var, n: Var, th: Var, tw: Var, c: Var) -> Expr:
+    tiles = s.n * th_ * tw_  # the GEMMs' rows: every tile of every image, one axis (see below)
+
+    def transform_in(pos: Var, cb: Var, q: Var, c: Var) -> Expr:
+        n, th, tw = q // (th_ * tw_), q % (th_ * tw_) // tw_, q % tw_
+
         def d(i: int, j: int) -> Expr:
             # past the input's edge (only the 4th row or column of an odd size's last tile, which feeds
             # only the outputs that are not stored), read the edge: any finite value does
@@ -97,33 +112,39 @@ def winograd_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "no
         return _chain(pos, [_combine([(_BT[a][i] * _BT[b][j], d(i, j)) for i in range(4) for j in range(4)
                                       if _BT[a][i] and _BT[b][j]]) for a in range(4) for b in range(4)])
 
-    v = compute("v", (16, cb_, s.n, th_, tw_, s.bi), transform_in)
-    pos, cb, n, th, tw, c = v.axes
-    v.reorder(cb, n, th, tw, pos, c)
+    v = compute("v", (16, cb_, tiles, s.bi), transform_in)
+    pos, cb, q, c = v.axes
+    v.reorder(cb, q, pos, c)
     v.unroll(pos)
     v.vectorize(c)
-    v.parallel(v.fuse(cb, n, th))
+    v.parallel(v.fuse(cb, q))
 
+    # The 16 GEMMs run over all tiles as one axis of rows, rounded up to a multiple of the best register
+    # tile's height (the extra rows repeat the last tile, and no output reads them): a row of tiles alone
+    # (7 tiles in a 14-wide layer) would leave a 7x1 register tile, 8 loads for 7 FMAs.
+    rows = _rows(tiles, kb_, target)
     rco, rci = reduce_axis(cb_, "rc.o"), reduce_axis(s.bi, "rc.i")
-    m = compute("m", (16, kb_, s.n, th_, tw_, s.bo),
-                lambda p, kb, n, th, tw, k: reduce_sum(v.out[p, rco, n, th, tw, rci] * u[p, kb, rco, rci, k],
-                                                       [rco, rci]))
-    r, ocb = register_tiles(tw_, kb_, target)
-    pos, kb, n, th, tw, k = m.axes
-    two, twi = m.split(tw, r)
+    last = tiles - 1
+    m = compute("m", (16, kb_, rows, s.bo),
+                lambda p, kb, q, k: reduce_sum(v.out[p, rco, minimum(q, last) if rows > tiles else q, rci]
+                                               * u[p, kb, rco, rci, k], [rco, rci]))
+    r, ocb = register_tiles(rows, kb_, target)
+    pos, kb, q, k = m.axes
+    qo, qi = m.split(q, r)
     kbo, kbi = m.split(kb, ocb)
-    m.reorder(pos, kbo, n, th, two, rco, rci, twi, kbi, k)
+    m.reorder(pos, kbo, qo, rco, rci, qi, kbi, k)
     m.cache_write()
     m.vectorize(k)
-    m.unroll(twi)
+    m.unroll(qi)
     m.unroll(kbi)
-    m.parallel(m.fuse(pos, kbo, n, th))
+    m.parallel(m.fuse(pos, kbo, qo))
 
     out_shape = (s.n, s.cout, oh_, ow_)
     epilogue = conv_epilogue(bias, residual, out_shape, Layout(s.bo), act, clip)
 
     def transform_out(n: Expr, kb: Expr, th: Expr, a: Expr, tw: Expr, b: Expr, k: Expr) -> Expr:
-        cases = [_combine([(_AT[ya][i] * _AT[xb][j], m.out[i * 4 + j, kb, n, th, tw, k]) for i in range(4)
+        q = (n * th_ + th) * tw_ + tw
+        cases = [_combine([(_AT[ya][i] * _AT[xb][j], m.out[i * 4 + j, kb, q, k]) for i in range(4)
                            for j in range(4) if _AT[ya][i] and _AT[xb][j]]) for ya in range(2) for xb in range(2)]
         return _chain(a, [_chain(b, cases[0:2]), _chain(b, cases[2:4])])
 
