@@ -1,6 +1,6 @@
-"""Winograd F(2x2, 3x3) on the cpu backend: which convolutions take it, and its results against the float
-reference and onnxruntime (relative error <= 1e-4) on even and odd sizes, pads, halos, fused epilogues and
-residuals."""
+"""Winograd F(2x2, 3x3) and F(4x4, 3x3) on the cpu backend: which convolutions take which, and their results
+against the float reference and onnxruntime (relative error <= 1e-4) on even and odd sizes, pads, halos,
+fused epilogues and residuals."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from weft.compiler.llvm.graph import plan_graph
 from weft.compiler.llvm.jit import build
 from weft.compiler.llvm.layout import Layout
 from weft.compiler.llvm.target import host_target
-from weft.compiler.llvm.winograd import pack_winograd_weights, winograd_applies, winograd_kernel
+from weft.compiler.llvm.winograd import (
+    TRANSFORMS,
+    pack_winograd_weights,
+    winograd_applies,
+    winograd_kernel,
+    winograd_tile,
+)
 from weft.core.float_ops import conv2d, fused_conv
 from weft.core.ir import Graph, Node, Value
 from weft.runtime import InferenceSession
@@ -42,18 +48,42 @@ def test_which_convolutions_take_winograd():
     assert not winograd_applies(nn.ConvSpec(1, 3, 10, 10, 16, 3, 3, (1, 1), 1, 8))  # a plain NCHW input
 
 
-@pytest.mark.parametrize(("c", "o", "h", "w"), [(16, 16, 8, 8), (8, 24, 7, 7), (24, 8, 5, 9), (16, 32, 1, 1)])
-def test_kernel_against_the_reference(c, o, h, w):
-    """The kernel alone on an input padded by 1 (odd sizes clamp the last tile's reads inside the buffer)."""
+def test_which_tile_each_convolution_takes():
+    """F(4x4) where its tiles are many enough to reuse its 36 weights per filter, F(2x2) elsewhere."""
+    def tile(n: int, hw: int) -> int:
+        return winograd_tile(nn.ConvSpec(n, 16, hw + 2, hw + 2, 16, 3, 3, (1, 1), 8, 8))
+
+    assert tile(1, 56) == tile(1, 28) == tile(1, 24) == 4
+    assert tile(1, 14) == tile(1, 7) == tile(1, 20) == 2
+    assert tile(2, 14) == 4  # two images: 32 tiles
+
+
+def test_transforms_compute_a_convolution():
+    """Each F(m x m, 3x3)'s matrices: A^T [(G g G^T) * (B^T d B)] A is the valid 3x3 correlation of d."""
+    rng = np.random.default_rng(0)
+    for m, (bt, g, at) in TRANSFORMS.items():
+        d, w = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+        bt_, at_ = np.array(bt, float), np.array(at, float)
+        y = at_ @ ((g @ w @ g.T) * (bt_ @ d @ bt_.T)) @ at_.T
+        want = np.array([[np.sum(d[i:i + 3, j:j + 3] * w) for j in range(m)] for i in range(m)])
+        np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+@pytest.mark.parametrize(("c", "o", "h", "w"), [(16, 16, 8, 8), (8, 24, 7, 7), (24, 8, 5, 9), (16, 32, 1, 1),
+                                                (8, 8, 13, 6)])
+def test_kernel_against_the_reference(c, o, h, w, tile):
+    """The kernel alone on an input padded by 1 (sizes the tile does not divide clamp the last tile's reads
+    inside the buffer)."""
     target = host_target()
     b = 8
     spec = nn.ConvSpec(1, c, h + 2, w + 2, o, 3, 3, (1, 1), b, b)
     x, wt, bias = rand(1, c, h + 2, w + 2, seed=1), rand(o, c, 3, 3, seed=2, scale=0.3), rand(o, seed=3)
-    kernel = winograd_kernel("wconv", spec, target, act="clip", clip=(-1.0, 1.5))
+    kernel = winograd_kernel("wconv", spec, target, act="clip", clip=(-1.0, 1.5), tile=tile)
     fn = build(kernel)
     y = np.zeros((1, o // b, h, w, b), np.float32)
     temps = [np.zeros(t.shape, np.float32) for t in kernel.temps]
-    fn(Layout(b).to_numpy(x), pack_winograd_weights(wt, b, b), bias.reshape(-1, b), y, *temps, nthreads=2)
+    fn(Layout(b).to_numpy(x), pack_winograd_weights(wt, b, b, tile), bias.reshape(-1, b), y, *temps, nthreads=2)
     want = np.clip(conv2d(x.astype(np.float64), wt.astype(np.float64), bias.astype(np.float64), (1, 1),
                           (0, 0, 0, 0)), -1.0, 1.5)
     assert rel_err(Layout(b).from_numpy(y), want) <= RTOL
@@ -93,6 +123,8 @@ def conv_graph(n: int, c: int, o: int, h: int, w: int, pads: tuple[int, int, int
     (1, 16, 16, 8, 8, (0, 0, 0, 0), "relu", False),  # no pads: the second convolution reads a halo of 1
     (1, 16, 24, 6, 6, (2, 2, 2, 2), "relu", False),  # pads wider than the halo a producer leaves
     (1, 16, 16, 6, 9, (0, 1, 1, 0), "none", False),  # asymmetric pads
+    (1, 16, 16, 24, 24, (1, 1, 1, 1), "relu", True),  # 36 tiles: F(4x4)
+    (1, 8, 16, 26, 23, (1, 1, 1, 1), "clip", False),  # F(4x4) with partial tiles on both axes
 ])
 def test_chained_layers_against_the_reference(n, c, o, h, w, pads, act, residual):
     g, feeds, consts = conv_graph(n, c, o, h, w, pads, act, residual, seed=7)

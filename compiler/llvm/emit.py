@@ -67,6 +67,12 @@ class EmitError(WeftError, ValueError):
     barrier in code for a CPU, a vectorized loop whose lanes all store to one element."""
 
 
+#: the integer operations :meth:`Emitter.static` evaluates
+_STATIC_OPS = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+               "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+               "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
 class Emitter:
     """Emits statements into `builder`'s function. `buffers` maps each buffer to its base pointer;
     `bind_thread(tag)` (GPU only) gives the value of a thread index."""
@@ -223,6 +229,9 @@ class Emitter:
         if isinstance(e, Bin):
             return self.binary(e)
         if isinstance(e, Select):
+            known = self.static(e.cond)
+            if known is not None:  # (an unrolled loop's constant picks a case: emit only that one)
+                return self.expr(e.t if known else e.f)
             c, t, f = self.expr(e.cond), self.expr(e.t), self.expr(e.f)
             lanes = max(c.lanes, t.lanes, f.lanes)
             c, t, f = self.widen(c, lanes), self.widen(t, lanes), self.widen(f, lanes)
@@ -232,6 +241,22 @@ class Emitter:
         if isinstance(e, Call):
             return self.call(e)
         raise TypeError(f"cannot emit {type(e).__name__}")
+
+    def static(self, e: Expr) -> int | bool | None:
+        """The value of integer or comparison expression `e` when constants and the constants an unrolled
+        loop binds determine it (None otherwise): a select on it then emits one side only."""
+        if isinstance(e, Const):
+            return e.value if e.dtype in ("i64", "bool") else None  # type: ignore[return-value]
+        if isinstance(e, Var):
+            if self.vec is not None and e is self.vec[0]:
+                return None
+            v = self.env.get(e)
+            return v.constant if isinstance(v, ir.Constant) and v.type == I64 else None
+        if isinstance(e, Bin) and e.op in _STATIC_OPS and e.a.dtype == "i64" and e.b.dtype == "i64":
+            a = self.static(e.a)
+            b = self.static(e.b) if a is not None else None
+            return None if b is None else _STATIC_OPS[e.op](a, b)
+        return None
 
     def load(self, e: Load) -> Val:
         buf = e.buffer

@@ -21,7 +21,7 @@ from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
 from weft.compiler.llvm.pointwise import pointwise_applies, pointwise_kernel
 from weft.compiler.llvm.te import Kernel, compute
-from weft.compiler.llvm.winograd import pack_winograd_weights, winograd_applies, winograd_kernel
+from weft.compiler.llvm.winograd import pack_winograd_weights, winograd_applies, winograd_kernel, winograd_tile
 from weft.core.errors import UnsupportedError
 from weft.core.float_ops import conv_out_size, full_pads, pool_geometry, slice_index
 from weft.core.ir import Graph, Node, numpy_dtype
@@ -113,8 +113,9 @@ def _fused_conv(p: Planner, node: Node) -> None:
         packed = nn.pack_conv_weights(w, bi, bo)
         cpu = schedule is None and p.target.kind == "cpu"
         if cpu and winograd_applies(spec):
-            packed = pack_winograd_weights(w, bi, bo)
-            kernel = winograd_kernel("wconv", spec, p.target, act=act, clip=clip, residual=residual)
+            tile = winograd_tile(spec)
+            packed = pack_winograd_weights(w, bi, bo, tile)
+            kernel = winograd_kernel("wconv", spec, p.target, act=act, clip=clip, residual=residual, tile=tile)
         elif cpu and len(out_shape) == 4 and pointwise_applies(spec, p.target):
             kernel = pointwise_kernel("pconv", spec, p.target, act=act, clip=clip, residual=residual)
         else:
