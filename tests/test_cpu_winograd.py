@@ -131,6 +131,10 @@ def test_chained_layers_against_the_reference(n, c, o, h, w, pads, act, residual
     plan = plan_graph(g)
     names = [s.kernel.name for s in plan.steps if s.node == "c1"]
     assert "wconv" in names, names
+    top, left, bottom, right = pads
+    tiles = n * -(-(h + top + bottom - 2) // 4) * -(-(w + left + right - 2) // 4)  # c1's output: c0's size
+    m = 4 if tiles >= 32 else 2
+    assert plan.algorithms["c1"] == f"winograd F({m}x{m})"
     got = plan.run(feeds, threads=2)[0]["y"]
     a = fused_conv(g.nodes[0], feeds["x"], consts["w0"], consts["b0"], None)
     want = fused_conv(g.nodes[1], a.astype(np.float32), consts["w1"], consts["b1"], feeds.get("r"))
@@ -159,3 +163,6 @@ def test_onnx_resnet_block_against_onnxruntime():
     feeds = {"x": rand(1, c, 14, 14, seed=9)}
     sess = InferenceSession(weft.compile(model, target="cpu"), device="cpu", threads=2)
     assert rel_err(sess.run(None, feeds)[0], ort_run(model, feeds)[0]) <= RTOL
+    # each layer's figures say what ran it: 14x14 makes 16 tiles of F(4x4), too few: F(2x2)
+    algorithms = [layer.get("algorithm") for layer in sess.stats["layers"] if "Conv" in layer["op"]]
+    assert algorithms == ["winograd F(2x2)"] * 2, sess.stats["layers"]

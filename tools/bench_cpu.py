@@ -202,8 +202,8 @@ def _layer_figures(layer: dict[str, Any], peak: float) -> dict[str, Any]:
     """One layer of the last run: its time, GFLOP/s and that rate's share of the machine's measured peak.
     The FLOPs are the direct convolution's: a Winograd layer does fewer, so its share may pass 1."""
     gflops = 2 * layer["macs"] / max(layer["seconds"], 1e-12) / 1e9
-    return {"name": layer["name"], "op": layer["op"], "ms": layer["seconds"] * 1e3, "gflops": gflops,
-            "fraction_of_peak": gflops / peak}
+    return {"name": layer["name"], "op": layer["op"], "algorithm": layer.get("algorithm"),
+            "ms": layer["seconds"] * 1e3, "gflops": gflops, "fraction_of_peak": gflops / peak}
 
 
 def bench_cpu_tune(config: str, model: str = "resnet18", repeat: int = 30, threads: int | None = None,

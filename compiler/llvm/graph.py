@@ -66,7 +66,8 @@ def plan_steps(graph: Graph, target: Target, tuned: Mapping[str, ConvSchedule] |
         outs = [graph.values[o].logical_shape for o in node.outputs]
         layers.append((node.name, node.op, macs_of(node, ins, outs), list(outs[0] or ())))
     outputs = {name: p.primary[name] if name in p.primary else p.get(name) for name in graph.outputs}
-    return HostPlan(graph, target, p.steps, inputs, outputs, p.all, layers, 0.0, dict(p.primary), convs=p.convs)
+    return HostPlan(graph, target, p.steps, inputs, outputs, p.all, layers, 0.0, dict(p.primary), convs=p.convs,
+                    algorithms=p.algorithms)
 
 
 def plan_graph(graph: Graph, target: Target | None = None, *, cache_dir: str | Path | None = None,

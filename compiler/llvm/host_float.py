@@ -19,7 +19,7 @@ from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, Expr, cast, dtype_of_numpy, maximum, minimum
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN, Layout, block_for
-from weft.compiler.llvm.pointwise import pointwise_applies, pointwise_kernel
+from weft.compiler.llvm.pointwise import pointwise_applies, pointwise_kernel, pointwise_tile
 from weft.compiler.llvm.te import Kernel, compute
 from weft.compiler.llvm.winograd import pack_winograd_weights, winograd_applies, winograd_kernel, winograd_tile
 from weft.core.errors import UnsupportedError
@@ -54,6 +54,7 @@ def _fused_conv(p: Planner, node: Node) -> None:
         if res_name:
             args.append(p.get(res_name, PLAIN, node))
         kernel = nn.dense_kernel("dense", n, c, o, bo, p.target, act=act, clip=clip, residual=bool(res_name))
+        p.algorithms[node.name] = "dense"
         y = p.new(node.outputs[0], out_shape, PLAIN)
         p.step(node.name, kernel, [*args, y])
         return
@@ -98,6 +99,7 @@ def _fused_conv(p: Planner, node: Node) -> None:
     residual = Operand(Buffer("residual", r_layout.physical(shape4)), shape4, r_layout) if r_layout else None
     if groups > 1:  # not tuned: host tuning times ungrouped convolutions only
         packed = depthwise_weights(w, bo) if depthwise else nn.pack_conv_weights(w, bi, bo)
+        p.algorithms[node.name] = "depthwise" if depthwise else "grouped"
         if depthwise:
             kernel = depthwise_kernel("dwconv", spec, p.target, act=act, clip=clip, residual=residual)
         else:
@@ -116,10 +118,15 @@ def _fused_conv(p: Planner, node: Node) -> None:
             tile = winograd_tile(spec)
             packed = pack_winograd_weights(w, bi, bo, tile)
             kernel = winograd_kernel("wconv", spec, p.target, act=act, clip=clip, residual=residual, tile=tile)
+            p.algorithms[node.name] = f"winograd F({tile}x{tile})"
         elif cpu and len(out_shape) == 4 and pointwise_applies(spec, p.target):
             kernel = pointwise_kernel("pconv", spec, p.target, act=act, clip=clip, residual=residual)
+            p.algorithms[node.name] = "pointwise {}x{}".format(*pointwise_tile(spec, p.target))
         else:
             kernel = workload.kernel(p.target, schedule)
+            chosen = schedule or nn.ConvSchedule.default(spec, p.target)
+            tile = f" {chosen.r}x{chosen.ocb}" if p.target.kind == "cpu" else ""  # (a GPU maps it otherwise)
+            p.algorithms[node.name] = "direct" + tile + (" (tuned)" if schedule else "")
     args = [src, constant_tensor(p, node, "w", packed), constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
     if r_t is not None:
         args.append(r_t)

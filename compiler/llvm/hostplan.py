@@ -105,11 +105,15 @@ class HostPlan:
     values_by_name: dict[str, Tensor] = field(default_factory=dict)
     #: the plan's buffers are reused by every run: one run at a time
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: conv node -> (ConvWorkload, ConvSchedule, whether a tuning log chose it)
+    #: conv node -> (ConvWorkload, ConvSchedule, whether a tuning log chose it): the direct kernel's
+    #: schedule, which tuning starts from (:attr:`algorithms` says what runs)
     convs: dict[str, tuple[Any, Any, bool]] = field(default_factory=dict)
+    #: conv node -> the algorithm and register tile its kernel runs ("winograd F(4x4)", "pointwise 6x2",
+    #: "direct 4x3", "depthwise", "grouped", "dense"), in each layer's figures as ``algorithm``
+    algorithms: dict[str, str] = field(default_factory=dict)
     #: what every run repeats, made by the first (the steps and buffers are fixed by then): per layer
-    #: (name, op, kernel, MACs, shape), and per output its array in the logical layout (None: packed)
-    _rows: list[tuple[str, str, str, int, list[int]]] | None = field(default=None, repr=False)
+    #: (name, op, kernel, MACs, shape, algorithm), and per output its array in the logical layout (None: packed)
+    _rows: list[tuple[str, str, str, int, list[int], str | None]] | None = field(default=None, repr=False)
     _output_views: dict[str, np.ndarray | None] | None = field(default=None, repr=False)
 
     @property
@@ -149,10 +153,12 @@ class HostPlan:
                    for name, view in self._output_views.items()}
         if self._rows is None:
             runners = self.runners()
-            self._rows = [(n, op, runners.get(n, "none"), macs, shape) for n, op, macs, shape in self.layers]
+            self._rows = [(n, op, runners.get(n, "none"), macs, shape, self.algorithms.get(n))
+                          for n, op, macs, shape in self.layers]
         get = seconds.get
         layers = [{"name": n, "op": op, "target": "host", "kernel": kernel, "macs": macs, "shape": shape,
-                   "seconds": get(n, 0.0)} for n, op, kernel, macs, shape in self._rows]
+                   "seconds": get(n, 0.0), **({"algorithm": algo} if algo else {})}
+                  for n, op, kernel, macs, shape, algo in self._rows]
         return outputs, layers
 
     def runners(self) -> dict[str, str]:
@@ -214,6 +220,8 @@ class Planner:
         self.tuned: Mapping[str, Any] = {}
         #: conv node -> (workload, schedule, tuned), as the handlers chose them
         self.convs: dict[str, tuple[Any, Any, bool]] = {}
+        #: conv node -> the algorithm and register tile of its kernel ("winograd F(4x4)", "direct 4x3"...)
+        self.algorithms: dict[str, str] = {}
 
     # ---- tensors -----------------------------------------------------------------------------------
     def new(self, name: str, shape: Sequence[int], layout: Layout, dtype: str = "f32", primary: bool = True) -> Tensor:
@@ -306,11 +314,12 @@ class Planner:
             return handler(self, node)
         # a case the handler does not cover (an attribute value, a runtime-valued weight...) is no refusal:
         # forget what it planned and run the node through numpy
-        saved = (len(self.steps), len(self.all), dict(self.tensors), dict(self.primary), dict(self.convs))
+        saved = (len(self.steps), len(self.all), dict(self.tensors), dict(self.primary), dict(self.convs),
+                 dict(self.algorithms))
         try:
             handler(self, node)
         except UnsupportedError:
-            steps, count, self.tensors, self.primary, self.convs = saved
+            steps, count, self.tensors, self.primary, self.convs, self.algorithms = saved
             del self.steps[steps:], self.all[count:]
             self.numpy_step(node)
 

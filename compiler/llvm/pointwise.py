@@ -24,7 +24,7 @@ from weft.compiler.llvm.nn import ConvSpec, conv_epilogue, conv_tiles, register_
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
 
-__all__ = ["MARGIN", "pointwise_applies", "pointwise_kernel"]
+__all__ = ["MARGIN", "pointwise_applies", "pointwise_kernel", "pointwise_tile"]
 
 #: how much faster (modelled) the pixel axis's tile must be than the direct kernel's for this kernel to win
 MARGIN = 1.10
@@ -40,6 +40,12 @@ def _pixels(spec: ConvSpec, target: Target) -> tuple[int, int]:
 
     rounded = {-(-pixels // r) * r for r in range(1, target.vector_registers + 1)}
     return pixels, max(sorted(rounded), key=score)
+
+
+def pointwise_tile(spec: ConvSpec, target: Target) -> tuple[int, int]:
+    """(r, ocb): the register tile :func:`pointwise_kernel` runs `spec` with (pixels by channel blocks)."""
+    _, padded = _pixels(spec, target)
+    return register_tiles(padded, spec.cout // spec.bo, target)
 
 
 def pointwise_applies(spec: ConvSpec, target: Target) -> bool:
@@ -112,7 +118,7 @@ def pointwise_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "n
                 lambda kb, p, k: reduce_sum(src[rco, clamp(p), rci] * w[kb, rco, 0, 0, rci, k], [rco, rci]),
                 epilogue=lambda acc, kb, p, k: epilogue(acc, *pixel(p)[:1], kb, *pixel(p)[1:], k),
                 buffer_shape=halo.physical(out_shape), store=store)
-    r, ocb = register_tiles(padded, kb_, target)
+    r, ocb = pointwise_tile(s, target)
     kb, p, k = y.axes
     po, pi = y.split(p, r)
     kbo, kbi = y.split(kb, ocb)
