@@ -54,6 +54,7 @@ class InferenceSession:
             self.device = create_device(device, cfg, **device_options)
         self.device.load(self.artifact)
         self._stats: dict[str, Any] | None = None
+        self._figures: dict[str, Any] | None = None  # the last run's, summarized when stats is read
         self._intermediates: dict[str, np.ndarray] = {}
 
     def _args(self, names: Sequence[str]) -> list[NodeArg]:
@@ -80,7 +81,8 @@ class InferenceSession:
         with allowing_nonfinite(self.allow_nonfinite), quiet:
             outputs, figures, values = self.device.run(feeds, keep_intermediates=keep_intermediates)
         self._intermediates = values
-        self._stats = self._summarize(figures)
+        # (summarized on demand: a caller that never reads stats does not pay for it on every run)
+        self._figures, self._stats = figures, None
         return [outputs[n] for n in names]
 
     def intermediate(self, name: str) -> np.ndarray:
@@ -113,4 +115,6 @@ class InferenceSession:
     def stats(self) -> dict[str, Any] | None:
         """Figures of the last run (None before the first): device, macs, accel_mac_fraction, cycles,
         seconds, and per layer name, op, target, macs, shape, seconds."""
+        if self._stats is None and self._figures is not None:
+            self._stats = self._summarize(self._figures)
         return self._stats
