@@ -17,7 +17,7 @@ right after the producer's program.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -281,20 +281,12 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
         vec_addr = plan.constant(f"vec:{node.name}", memory.vector_bytes(vectors, c), share=True)
         addrs["vec"] = plan.element(vec_addr, "acc")
     lowering_cls = _LOWERING[kind]
-    errors = []
-    for sched in _schedule_for(node, geom, c, given, latency_hiding):
-        try:
-            lowering = lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {"nonnegative": nonneg})
-            stream = lowering.lower()
-        except ValueError as err:  # the exact micro-op or row count did not fit: try the next schedule
-            errors.append(f"{sched}: {err}")
-            continue
-        if stream.uop_count <= c.uop_rows:
-            break
-        errors.append(f"{sched}: {stream.uop_count} micro-ops exceed the {c.uop_rows} of the buffer")
-    else:
-        raise BackendError(f"no schedule lowers onto config '{c.name}' ({'; '.join(errors[:3])})",
-                           node=node.name, op=node.op)
+    found = _first_fitting(
+        _schedule_for(node, geom, c, given, latency_hiding), c,
+        lambda sched: lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {"nonnegative": nonneg}))
+    if isinstance(found, str):
+        raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
+    sched, lowering, stream = found
     placed = _place_program(node.name, node.op, stream, c, plan)
     return {
         "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),
@@ -304,6 +296,24 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
         "stages": lowering.stages(), "tokens_peak": placed["tokens_peak"],
         "checked_executions": placed["checked_executions"], "instructions_by_role": placed["instructions_by_role"],
     }
+
+
+def _first_fitting(schedules: Iterable[Schedule], c: AcceleratorConfig, lowering: Callable[[Schedule], Lowering]
+                   ) -> tuple[Schedule, Lowering, Stream] | str:
+    """The first of `schedules` whose lowering succeeds with its micro-ops inside the buffer, with that
+    lowering and its stream; or, when none does, why the first three failed (for the caller's error)."""
+    errors = []
+    for sched in schedules:
+        try:
+            low = lowering(sched)
+            stream = low.lower()
+        except ValueError as err:  # the exact micro-op or row count did not fit: try the next schedule
+            errors.append(f"{sched}: {err}")
+            continue
+        if stream.uop_count <= c.uop_rows:
+            return sched, low, stream
+        errors.append(f"{sched}: {stream.uop_count} micro-ops exceed the {c.uop_rows} of the buffer")
+    return "; ".join(errors[:3])
 
 
 def _place_program(name: str, op: str, stream: Stream, c: AcceleratorConfig, plan: memory.DramPlan) -> dict[str, Any]:
@@ -355,19 +365,11 @@ def lower_relayout(name: str, info: dict[str, Any], copy: dict[str, Any], c: Acc
                         memory.weight_bytes(pack_weights(eye, c.block_out, c.block_in, block, block), c), share=True)
     addrs = Addresses(inp=plan.element(int(info["addr"]), "inp"), out=plan.element(int(copy["addr"]), "out"),
                       wgt=plan.element(wgt, "wgt"))
-    errors = []
-    for sched in ranked(geom, c):
-        try:
-            stream = ConvLowering(layer, geom, sched, c, addrs, ()).lower()
-        except ValueError as err:
-            errors.append(f"{sched}: {err}")
-            continue
-        if stream.uop_count <= c.uop_rows:
-            break
-        errors.append(f"{sched}: {stream.uop_count} micro-ops exceed the {c.uop_rows} of the buffer")
-    else:
-        raise BackendError(f"no schedule converts '{name}' to rows of {copy['rows']} ({'; '.join(errors[:3])})",
+    found = _first_fitting(ranked(geom, c), c, lambda sched: ConvLowering(layer, geom, sched, c, addrs, ()))
+    if isinstance(found, str):
+        raise BackendError(f"no schedule converts '{name}' to rows of {copy['rows']} ({found})",
                            node=layer, op="relayout")
+    sched, _, stream = found
     placed = _place_program(layer, "relayout", stream, c, plan)
     return {"name": layer, "rows": copy["rows"], "schedule": sched.to_dict(), "insn_addr": placed["insn_addr"],
             "insn_count": placed["insn_count"], "insn_bytes": INSN_BYTES, "uop_addr": placed["uop_addr"],

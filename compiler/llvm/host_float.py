@@ -124,9 +124,9 @@ def _fused_conv(p: Planner, node: Node) -> None:
             p.algorithms[node.name] = "pointwise {}x{}".format(*pointwise_tile(spec, p.target))
         else:
             kernel = workload.kernel(p.target, schedule)
-            chosen = schedule or nn.ConvSchedule.default(spec, p.target)
-            tile = f" {chosen.r}x{chosen.ocb}" if p.target.kind == "cpu" else ""  # (a GPU maps it otherwise)
-            p.algorithms[node.name] = "direct" + tile + (" (tuned)" if schedule else "")
+            chosen = p.convs[node.name][1]
+            shape = f" {chosen.r}x{chosen.ocb}" if p.target.kind == "cpu" else ""  # (a GPU maps it otherwise)
+            p.algorithms[node.name] = "direct" + shape + (" (tuned)" if schedule else "")
     args = [src, constant_tensor(p, node, "w", packed), constant_tensor(p, node, "b", bias.reshape(o // bo, bo))]
     if r_t is not None:
         args.append(r_t)

@@ -36,8 +36,8 @@ from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, redu
 
 __all__ = [
     "OUTER_ORDERS", "REDUCE_LOOPS", "ConvSchedule", "ConvSpec", "ConvWorkload", "conv_kernel", "conv_tiles",
-    "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights", "pack_dense_weights", "pool_kernel",
-    "reduce_orders", "register_tiles", "softmax_kernel", "tile_score",
+    "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights", "pack_dense_weights", "padded_rows",
+    "pool_kernel", "reduce_orders", "register_tiles", "softmax_kernel", "tile_score",
 ]
 
 Epilogue = Callable[[Expr, list[Expr]], Expr]
@@ -123,6 +123,17 @@ def register_tiles(rows: int, blocks: int, target: Target) -> tuple[int, int]:
     fits = [(r, ocb) for ocb in range(1, min(blocks, regs) + 1) if blocks % ocb == 0
             for r in range(1, min(rows, regs) + 1) if rows % r == 0 and r * ocb + ocb + 1 <= regs]
     return max(fits, key=lambda t: tile_score(*t), default=(1, 1))
+
+
+def padded_rows(rows: int, blocks: int, target: Target) -> int:
+    """`rows` (a product's matrix rows: pixels, Winograd tiles) rounded up to the multiple of a register
+    tile's height whose :func:`register_tiles` tile has the best :func:`tile_score`, each padding row
+    costing its share of the work (a product over padded rows needs no guard on its last tile)."""
+
+    def score(padded: int) -> float:
+        return tile_score(*register_tiles(padded, blocks, target)) * rows / padded
+
+    return max(sorted({-(-rows // r) * r for r in range(1, target.vector_registers + 1)}), key=score)
 
 
 def conv_tiles(spec: ConvSpec, target: Target) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, Expr, Var, minimum
 from weft.compiler.llvm.layout import Layout
-from weft.compiler.llvm.nn import ConvSpec, conv_epilogue, conv_tiles, register_tiles, tile_score
+from weft.compiler.llvm.nn import ConvSpec, conv_epilogue, conv_tiles, padded_rows, register_tiles, tile_score
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
 
@@ -30,16 +30,10 @@ __all__ = ["MARGIN", "pointwise_applies", "pointwise_kernel", "pointwise_tile"]
 MARGIN = 1.10
 
 def _pixels(spec: ConvSpec, target: Target) -> tuple[int, int]:
-    """(pixels, padded): the pixel count, and the count rounded up to the multiple of a tile height that
-    gives the best :func:`tile_score` (a padding pixel costs its share of the work)."""
+    """(pixels, padded): the pixel count, and the count the product runs over (:func:`padded_rows`)."""
     oh, ow = spec.out_hw
-    pixels, blocks = spec.n * oh * ow, spec.cout // spec.bo
-
-    def score(padded: int) -> float:
-        return tile_score(*register_tiles(padded, blocks, target)) * pixels / padded
-
-    rounded = {-(-pixels // r) * r for r in range(1, target.vector_registers + 1)}
-    return pixels, max(sorted(rounded), key=score)
+    pixels = spec.n * oh * ow
+    return pixels, padded_rows(pixels, spec.cout // spec.bo, target)
 
 
 def pointwise_tile(spec: ConvSpec, target: Target) -> tuple[int, int]:
@@ -58,7 +52,7 @@ def pointwise_applies(spec: ConvSpec, target: Target) -> bool:
     if (spec.kh, spec.kw) != (1, 1) or spec.bi == 1 or spec.bo == 1:
         return False
     pixels, padded = _pixels(spec, target)
-    flat = tile_score(*register_tiles(padded, spec.cout // spec.bo, target)) * pixels / padded
+    flat = tile_score(*pointwise_tile(spec, target)) * pixels / padded
     return flat > tile_score(*conv_tiles(spec, target)) * MARGIN
 
 

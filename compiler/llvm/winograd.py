@@ -28,7 +28,7 @@ import numpy as np
 from weft.compiler.llvm.elementwise import Operand
 from weft.compiler.llvm.expr import Buffer, Expr, Var, const, minimum, select
 from weft.compiler.llvm.layout import Layout
-from weft.compiler.llvm.nn import ConvSpec, conv_epilogue, register_tiles, tile_score
+from weft.compiler.llvm.nn import ConvSpec, conv_epilogue, padded_rows, register_tiles
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
 
@@ -104,16 +104,6 @@ def _chain(index: Expr, cases: list[Expr]) -> Expr:
     return out
 
 
-def _rows(tiles: int, blocks: int, target: Target) -> int:
-    """The tile count rounded up to the multiple of a register tile's height with the best
-    :func:`~weft.compiler.llvm.nn.tile_score` (a padding row costs its share of the work)."""
-
-    def score(rows: int) -> float:
-        return tile_score(*register_tiles(rows, blocks, target)) * tiles / rows
-
-    return max(sorted({-(-tiles // r) * r for r in range(1, target.vector_registers + 1)}), key=score)
-
-
 def winograd_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "none", clip: tuple | None = None,
                     residual: Operand | None = None, tile: int | None = None) -> Kernel:
     """3x3 stride-1 convolution + bias (+ residual) (+ ReLU or clip) by F(tile x tile, 3x3) (see the module
@@ -166,7 +156,7 @@ def winograd_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "no
     # The GEMMs (one per position) run over all tiles as one axis of rows, rounded up to a multiple of the
     # best register tile's height (the extra rows repeat the last tile, and no output reads them): a row of
     # tiles alone (7 tiles in a 14-wide layer) would leave a 7x1 register tile, 8 loads for 7 FMAs.
-    rows = _rows(tiles, kb_, target)
+    rows = padded_rows(tiles, kb_, target)
     rco, rci = reduce_axis(cb_, "rc.o"), reduce_axis(s.bi, "rc.i")
     last = tiles - 1
     m = compute("m", (positions, kb_, rows, s.bo),
