@@ -351,6 +351,24 @@ def test_parallel_kernels_from_several_python_threads():
         assert all(pool.map(worker, range(4)))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 7, 17, 64, 1001])
+def test_every_iteration_runs_on_any_split(rows):
+    """Each participant takes its own contiguous range first and then the others' leftovers: whatever
+    the extent and thread count (more threads than rows, ranges of one row, odd splits), every row is
+    computed."""
+    x = Buffer("x", (rows, 16))
+    y = compute("y", (rows, 16), lambda i, j: x[i, j] * 2.0 - 0.5)
+    i, j = y.axes
+    y.vectorize(j)
+    y.parallel(i)
+    fn = build(Kernel(f"split{rows}", [x], [y.out], [y]))
+    xv = np.random.default_rng(rows).standard_normal((rows, 16)).astype(np.float32)
+    for threads in (2, 3, 5, 8):
+        out = np.full_like(xv, np.nan)
+        fn(xv, out, nthreads=threads)
+        np.testing.assert_array_equal(out, xv * np.float32(2) - np.float32(0.5))
+
+
 def test_pool_starts_afresh_in_a_forked_child():
     """A child forked after the pool started has none of its threads; its parallel kernels still run."""
     import subprocess
