@@ -9,11 +9,11 @@ import pytest
 from onnx import helper
 
 import weft
-from weft.compiler.llvm import nn
+from weft.compiler.llvm import nn, winograd
 from weft.compiler.llvm.graph import plan_graph
 from weft.compiler.llvm.jit import build
 from weft.compiler.llvm.layout import Layout
-from weft.compiler.llvm.target import host_target
+from weft.compiler.llvm.target import Target, host_target
 from weft.compiler.llvm.winograd import (
     TRANSFORMS,
     pack_winograd_weights,
@@ -48,14 +48,24 @@ def test_which_convolutions_take_winograd():
     assert not winograd_applies(nn.ConvSpec(1, 3, 10, 10, 16, 3, 3, (1, 1), 1, 8))  # a plain NCHW input
 
 
+AVX2 = Target("avx2", "x86_64-unknown-linux-gnu", "generic", "", 32, 16)
+AVX512 = Target("avx512", "x86_64-unknown-linux-gnu", "generic", "", 64, 32)
+
+
 def test_which_tile_each_convolution_takes():
-    """F(4x4) where its tiles are many enough to reuse its 36 weights per filter, F(2x2) elsewhere."""
-    def tile(n: int, hw: int) -> int:
-        return winograd_tile(nn.ConvSpec(n, 16, hw + 2, hw + 2, 16, 3, 3, (1, 1), 8, 8))
+    """F(4x4) where its tiles are many enough to reuse its 36 weights per filter, F(2x2) elsewhere, and
+    neither where the tiles are too few to keep the target's vectors busy with the weights loaded (0: the
+    direct kernel)."""
+    def tile(n: int, hw: int, target: Target = AVX2) -> int:
+        return winograd_tile(nn.ConvSpec(n, 16, hw + 2, hw + 2, 16, 3, 3, (1, 1), 8, 8), target)
 
     assert tile(1, 56) == tile(1, 28) == tile(1, 24) == 4
     assert tile(1, 14) == tile(1, 7) == tile(1, 20) == 2
     assert tile(2, 14) == 4  # two images: 32 tiles
+    assert tile(1, 6) == 0  # 9 tiles of F(2x2): fewer than 2 per AVX2 lane
+    # AVX-512's 16 lanes: ResNet's 7x7 layers (16 tiles) go to the direct kernel, 14x14 (49) keep F(2x2)
+    assert tile(1, 56, AVX512) == tile(1, 28, AVX512) == 4
+    assert tile(1, 14, AVX512) == 2 and tile(1, 7, AVX512) == 0 and tile(2, 7, AVX512) == 2
 
 
 def test_transforms_compute_a_convolution():
@@ -126,7 +136,10 @@ def conv_graph(n: int, c: int, o: int, h: int, w: int, pads: tuple[int, int, int
     (1, 16, 16, 24, 24, (1, 1, 1, 1), "relu", True),  # 36 tiles: F(4x4)
     (1, 8, 16, 26, 23, (1, 1, 1, 1), "clip", False),  # F(4x4) with partial tiles on both axes
 ])
-def test_chained_layers_against_the_reference(n, c, o, h, w, pads, act, residual):
+def test_chained_layers_against_the_reference(n, c, o, h, w, pads, act, residual, monkeypatch):
+    """Winograd layers in a plan (halos, pads, residuals), each small map included: the rule that sends
+    layers of few tiles to the direct kernel on wide vectors is lifted here."""
+    monkeypatch.setattr(winograd, "TILES_PER_LANE", 0)
     g, feeds, consts = conv_graph(n, c, o, h, w, pads, act, residual, seed=7)
     plan = plan_graph(g)
     names = [s.kernel.name for s in plan.steps if s.node == "c1"]

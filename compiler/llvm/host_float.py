@@ -109,13 +109,13 @@ def _fused_conv(p: Planner, node: Node) -> None:
         workload = nn.ConvWorkload(spec, act, clip, r_layout)
         schedule = p.tuned.get(workload.key)
         p.convs[node.name] = (workload, schedule or nn.ConvSchedule.default(spec, p.target), schedule is not None)
-        # a tuning log's schedule is the direct kernel's: untuned 3x3 stride-1 convolutions take Winograd's,
-        # untuned 1x1 ones the pixel-axis product where the direct kernel's rows tile poorly (both shaped and
-        # measured on CPUs: a GPU keeps the direct kernel)
+        # a tuning log's schedule is the direct kernel's: untuned 3x3 stride-1 convolutions with tiles enough
+        # for the target's vectors take Winograd's, untuned 1x1 ones the pixel-axis product where the direct
+        # kernel's rows tile poorly (both shaped and measured on CPUs: a GPU keeps the direct kernel)
         packed = nn.pack_conv_weights(w, bi, bo)
         cpu = schedule is None and p.target.kind == "cpu"
-        if cpu and winograd_applies(spec):
-            tile = winograd_tile(spec)
+        tile = winograd_tile(spec, p.target) if cpu and winograd_applies(spec) else 0
+        if tile:
             packed = pack_winograd_weights(w, bi, bo, tile)
             kernel = winograd_kernel("wconv", spec, p.target, act=act, clip=clip, residual=residual, tile=tile)
             p.algorithms[node.name] = f"winograd F({tile}x{tile})"

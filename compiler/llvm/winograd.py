@@ -48,14 +48,31 @@ TRANSFORMS: dict[int, tuple[tuple[tuple[int, ...], ...], np.ndarray, tuple[tuple
 }
 
 
-def winograd_tile(spec: ConvSpec) -> int:
-    """m of the F(m x m, 3x3) that :func:`winograd_kernel` uses for `spec`: 4 (36 multiplies per 16 outputs
-    instead of 64) where that makes at least 32 tiles, else 2. Each transformed weight serves every tile
-    once, and F(4x4) has 36 of them per filter (4 times the direct kernel's): with few tiles the layer is a
-    stream of weights. Measured on Zen 4 (one thread): F(4x4) takes 0.55 to 0.65 of F(2x2)'s time at 56x56
-    and 28x28 (49 tiles and more), 1.6 times it at 14x14 (16 tiles)."""
+#: Winograd tiles (its GEMMs' rows) per SIMD lane a layer needs before Winograd pays: every transformed weight
+#: is loaded once per run and feeds one FMA per tile, so the wider the vectors (the more FMAs a cycle), the
+#: more tiles it takes to keep the weight stream behind the arithmetic. Measured: ResNet's 7x7 layers (16
+#: F(2x2) tiles) run faster by Winograd on Zen 4 with AVX2 (8 lanes) and 1.4 to 1.6 times slower than the
+#: direct kernel on an AVX-512 Xeon (16 lanes), whose 14x14 layers (49 tiles) still gain.
+TILES_PER_LANE = 2
+
+
+def winograd_tile(spec: ConvSpec, target: Target) -> int:
+    """m of the F(m x m, 3x3) that suits `spec` on `target`, 0 where the direct kernel does better.
+
+    F(4x4) (36 multiplies per 16 outputs instead of 64) where that makes at least 32 tiles, F(2x2)
+    elsewhere, and either only with :data:`TILES_PER_LANE` tiles per vector lane. Each transformed weight
+    serves every tile once, and F(4x4) has 36 of them per filter (4 times the direct kernel's): with few
+    tiles the layer is a stream of weights. Measured on Zen 4 (one thread): F(4x4) takes 0.55 to 0.65 of
+    F(2x2)'s time at 56x56 and 28x28 (49 tiles and more), 1.6 times it at 14x14 (16 tiles)."""
     oh, ow = spec.out_hw
-    return 4 if spec.n * -(-oh // 4) * -(-ow // 4) >= 32 else 2
+    need = TILES_PER_LANE * target.lanes(4)
+
+    def tiles(m: int) -> int:
+        return spec.n * -(-oh // m) * -(-ow // m)
+
+    if tiles(4) >= max(32, need):
+        return 4
+    return 2 if tiles(2) >= need else 0
 
 
 def winograd_applies(spec: ConvSpec) -> bool:
@@ -114,7 +131,7 @@ def winograd_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "no
     s = spec
     if not winograd_applies(s):
         raise ValueError(f"'{name}': Winograd needs a 3x3 stride-1 blocked convolution, got {s}")
-    t = winograd_tile(s) if tile is None else tile
+    t = (winograd_tile(s, target) or 2) if tile is None else tile
     if t not in TRANSFORMS:
         raise ValueError(f"'{name}': Winograd tiles are {sorted(TRANSFORMS)} outputs wide, got {t}")
     bt, _, at = TRANSFORMS[t]
