@@ -133,3 +133,23 @@ def test_compile_cache_dir_is_explicit_and_reused(tmp_path):
     assert cache_info()["misses"] == 0 and cache_info()["disk_hits"] == len(stored)
     x = {"input": rand(1, 3, 32, 32, seed=4)}
     np.testing.assert_array_equal(first.run(None, x)[0], second.run(None, x)[0])
+
+
+def test_buffers_lie_in_one_huge_page_arena():
+    """Every buffer of a plan, the packed weights copied in, sits 64-byte aligned in one arena that starts on
+    a huge page (so the kernel can back it with transparent huge pages), and the model still matches
+    onnxruntime from there."""
+    from weft.compiler.llvm.graph import HUGE_PAGE
+
+    sess = _compare(models.MODELS["small_resnet"](), threads=1)
+    roots = [t for t in sess.device.plan.tensors if t.alias_of is None]
+    assert any(t.constant for t in roots)
+    addresses = sorted(t.array.ctypes.data for t in roots)
+    assert addresses[0] % HUGE_PAGE == 0 and all(a % 64 == 0 for a in addresses)
+    assert len({id(_base(t.array)) for t in roots}) == 1
+
+
+def _base(array: np.ndarray) -> object:
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array.base

@@ -16,6 +16,7 @@ have no Python to run it, refuse such a plan.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -150,10 +151,23 @@ def _compile(steps: Sequence[Step], target: Target, cache_dir: str | Path | None
 
 
 def _allocate(tensors: Sequence[Tensor], steps: Sequence[Step]) -> None:
-    for t in tensors:
-        if t.alias_of is None and t.array is None:
-            size = int(np.prod(t.physical, dtype=np.int64))
-            t.array = _aligned(size, np_dtype(t.dtype))
+    # every buffer, constants copied in, from one arena of huge pages: a network streams its weights from
+    # DRAM on every run, and 4 KiB pages cost a TLB miss every 64 cache lines (a 4 MB layer of weights
+    # read from DRAM: 1.0 -> 0.86 ms on an AVX-512 Xeon)
+    roots = [t for t in tensors if t.alias_of is None]
+    places, total = [], 0
+    for t in roots:
+        dtype = t.array.dtype if t.array is not None else np_dtype(t.dtype)
+        nbytes = t.array.nbytes if t.array is not None else int(np.prod(t.physical, dtype=np.int64)) * dtype.itemsize
+        places.append((t, total, nbytes, dtype))
+        total += -(-nbytes // 64) * 64
+    arena = _arena(total)
+    for t, offset, nbytes, dtype in places:
+        view = arena[offset: offset + nbytes].view(dtype)
+        if t.array is not None:
+            view = view.reshape(t.array.shape)
+            view[...] = t.array
+        t.array = view
     for s in steps:
         if s.kernel is None:  # a numpy step reads its tensors' arrays directly
             continue
@@ -168,8 +182,25 @@ def _allocate(tensors: Sequence[Tensor], steps: Sequence[Step]) -> None:
         s.pointers = (ctypes.c_void_p * len(ptrs))(*ptrs)
 
 
-def _aligned(size: int, dtype: np.dtype, align: int = 64) -> np.ndarray:
-    """A zeroed 1-D array whose data starts on an `align`-byte boundary (whole cache lines, SIMD loads)."""
-    raw = np.zeros(size * dtype.itemsize + align, np.uint8)
-    offset = (-raw.ctypes.data) % align
-    return raw[offset: offset + size * dtype.itemsize].view(dtype)
+#: the huge page size the arena is aligned to (x86-64 and AArch64 with 4 KiB base pages)
+HUGE_PAGE = 2 << 20
+
+
+def _arena(nbytes: int) -> np.ndarray:
+    """`nbytes` zeroed bytes starting on a :data:`HUGE_PAGE` boundary, in anonymous memory that the kernel is
+    asked to back with transparent huge pages (where it has them: otherwise ordinary pages, same bytes)."""
+    size = max(nbytes, 1) + HUGE_PAGE
+    try:
+        region = mmap.mmap(-1, size)
+    except (OSError, ValueError):  # no anonymous mmap here: an ordinary aligned allocation
+        raw = np.zeros(size, np.uint8)
+    else:
+        advice = getattr(mmap, "MADV_HUGEPAGE", None)
+        if advice is not None:
+            try:
+                region.madvise(advice)
+            except OSError:  # a kernel without transparent huge pages
+                pass
+        raw = np.frombuffer(region, np.uint8)  # (the array keeps the mapping alive)
+    offset = (-raw.ctypes.data) % HUGE_PAGE
+    return raw[offset: offset + nbytes]
