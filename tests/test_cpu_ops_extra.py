@@ -328,6 +328,32 @@ def cumsum_op():
     del FLOAT_OPS["WeftTestCumsum"]
 
 
+def test_runs_of_kernels_are_called_natively_around_a_numpy_step(cumsum_op):
+    """Consecutive generated kernels run from one native call (a sequence), a numpy step between two runs
+    splits them, and every layer still gets its own time."""
+    from weft.compiler.llvm.hostplan import _Sequence
+    from weft.compiler.llvm.jit import sequence_runner
+
+    x = rand(1, 8, 4, 4)
+    names = ["x", "a", "b", "c", "d", "y"]
+    g = Graph("seq", inputs=["x"], outputs=["y"], nodes=[
+        Node("Sigmoid", ["x"], ["a"], name="s0"), Node("Neg", ["a"], ["b"], name="n0"),
+        Node(cumsum_op, ["b"], ["c"], {"axis": 3}, name="cs"),
+        Node("Sigmoid", ["c"], ["d"], name="s1"), Node("Neg", ["d"], ["y"], name="n1")],
+        values={n: Value(n, x.shape) for n in names})
+    plan = plan_graph(g)
+    want = -1 / (1 + np.exp(np.cumsum(1 / (1 + np.exp(-x.astype(np.float64))), axis=3)))
+    for timings in (True, False, True):
+        outs, layers = plan.run({"x": x}, timings=timings)
+        close(outs["y"], want)
+    assert [layer["name"] for layer in layers] == ["s0", "n0", "cs", "s1", "n1"]
+    assert all(layer["seconds"] > 0 for layer in layers)
+    if sequence_runner() is not None:  # 64-bit Linux
+        kinds = [type(s).__name__ for s in plan._segments]
+        assert kinds == ["_Sequence", "Step", "_Sequence"], kinds
+        assert all(len(s.nodes) == 2 for s in plan._segments if isinstance(s, _Sequence))
+
+
 def test_numpy_fallback_runs_between_kernels(cumsum_op):
     x = rand(1, 8, 4, 4)
     g = Graph("fb", inputs=["x"], outputs=["y"], nodes=[

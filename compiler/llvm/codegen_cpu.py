@@ -25,7 +25,10 @@ from weft.compiler.llvm.lower import For, LoweredKernel, LoweredStage, lower
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel
 
-__all__ = ["FORKED_SYMBOL", "MAX_THREADS", "RUNTIME_IR", "RUNTIME_SYMBOL", "render_cpu", "render_module", "runtime_ir"]
+__all__ = [
+    "FORKED_SYMBOL", "MAX_THREADS", "RUNTIME_IR", "RUNTIME_SYMBOL", "SEQUENCE_IR", "SEQUENCE_SYMBOL", "render_cpu",
+    "render_module", "runtime_ir",
+]
 
 #: the most threads one parallel loop uses (the pool never grows beyond this many minus one workers)
 MAX_THREADS = 64
@@ -305,6 +308,59 @@ finish.next:
   br label %finish
 done:
   store atomic i32 0, ptr @weft.lock release, align 4
+  ret void
+}
+"""
+#: Runs a plan's consecutive kernels from one call, so that Python is not entered between them (about 2 us a
+#: kernel through ctypes: 4% of MobileNetV2 on two threads). ``stamps`` (null: none) receives
+#: CLOCK_MONOTONIC nanoseconds before the first kernel and after each, for the per-layer figures. The host
+#: JIT links it (64-bit Linux: a timespec of two i64, CLOCK_MONOTONIC = 1); board objects never carry it.
+SEQUENCE_SYMBOL = "weft_run_sequence"
+SEQUENCE_IR = """
+declare i32 @clock_gettime(i32, ptr)
+
+define internal i64 @weft.now() nounwind {
+entry:
+  %ts = alloca { i64, i64 }
+  %rc = call i32 @clock_gettime(i32 1, ptr %ts)
+  %sp = getelementptr { i64, i64 }, ptr %ts, i32 0, i32 0
+  %np = getelementptr { i64, i64 }, ptr %ts, i32 0, i32 1
+  %sec = load i64, ptr %sp
+  %nsec = load i64, ptr %np
+  %ns = mul i64 %sec, 1000000000
+  %t = add i64 %ns, %nsec
+  ret i64 %t
+}
+
+define void @weft_run_sequence(ptr %kernels, ptr %buffers, i64 %n, i32 %nthreads, ptr %stamps) nounwind {
+entry:
+  %timed = icmp ne ptr %stamps, null
+  br i1 %timed, label %first, label %loop
+first:
+  %t0 = call i64 @weft.now()
+  store i64 %t0, ptr %stamps
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ 0, %first ], [ %i1, %next ]
+  %more = icmp slt i64 %i, %n
+  br i1 %more, label %call, label %done
+call:
+  %kp = getelementptr ptr, ptr %kernels, i64 %i
+  %kernel = load ptr, ptr %kp
+  %bp = getelementptr ptr, ptr %buffers, i64 %i
+  %args = load ptr, ptr %bp
+  call void %kernel(ptr %args, i32 %nthreads)
+  br i1 %timed, label %stamp, label %next
+stamp:
+  %t = call i64 @weft.now()
+  %i2 = add i64 %i, 1
+  %sp = getelementptr i64, ptr %stamps, i64 %i2
+  store i64 %t, ptr %sp
+  br label %next
+next:
+  %i1 = add i64 %i, 1
+  br label %loop
+done:
   ret void
 }
 """

@@ -8,6 +8,7 @@ a conversion kernel once per value and layout. :class:`HostPlan` runs the result
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -115,6 +116,8 @@ class HostPlan:
     #: (name, op, kernel, MACs, shape, algorithm), and per output its array in the logical layout (None: packed)
     _rows: list[tuple[str, str, str, int, list[int], str | None]] | None = field(default=None, repr=False)
     _output_views: dict[str, np.ndarray | None] | None = field(default=None, repr=False)
+    #: the steps as every run calls them: runs of generated kernels in one native call, numpy steps alone
+    _segments: list[Step | _Sequence] | None = field(default=None, repr=False)
 
     @property
     def kernels(self) -> int:
@@ -136,14 +139,18 @@ class HostPlan:
             np.copyto(t.root().array.reshape(t.physical), np.asarray(feeds[name]).reshape(t.physical),  # type: ignore[union-attr]
                       casting="same_kind")
         seconds: dict[str, float] = {}
+        if self._segments is None:
+            self._segments = _segments(self.steps)
         clock = time.perf_counter
-        for step in self.steps:
-            if timings:
+        for segment in self._segments:
+            if isinstance(segment, _Sequence):
+                segment.run(threads, seconds if timings else None)
+            elif timings:
                 start = clock()
-                step.run(threads)
-                seconds[step.node] = seconds.get(step.node, 0.0) + clock() - start
+                segment.run(threads)
+                seconds[segment.node] = seconds.get(segment.node, 0.0) + clock() - start
             else:
-                step.run(threads)
+                segment.run(threads)
         # (what follows runs once a model has flushed the caches: the less Python, the less time; 0.3 ms a
         # run before the per-layer rows and output views were made once, measured on MobileNetV2)
         if self._output_views is None:
@@ -172,6 +179,53 @@ class HostPlan:
 
     def numpy_steps(self) -> list[Step]:
         return [s for s in self.steps if s.host is not None]
+
+
+class _Sequence:
+    """Consecutive generated kernels called from one native loop (:func:`~weft.compiler.llvm.jit.sequence_runner`):
+    no Python between them, and the clock read natively before the first and after each."""
+
+    def __init__(self, runner: Any, steps: Sequence[Step]):
+        self.runner, self.nodes = runner, [s.node for s in steps]
+        n = len(steps)
+        self.kernels = (ctypes.c_void_p * n)(*[s.compiled.address for s in steps])  # type: ignore[union-attr]
+        self.buffers = (ctypes.c_void_p * n)(*[ctypes.addressof(s.pointers) for s in steps])
+        self.stamps = (ctypes.c_int64 * (n + 1))()
+        self._refs = [s.pointers for s in steps]  # the pointer arrays the buffers array points into
+
+    def run(self, threads: int, seconds: dict[str, float] | None) -> None:
+        n = len(self.nodes)
+        if seconds is None:
+            self.runner(self.kernels, self.buffers, n, threads, None)
+            return
+        self.runner(self.kernels, self.buffers, n, threads, self.stamps)
+        stamps = self.stamps[:]
+        for node, begin, end in zip(self.nodes, stamps, stamps[1:], strict=False):
+            seconds[node] = seconds.get(node, 0.0) + (end - begin) * 1e-9
+
+
+def _segments(steps: Sequence[Step]) -> list[Step | _Sequence]:
+    """`steps` with each run of two or more generated kernels in one :class:`_Sequence` (where this host has
+    the native runner; elsewhere every step alone)."""
+    from weft.compiler.llvm.jit import sequence_runner
+
+    runner = sequence_runner()
+    if runner is None:
+        return list(steps)
+    out: list[Step | _Sequence] = []
+    run: list[Step] = []
+    for step in [*steps, None]:
+        if step is not None and step.host is None:
+            run.append(step)
+            continue
+        if len(run) > 1:
+            out.append(_Sequence(runner, run))
+        else:
+            out += run
+        run = []
+        if step is not None:
+            out.append(step)
+    return out
 
 
 def plain_copy(t: Tensor) -> np.ndarray:

@@ -25,7 +25,14 @@ from typing import Any
 import llvmlite.binding as llvm
 import numpy as np
 
-from weft.compiler.llvm.codegen_cpu import FORKED_SYMBOL, RUNTIME_SYMBOL, render_module, runtime_ir
+from weft.compiler.llvm.codegen_cpu import (
+    FORKED_SYMBOL,
+    RUNTIME_SYMBOL,
+    SEQUENCE_IR,
+    SEQUENCE_SYMBOL,
+    render_module,
+    runtime_ir,
+)
 from weft.compiler.llvm.expr import Buffer, np_dtype
 from weft.compiler.llvm.target import Target, host_target, resolve_target
 from weft.compiler.llvm.te import Kernel
@@ -33,7 +40,7 @@ from weft.core.files import write_atomic
 
 __all__ = [
     "CompiledKernel", "CompiledModule", "build", "cache_info", "clear_cache", "compile_ir", "compile_object",
-    "init_llvm", "optimize", "target_machine",
+    "init_llvm", "optimize", "sequence_runner", "target_machine",
 ]
 
 OPT_LEVEL = 3
@@ -134,6 +141,30 @@ def _ensure_runtime(target: Target) -> None:
         engine.detach()
         _RUNTIME_ENGINES[target.key] = forked
         os.register_at_fork(after_in_child=forked)  # the child's pool has no threads: start it afresh
+
+
+#: void weft_run_sequence(void **kernels, void ***buffers, int64_t n, int32_t nthreads, int64_t *stamps)
+SEQUENCE_PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
+                                  ctypes.c_void_p)
+_SEQUENCE: list[Any] = []
+
+
+def sequence_runner() -> Any:
+    """The host's kernel-sequence runner (:data:`~weft.compiler.llvm.codegen_cpu.SEQUENCE_IR`), JIT-compiled
+    once per process; None where its clock is not known to link (a host other than 64-bit Linux)."""
+    with _lock:
+        if not _SEQUENCE:
+            target = host_target()
+            linux64 = os.uname().sysname == "Linux" and target.triple.split("-")[0] in ("x86_64", "aarch64")
+            fn = None
+            if linux64:
+                module = optimize(f'target triple = "{target.triple}"\n' + SEQUENCE_IR, target)
+                engine = llvm.create_mcjit_compiler(module, target_machine(target, OPT_LEVEL, jit=True))
+                engine.finalize_object()
+                fn = SEQUENCE_PROTO(engine.get_function_address(SEQUENCE_SYMBOL))
+                engine.detach()  # lives as long as the process, like the parallel-for runtime
+            _SEQUENCE.append(fn)
+        return _SEQUENCE[0]
 
 
 #: A cache file: this magic, sha256(key, object), then the object. The key hashes the IR text, target, opt
