@@ -4,8 +4,8 @@ channel-blocked layout, with the fused epilogue of :func:`~weft.compiler.llvm.nn
 Input and output share the channel block b, and channel c of a block only ever meets channel c of its
 filter, so the SIMD vector runs across the b channels of a pixel::
 
-    parallel for (n, oh, c.o):                 # rows outermost: a thread keeps the rows its core wrote
-      for ow.o:
+    parallel for (n, oh.o, c.o):               # bands of rows first: a thread keeps the rows its core wrote
+      for oh.i, ow.o:
         acc[r][b] = 0                          # r SIMD registers
         for kh, kw:
           for r (unrolled):                    # one weight vector, r input vectors: r FMAs
@@ -28,7 +28,7 @@ from weft.compiler.llvm.nn import ConvSpec, conv_epilogue
 from weft.compiler.llvm.target import Target
 from weft.compiler.llvm.te import Kernel, compute, reduce_axis, reduce_sum
 
-__all__ = ["depthwise_kernel", "depthwise_tile", "grouped_tiles", "pack_depthwise_weights"]
+__all__ = ["MAX_ROW_BAND", "depthwise_kernel", "depthwise_tile", "grouped_tiles", "pack_depthwise_weights", "row_band"]
 
 
 def pack_depthwise_weights(w: np.ndarray, b: int) -> np.ndarray:
@@ -42,6 +42,19 @@ def depthwise_tile(out_w: int, target: Target) -> int:
     weight vector and the input loads besides the accumulators."""
     budget = max(2, target.vector_registers - 4)
     return max(r for r in range(1, min(out_w, budget) + 1) if out_w % r == 0)
+
+
+#: at most this many output rows of one channel block run in one task
+MAX_ROW_BAND = 8
+
+
+def row_band(out_h: int) -> int:
+    """Output rows a task computes for one channel block, consecutively (the largest divisor of the height
+    up to :data:`MAX_ROW_BAND`): its input rows are reused from L1 as the window slides down, and tasks go
+    by bands of rows before channel blocks, so threads split the rows (a thread keeps the rows its core
+    wrote; measured on an AVX-512 Xeon: whole rows before blocks cost a 28x28x192 layer 35% on one thread,
+    blocks before rows cost MobileNetV2 4% on two)."""
+    return max(r for r in range(1, min(out_h, MAX_ROW_BAND) + 1) if out_h % r == 0)
 
 
 def grouped_tiles(out_w: int, target: Target) -> tuple[int, int]:
@@ -84,11 +97,12 @@ def depthwise_kernel(name: str, spec: ConvSpec, target: Target, *, act: str = "n
         y = compute("y", domain, body, epilogue=epilogue)
     n, cb, oh, ow, c = y.axes
     owo, owi = y.split(ow, depthwise_tile(ow_, target))
-    y.reorder(n, oh, cb, owo, rkh, rkw, owi, c)
+    ohb, ohi = y.split(oh, row_band(oh_))
+    y.reorder(n, ohb, cb, ohi, owo, rkh, rkw, owi, c)
     y.cache_write()
     if b > 1:
         y.vectorize(c)
     y.unroll(owi)
-    y.parallel(y.fuse(n, oh, cb))
+    y.parallel(y.fuse(n, ohb, cb))
     inputs = [x, w, bias] + ([residual.buffer] if residual is not None else [])
     return Kernel(name, inputs, [y.out], [y])
