@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from weft.compiler.llvm.nn import ConvSchedule
     from weft.compiler.tune.log import TuningLog
 
-__all__ = ["HostPlan", "allocate_host", "cross_compile", "plan_graph", "plan_steps", "refuse_numpy_steps"]
+__all__ = ["HostPlan", "allocate_host", "concat_in_place", "cross_compile", "plan_graph", "plan_steps",
+           "refuse_numpy_steps"]
 
 
 def plan_steps(graph: Graph, target: Target, tuned: Mapping[str, ConvSchedule] | None = None) -> HostPlan:
@@ -88,11 +89,41 @@ def plan_graph(graph: Graph, target: Target | None = None, *, cache_dir: str | P
 
         tuned = tuned_schedules(tuning_log, threads, target)
     plan = plan_steps(graph, target, tuned)
+    concat_in_place(plan)
     start = time.perf_counter()
     _compile(plan.steps, plan.target, cache_dir, compile_threads)
     plan.compile_seconds = time.perf_counter() - start
     allocate_host(plan)
     return plan
+
+
+def concat_in_place(plan: HostPlan) -> int:
+    """Let the producers of a concatenation whose parts are consecutive ranges of its output (whole channel
+    blocks of one image, (1, C/b, H, W, b); or plain parts with only ones before the axis) write them
+    straight into it, and drop its copy: each part becomes a view of the output at its offset (DenseNet's
+    chain of concatenations ends up as views of each dense block's last one). A part qualifies when it is computed here
+    (no graph input, constant or view of another tensor), has the output's layout and dtype and appears
+    once; a concatenation with any part that does not keeps its copy. Returns how many copies went.
+
+    Host plans only: the GPU and the boards' objects keep one buffer a tensor."""
+    inputs = {id(t) for t in plan.inputs.values()}
+    dropped: set[int] = set()
+    for step in reversed(plan.steps):  # the last concatenation first: earlier ones land inside it
+        if step.kind != "concat_ranges":
+            continue
+        *parts, y = step.args
+        if len({id(t) for t in parts}) != len(parts):
+            continue
+        if not all(t.alias_of is None and not t.constant and t.array is None and id(t) not in inputs
+                   and t.layout == y.layout and t.dtype == y.dtype for t in parts):
+            continue
+        offset = 0
+        for t in parts:
+            t.alias_of, t.offset = y, offset
+            offset += int(np.prod(t.physical, dtype=np.int64))
+        dropped.add(id(step))
+    plan.steps = [s for s in plan.steps if id(s) not in dropped]
+    return len(dropped)
 
 
 def cross_compile(graph: Graph, target: str | Target, cache_dir: str | Path | None = None
@@ -175,10 +206,11 @@ def _allocate(tensors: Sequence[Tensor], steps: Sequence[Step]) -> None:
         for t, b in zip(s.args, s.kernel.params, strict=True):
             root = t.root()
             arr = root.array
-            if arr is None or arr.size * arr.itemsize < b.size * np_dtype(b.dtype).itemsize:
+            start = t.root_offset()
+            if arr is None or arr.size - start < b.size * np_dtype(b.dtype).itemsize // arr.itemsize:
                 raise AssertionError(f"step of '{s.node}': buffer '{b.name}' needs {b.size} elements, tensor "
-                                     f"'{t.name}' has {0 if arr is None else arr.size}")
-            ptrs.append(arr.ctypes.data)
+                                     f"'{t.name}' has {0 if arr is None else arr.size - start}")
+            ptrs.append(arr.ctypes.data + start * arr.itemsize)
         s.pointers = (ctypes.c_void_p * len(ptrs))(*ptrs)
 
 

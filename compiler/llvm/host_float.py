@@ -336,6 +336,10 @@ def _concat(p: Planner, node: Node) -> None:
         kernel, layout = ew.concat_kernel("concat", operands, node.attrs["axis"], PLAIN, p.target), PLAIN
     y = p.new(node.outputs[0], out_shape, layout)
     p.step(node.name, kernel, [*parts, y])
+    # whole channel blocks of one image, or plain parts with only ones before the axis: each part is one
+    # contiguous range of the output, which its producer can write in place (graph.concat_in_place)
+    if (out_shape[0] == 1) if blocked else int(np.prod(out_shape[:node.attrs["axis"] % len(out_shape)])) == 1:
+        p.steps[-1].kind = "concat_ranges"
 
 
 def _pad(p: Planner, node: Node) -> None:

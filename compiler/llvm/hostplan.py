@@ -40,8 +40,10 @@ class Tensor:
     layout: Layout
     dtype: str = "f32"
     array: np.ndarray | None = None
-    #: a tensor sharing the bytes of another (reshapes, same-bytes layout changes)
+    #: a tensor sharing the bytes of another (reshapes, same-bytes layout changes, a part of a concatenation
+    #: written in place), starting `offset` elements into it
     alias_of: Tensor | None = None
+    offset: int = 0
     constant: bool = False
     #: the stored shape when it is not the layout's: the accelerator's packed integer activations
     storage: tuple[int, ...] | None = None
@@ -52,6 +54,16 @@ class Tensor:
 
     def root(self) -> Tensor:
         return self.alias_of.root() if self.alias_of is not None else self
+
+    def root_offset(self) -> int:
+        """Elements from the start of the root's array to this tensor's first."""
+        return self.offset + (self.alias_of.root_offset() if self.alias_of is not None else 0)
+
+    def flat(self, size: int | None = None) -> np.ndarray:
+        """This tensor's elements (`size` of them, default its physical size) in its root's array, 1-D."""
+        start = self.root_offset()
+        count = int(np.prod(self.physical, dtype=np.int64)) if size is None else size
+        return self.root().array.reshape(-1)[start:start + count]  # type: ignore[union-attr]
 
     def operand(self, name: str | None = None) -> Operand:
         shape = self.shape or (1,)
@@ -72,6 +84,9 @@ class Step:
     #: a numpy step's inputs and outputs, None where the node leaves one out
     host_inputs: list[Tensor | None] = field(default_factory=list)
     host_outputs: list[Tensor | None] = field(default_factory=list)
+    #: "concat_ranges": a concatenation whose parts are consecutive ranges of its output, a copy that
+    #: :func:`~weft.compiler.llvm.graph.concat_in_place` may remove
+    kind: str = ""
 
     @property
     def runner(self) -> str:
@@ -136,8 +151,7 @@ class HostPlan:
     def _run(self, feeds: Mapping[str, np.ndarray], threads: int, timings: bool
              ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
         for name, t in self.inputs.items():
-            np.copyto(t.root().array.reshape(t.physical), np.asarray(feeds[name]).reshape(t.physical),  # type: ignore[union-attr]
-                      casting="same_kind")
+            np.copyto(t.flat().reshape(t.physical), np.asarray(feeds[name]).reshape(t.physical), casting="same_kind")
         seconds: dict[str, float] = {}
         if self._segments is None:
             self._segments = _segments(self.steps)
@@ -230,9 +244,7 @@ def _segments(steps: Sequence[Step]) -> list[Step | _Sequence]:
 
 def plain_copy(t: Tensor) -> np.ndarray:
     """A copy of `t` in its logical layout (packed integer tensors stay packed, as the reference keeps them)."""
-    data = t.root().array
-    size = int(np.prod(t.physical, dtype=np.int64))
-    data = data.reshape(-1)[:size].reshape(t.physical)  # type: ignore[union-attr]
+    data = t.flat().reshape(t.physical)
     if t.storage is not None:
         return np.array(data, copy=True)
     plain = t.layout.from_numpy(data) if t.layout.blocked else data
@@ -243,8 +255,7 @@ def plain_view(t: Tensor) -> np.ndarray:
     """The array of a plain-layout tensor in its logical shape, sharing its bytes."""
     if t.layout != PLAIN or t.storage is not None:
         raise AssertionError(f"tensor '{t.name}' is not plain ({t.layout})")
-    size = int(np.prod(t.shape, dtype=np.int64))
-    return t.root().array.reshape(-1)[:size].reshape(t.shape)  # type: ignore[union-attr]
+    return t.flat(int(np.prod(t.shape, dtype=np.int64))).reshape(t.shape)
 
 
 def ident(name: str) -> str:

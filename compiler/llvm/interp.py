@@ -199,13 +199,13 @@ def interpret_plan(plan: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
     if any(t.root().array is None for t in plan.tensors):
         allocate_host(plan)
     for name, t in plan.inputs.items():
-        np.copyto(t.root().array.reshape(t.physical), np.asarray(feeds[name]).reshape(t.physical), casting="same_kind")
+        np.copyto(t.flat().reshape(t.physical), np.asarray(feeds[name]).reshape(t.physical), casting="same_kind")
     for step in plan.steps:
         if step.kernel is None:
             step.run(1)
             continue
         params = step.kernel.params
-        views = {p.name: t.root().array[: p.size].reshape(p.shape) for p, t in zip(params, step.args, strict=True)}
+        views = {p.name: t.flat(p.size).reshape(p.shape) for p, t in zip(params, step.args, strict=True)}
         results = interpret(step.kernel, views)
         for p in params[len(step.kernel.inputs):]:
             views[p.name][...] = results[p.name]
