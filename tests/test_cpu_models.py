@@ -153,3 +153,25 @@ def _base(array: np.ndarray) -> object:
     while isinstance(array.base, np.ndarray):
         array = array.base
     return array.base
+
+
+def test_inputs_are_read_where_they_lie_or_copied():
+    """A C-contiguous float32 feed is read by the kernels in place (no copy), a strided one is copied in; each
+    run sees its own feed, and intermediates still hold the input of the last run."""
+    model = models.MODELS["small_resnet"]()
+    name, shape = _input(model)
+    sess = InferenceSession(weft.compile(model, target="cpu"), device="cpu", threads=2)
+    plan = sess.device.plan
+    feeds = [rand(*shape, seed=s) for s in range(3)]
+    strided = np.asfortranarray(feeds[2])
+    wants = [ort_run(model, {name: f})[0] for f in feeds]
+    for feed, want in zip([feeds[0], feeds[1], strided, feeds[0]], [*wants, wants[0]], strict=True):
+        got = sess.run(None, {name: feed}, keep_intermediates=True)[0]
+        assert float(np.abs(got - want).max() / np.abs(want).max()) <= RTOL
+        np.testing.assert_array_equal(sess.intermediate(name), feed)
+    assert plan._feed_slots.get(name)  # the kernels that read the input
+    feed = feeds[1].copy()
+    first = sess.run(None, {name: feed})[0]
+    feed *= 2  # the caller's array changes between runs: the next run reads the new values
+    np.testing.assert_array_equal(sess.run(None, {name: feeds[1]})[0], first)
+    assert not np.array_equal(sess.run(None, {name: feed})[0], first)

@@ -127,12 +127,17 @@ class HostPlan:
     #: conv node -> the algorithm and register tile its kernel runs ("winograd F(4x4)", "pointwise 6x2",
     #: "direct 4x3", "depthwise", "grouped", "dense"), in each layer's figures as ``algorithm``
     algorithms: dict[str, str] = field(default_factory=dict)
-    #: what every run repeats, made by the first (the steps and buffers are fixed by then): per layer
-    #: (name, op, kernel, MACs, shape, algorithm), and per output its array in the logical layout (None: packed)
-    _rows: list[tuple[str, str, str, int, list[int], str | None]] | None = field(default=None, repr=False)
+    #: what every run repeats, made by the first (the steps and buffers are fixed by then): per layer its
+    #: name and figures but the seconds, and per output its array in the logical layout (None: packed)
+    _rows: list[tuple[str, dict[str, Any]]] | None = field(default=None, repr=False)
     _output_views: dict[str, np.ndarray | None] | None = field(default=None, repr=False)
     #: the steps as every run calls them: runs of generated kernels in one native call, numpy steps alone
     _segments: list[Step | _Sequence] | None = field(default=None, repr=False)
+    #: per graph input the kernel arguments that read it, (pointer array, index, byte offset); absent where
+    #: a numpy step reads it (it must stay in its tensor)
+    _feed_slots: dict[str, list[tuple[Any, int, int]]] | None = field(default=None, repr=False)
+    #: inputs of the last run read from the caller's arrays, copied in only if :meth:`values` asks
+    _read_in_place: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def kernels(self) -> int:
@@ -140,6 +145,10 @@ class HostPlan:
 
     def values(self) -> dict[str, np.ndarray]:
         """Every computed value (graph inputs included) of the last run, in its logical layout."""
+        for name, feed in self._read_in_place.items():  # the kernels read these where they lay: copy them in
+            t = self.inputs[name]
+            np.copyto(t.flat().reshape(t.physical), feed.reshape(t.physical))
+        self._read_in_place = {}
         return {name: plain_copy(t) for name, t in self.values_by_name.items() if not t.constant}
 
     def run(self, feeds: Mapping[str, np.ndarray], threads: int = 1, timings: bool = False
@@ -150,8 +159,22 @@ class HostPlan:
 
     def _run(self, feeds: Mapping[str, np.ndarray], threads: int, timings: bool
              ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+        if self._feed_slots is None:
+            self._feed_slots = _feed_slots(self)
+        self._read_in_place = {}
         for name, t in self.inputs.items():
-            np.copyto(t.flat().reshape(t.physical), np.asarray(feeds[name]).reshape(t.physical), casting="same_kind")
+            feed = np.asarray(feeds[name])
+            slots = self._feed_slots.get(name)
+            # a C-contiguous feed of the input's dtype is read where it lies (no copy); else copied in
+            direct = slots is not None and feed.flags.c_contiguous and feed.dtype == t.array.dtype \
+                and feed.size == t.array.size
+            base = feed.ctypes.data if direct else t.flat().ctypes.data
+            if direct:
+                self._read_in_place[name] = feed
+            else:
+                np.copyto(t.flat().reshape(t.physical), feed.reshape(t.physical), casting="same_kind")
+            for pointers, k, offset in slots or ():
+                pointers[k] = base + offset
         seconds: dict[str, float] = {}
         if self._segments is None:
             self._segments = _segments(self.steps)
@@ -174,12 +197,12 @@ class HostPlan:
                    for name, view in self._output_views.items()}
         if self._rows is None:
             runners = self.runners()
-            self._rows = [(n, op, runners.get(n, "none"), macs, shape, self.algorithms.get(n))
+            self._rows = [(n, {"name": n, "op": op, "target": "host", "kernel": runners.get(n, "none"), "macs": macs,
+                               "shape": shape, "seconds": 0.0,
+                               **({"algorithm": self.algorithms[n]} if self.algorithms.get(n) else {})})
                           for n, op, macs, shape in self.layers]
         get = seconds.get
-        layers = [{"name": n, "op": op, "target": "host", "kernel": kernel, "macs": macs, "shape": shape,
-                   "seconds": get(n, 0.0), **({"algorithm": algo} if algo else {})}
-                  for n, op, kernel, macs, shape, algo in self._rows]
+        layers = [{**row, "seconds": get(n, 0.0)} for n, row in self._rows]
         return outputs, layers
 
     def runners(self) -> dict[str, str]:
@@ -206,6 +229,11 @@ class _Sequence:
         self.buffers = (ctypes.c_void_p * n)(*[ctypes.addressof(s.pointers) for s in steps])
         self.stamps = (ctypes.c_int64 * (n + 1))()
         self._refs = [s.pointers for s in steps]  # the pointer arrays the buffers array points into
+        # per-layer sums without a Python loop over kernels: each kernel's index among the distinct nodes
+        self.distinct = list(dict.fromkeys(self.nodes))
+        where = {node: k for k, node in enumerate(self.distinct)}
+        self.node_index = np.array([where[node] for node in self.nodes], np.intp)
+        self._stamps = np.frombuffer(self.stamps, np.int64)
 
     def run(self, threads: int, seconds: dict[str, float] | None) -> None:
         n = len(self.nodes)
@@ -213,9 +241,36 @@ class _Sequence:
             self.runner(self.kernels, self.buffers, n, threads, None)
             return
         self.runner(self.kernels, self.buffers, n, threads, self.stamps)
-        stamps = self.stamps[:]
-        for node, begin, end in zip(self.nodes, stamps, stamps[1:], strict=False):
-            seconds[node] = seconds.get(node, 0.0) + (end - begin) * 1e-9
+        spans = np.bincount(self.node_index, np.diff(self._stamps), len(self.distinct)) * 1e-9
+        if not seconds:  # (the usual case: one run of kernels holds every layer)
+            seconds.update(zip(self.distinct, spans.tolist(), strict=True))
+            return
+        for node, span in zip(self.distinct, spans.tolist(), strict=True):
+            seconds[node] = seconds.get(node, 0.0) + span
+
+
+def _feed_slots(plan: HostPlan) -> dict[str, list[tuple[Any, int, int]]]:
+    """Per graph input, where the kernels' pointer arrays hold its address (see :attr:`HostPlan._feed_slots`);
+    inputs that a numpy step or the outputs read, or that are not arrays of their own, are left out (copied)."""
+    roots = {id(t): name for name, t in plan.inputs.items() if t.alias_of is None and t.storage is None}
+    slots: dict[str, list[tuple[Any, int, int]]] = {name: [] for name in roots.values()}
+    for step in plan.steps:
+        for k, t in enumerate(step.args):
+            name = roots.get(id(t.root()))
+            if name is None:
+                continue
+            if step.kernel is None:
+                slots.pop(name, None)
+                roots.pop(id(t.root()))
+                continue
+            slots[name].append((step.pointers, k, t.root_offset() * t.root().array.itemsize))
+    read_elsewhere = [t for step in plan.steps if step.kernel is None for t in step.host_inputs if t is not None]
+    read_elsewhere += list(plan.outputs.values())  # an output that is a view of an input (an identity op)
+    for t in read_elsewhere:  # the tensors a numpy step or the output copy reads: they must hold the input
+        name = roots.pop(id(t.root()), None)
+        if name is not None:
+            slots.pop(name, None)
+    return slots
 
 
 def _segments(steps: Sequence[Step]) -> list[Step | _Sequence]:
