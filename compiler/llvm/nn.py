@@ -467,6 +467,10 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
     (sh, sw), (pt, pl, pb, pr) = strides, pads
     rh, rw = reduce_axis(kh, "rkh"), reduce_axis(kw, "rkw")
     out_shape = (n_, c_, *out_hw)
+    # every window holds a cell of the input: a clamped tap then repeats a cell of its own window, which
+    # leaves a max unchanged (no select per tap)
+    windows_touch_input = all(pad < k and (out - 1) * st - pad <= size - 1
+                              for pad, k, out, st, size in ((pt, kh, out_hw[0], sh, h_), (pl, kw, out_hw[1], sw, w_)))
 
     def body(*phys: Var):
         logical = layout.logical_index(phys)
@@ -479,9 +483,8 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
         else:
             xv = src.buffer[n, c, ihc, iwc]
         if kind == "max":
-            return reduce_max(select(inside, xv, float("-inf")), [rh, rw])
-        # float64 sums, as the reference does: exact for any window, so the order of summation is moot
-        return reduce_sum(select(inside, cast("f64", xv), 0.0), [rh, rw])
+            return reduce_max(xv if windows_touch_input else select(inside, xv, float("-inf")), [rh, rw])
+        return reduce_sum(select(inside, xv, 0.0), [rh, rw])
 
     def epilogue(acc: Expr, *phys: Var) -> Expr:
         if kind == "max":
@@ -492,7 +495,7 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
         h0, w0 = oh * sh - pt, ow * sw - pl
         count_h = minimum(h0 + kh, hi_h) - maximum(h0, lo_h)
         count_w = minimum(w0 + kw, hi_w) - maximum(w0, lo_w)
-        return cast("f32", acc / cast("f64", count_h * count_w))
+        return acc / cast("f32", count_h * count_w)
 
     if out_halo:
         halo = Layout(layout.block, out_halo)
@@ -507,8 +510,7 @@ def pool_kernel(name: str, src: Operand, kind: str, kernel: tuple[int, int], str
 def _schedule_pool(y, layout: Layout, target: Target) -> None:
     spatial = [a for a in y.leaves if not a.reduce]
     red = [a for a in y.leaves if a.reduce]
-    if y.value.dtype != y.out.dtype:  # float64 sums of float32 outputs
-        y.cache_write()
+    y.cache_write()  # the window's running max or sum in registers
     if layout.blocked:
         *outer, c = spatial
         y.reorder(*outer, *red, c)
