@@ -251,7 +251,8 @@ class _Sequence:
 
 def _feed_slots(plan: HostPlan) -> dict[str, list[tuple[Any, int, int]]]:
     """Per graph input, where the kernels' pointer arrays hold its address (see :attr:`HostPlan._feed_slots`);
-    inputs that a numpy step or the outputs read, or that are not arrays of their own, are left out (copied)."""
+    inputs that a numpy step or the outputs read, that a kernel writes, or that are not arrays of their own,
+    are left out (copied)."""
     roots = {id(t): name for name, t in plan.inputs.items() if t.alias_of is None and t.storage is None}
     slots: dict[str, list[tuple[Any, int, int]]] = {name: [] for name in roots.values()}
     for step in plan.steps:
@@ -266,6 +267,9 @@ def _feed_slots(plan: HostPlan) -> dict[str, list[tuple[Any, int, int]]]:
             slots[name].append((step.pointers, k, t.root_offset() * t.root().array.itemsize))
     read_elsewhere = [t for step in plan.steps if step.kernel is None for t in step.host_inputs if t is not None]
     read_elsewhere += list(plan.outputs.values())  # an output that is a view of an input (an identity op)
+    # and any buffer a kernel writes: the caller's array is only ever read
+    read_elsewhere += [t for step in plan.steps if step.kernel is not None
+                       for t in step.args[len(step.kernel.inputs):]]
     for t in read_elsewhere:  # the tensors a numpy step or the output copy reads: they must hold the input
         name = roots.pop(id(t.root()), None)
         if name is not None:
