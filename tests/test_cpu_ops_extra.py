@@ -400,3 +400,19 @@ def test_op_without_any_kernel_is_refused():
     x = rand(2, 2)
     with pytest.raises(UnsupportedError, match="has a kernel for this op"):
         plan_graph(graph_of("NoSuchOp", {"x": x}, x.shape))
+
+
+@pytest.mark.parametrize(("shape", "size", "beta"), [((1, 16, 6, 7), 5, 0.75), ((2, 7, 5, 3), 3, 0.6),
+                                                     ((1, 9, 4, 4), 4, 0.75), ((1, 5, 9), 5, 1.0),
+                                                     ((1, 3, 2, 2), 7, 0.75)])
+def test_lrn_kernel_against_the_reference(shape, size, beta):
+    """LRN as a generated kernel (no numpy step): odd and even windows (ONNX's for even sizes, which
+    onnxruntime refuses), windows wider than the channels, beta 0.75 by square roots and others by pow."""
+    from weft.core.float_ops import FLOAT_OPS
+
+    x = rand(*shape, scale=10.0)
+    g = graph_of("LRN", {"x": x}, shape, {"size": size, "alpha": 2e-4, "beta": beta, "bias": 1.5})
+    got, layers = run_plan(g, {"x": x})
+    want = FLOAT_OPS["LRN"].run(g.nodes[0], [x])[0]
+    close(got, want.astype(np.float64), rtol=1e-6)
+    assert [layer["kernel"] for layer in layers] == ["llvm"]

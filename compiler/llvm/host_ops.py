@@ -16,7 +16,7 @@ import numpy as np
 from weft.compiler.llvm import elementwise as ew
 from weft.compiler.llvm import mathfn
 from weft.compiler.llvm.elementwise import schedule_elementwise
-from weft.compiler.llvm.expr import Call, Expr, cast, const, exp, maximum, minimum, select
+from weft.compiler.llvm.expr import Buffer, Call, Expr, cast, const, exp, maximum, minimum, select
 from weft.compiler.llvm.host_float import constant_tensor, elementwise_handler, global_pool
 from weft.compiler.llvm.hostplan import Planner, Tensor, ident
 from weft.compiler.llvm.layout import PLAIN
@@ -201,6 +201,48 @@ def _normalization(p: Planner, node: Node) -> None:
     p.alias(node.outputs[0], y2, p.out_shape(node))
 
 
+def _lrn(p: Planner, node: Node) -> None:
+    """ONNX's LRN on a plain (N, C, ...) tensor: each pixel's square sum over its channel window, vectorized
+    along the pixels (a window reads whole rows of neighbouring channels); ``t ** 0.75``, the usual beta,
+    as ``sqrt(t) * sqrt(sqrt(t))`` (no libm call a lane)."""
+    src = p.get(node.inputs[0], PLAIN, node)
+    shape = src.shape
+    if len(shape) < 3:
+        raise UnsupportedError(f"LRN needs an (N, C, ...) input, got shape {list(shape)}", node=node.name, op=node.op)
+    n_, c_, pixels = shape[0], shape[1], int(np.prod(shape[2:], dtype=np.int64))
+    size = int(node.attrs["size"])
+    alpha, beta, bias = _attr(node, "alpha", 1e-4), _attr(node, "beta", 0.75), _attr(node, "bias", 1.0)
+    lo = (size - 1) // 2
+    x = Buffer("x", (n_, c_, pixels))
+    r = reduce_axis(size, "r")
+
+    def body(n: Expr, c: Expr, q: Expr) -> Expr:
+        cc = c + r - lo
+        v = x[n, minimum(maximum(cc, 0), c_ - 1), q]
+        return reduce_sum(select(cc.ge(0).logical_and(cc.lt(c_)), v * v, 0.0), [r])
+
+    def epilogue(acc: Expr, n: Expr, c: Expr, q: Expr) -> Expr:
+        t = bias + (alpha / size) * acc
+        if beta == 0.75:
+            root = Call("sqrt", [t])
+            scale = root * Call("sqrt", [root])
+        else:
+            scale = Call("pow", [t, const(beta, "f32")])
+        return x[n, c, q] / scale
+
+    y = compute("y", (n_, c_, pixels), body, epilogue=epilogue)
+    n, c, q = y.axes
+    vec = max(d for d in range(1, p.target.lanes(4) + 1) if pixels % d == 0)
+    qo, qi = y.split(q, vec)
+    y.reorder(n, c, qo, r, qi)
+    y.cache_write()
+    if vec > 1:
+        y.vectorize(qi)
+    y.parallel(y.fuse(n, c))
+    out = p.new(node.outputs[0], shape, PLAIN)
+    p.step(node.name, Kernel("lrn", [x], [y.out], [y]), [src, out])
+
+
 OP_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "Sigmoid": _unary(lambda n, x: mathfn.sigmoid(x)),
     "Tanh": _unary(lambda n, x: mathfn.tanh(x)),
@@ -220,6 +262,7 @@ OP_HANDLERS: dict[str, Callable[[Planner, Node], None]] = {
     "Max": elementwise_handler(lambda n, xs: reduce(maximum, xs)),
     "Min": elementwise_handler(lambda n, xs: reduce(minimum, xs)),
     "Pow": elementwise_handler(_pow),
+    "LRN": _lrn,
     "GlobalMaxPool": global_pool,
     "Transpose": _transpose,
     "Expand": _expand,
