@@ -134,7 +134,7 @@ class HostPlan:
     #: the steps as every run calls them: runs of generated kernels in one native call, numpy steps alone
     _segments: list[Step | _Sequence] | None = field(default=None, repr=False)
     #: per graph input the kernel arguments that read it, (pointer array, index, byte offset); absent where
-    #: a numpy step reads it (it must stay in its tensor)
+    #: its tensor must hold it (see :func:`_feed_slots`)
     _feed_slots: dict[str, list[tuple[Any, int, int]]] | None = field(default=None, repr=False)
     #: inputs of the last run read from the caller's arrays, copied in only if :meth:`values` asks
     _read_in_place: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
@@ -250,30 +250,23 @@ class _Sequence:
 
 
 def _feed_slots(plan: HostPlan) -> dict[str, list[tuple[Any, int, int]]]:
-    """Per graph input, where the kernels' pointer arrays hold its address (see :attr:`HostPlan._feed_slots`);
-    inputs that a numpy step or the outputs read, that a kernel writes, or that are not arrays of their own,
-    are left out (copied)."""
+    """Per graph input, where the kernels' pointer arrays hold its address (see :attr:`HostPlan._feed_slots`).
+    An input is left out (always copied in) where anything but a kernel reads its buffer (a numpy step, the
+    output copy of a view of it), where a kernel writes it (the caller's array is only ever read), or where
+    it is not an array of its own."""
     roots = {id(t): name for name, t in plan.inputs.items() if t.alias_of is None and t.storage is None}
+    kernels = [step for step in plan.steps if step.kernel is not None]
+    elsewhere = [t for step in plan.steps if step.kernel is None for t in [*step.args, *step.host_inputs] if t]
+    elsewhere += list(plan.outputs.values())
+    elsewhere += [t for step in kernels for t in step.args[len(step.kernel.inputs):]]  # type: ignore[union-attr]
+    for t in elsewhere:
+        roots.pop(id(t.root()), None)
     slots: dict[str, list[tuple[Any, int, int]]] = {name: [] for name in roots.values()}
-    for step in plan.steps:
+    for step in kernels:
         for k, t in enumerate(step.args):
             name = roots.get(id(t.root()))
-            if name is None:
-                continue
-            if step.kernel is None:
-                slots.pop(name, None)
-                roots.pop(id(t.root()))
-                continue
-            slots[name].append((step.pointers, k, t.root_offset() * t.root().array.itemsize))
-    read_elsewhere = [t for step in plan.steps if step.kernel is None for t in step.host_inputs if t is not None]
-    read_elsewhere += list(plan.outputs.values())  # an output that is a view of an input (an identity op)
-    # and any buffer a kernel writes: the caller's array is only ever read
-    read_elsewhere += [t for step in plan.steps if step.kernel is not None
-                       for t in step.args[len(step.kernel.inputs):]]
-    for t in read_elsewhere:  # the tensors a numpy step or the output copy reads: they must hold the input
-        name = roots.pop(id(t.root()), None)
-        if name is not None:
-            slots.pop(name, None)
+            if name is not None:
+                slots[name].append((step.pointers, k, t.root_offset() * t.root().array.itemsize))  # type: ignore[union-attr]
     return slots
 
 
