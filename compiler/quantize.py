@@ -51,6 +51,14 @@ if TYPE_CHECKING:
 __all__ = ["fuse_clamps", "quantize"]
 
 
+def _pixels(shape: tuple) -> int | None:
+    """Output pixels per channel (batch included) of an NCHW-like shape; None where it is not known."""
+    try:
+        return int(np.prod([int(d) for d in shape])) // int(shape[1])
+    except (TypeError, ValueError, IndexError, ZeroDivisionError):
+        return None
+
+
 class _Overflow(Exception):
     """A layer whose integer form cannot fit the accumulator: it stays a float host layer instead."""
 
@@ -223,8 +231,9 @@ class _Quantizer:
         try:
             # A model that brings its own scales defines its int8 results: round as close to them as the
             # accumulator allows, at some ALU cost (see build_epilogue).
+            pixels = _pixels(self.src.value(node.outputs[0]).shape)
             return build_epilogue(acc_width=self.acc_bits, out_width=self.act_bits, imm_range=self.imm_range,
-                                  precise=bool(self.model_scales), **kwargs)  # type: ignore[arg-type]
+                                  precise=bool(self.model_scales), pixels=pixels, **kwargs)  # type: ignore[arg-type]
         except EpilogueOverflow as err:
             raise _Overflow(f"no requantization fits the {self.acc_bits}-bit accumulator ({err})") from None
 

@@ -10,6 +10,11 @@ case ``sum |w| * 2**(inp_width-1) + |bias|``, so no input can make it wrap) and 
 interval arithmetic. :func:`build_epilogue` assembles a layer's whole epilogue: bias, rescale, an
 optional residual input rescaled to a common fixed point with ``frac`` extra bits, an optional
 per-channel shift, and the activation's clamps.
+
+The ALU's RQ op does a whole rescale in one pass, ``(x * m + 2**(s-1)) >> s`` with the product exact and
+``m`` and ``s`` per channel (:func:`solve_rq`), and takes a ReLU with it. Where it is available and at least
+as precise as the shift-multiply-shift form (:data:`RQ_TOLERANCE`), :func:`build_epilogue` uses it: a plain
+layer's epilogue becomes the bias and one RQ instead of five or six passes.
 """
 
 from __future__ import annotations
@@ -19,13 +24,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from weft.core.epilogue import EpilogueOverflow, Step, bounds
+from weft.isa.arith import rq_layout, rq_pack
 
-__all__ = ["Rescale", "build_epilogue", "clamp_steps", "rescale_steps", "solve_rescale"]
+__all__ = ["RQ_TOLERANCE", "Rescale", "build_epilogue", "clamp_steps", "rescale_steps", "solve_rescale", "solve_rq"]
 
 #: Extra fractional bits tried (largest first) when a residual or a shift is added before rounding.
 MAX_FRAC = 8
 #: The same for a precise epilogue (its multipliers are vectors, so they have room for the extra bits).
 PRECISE_FRAC = 16
+#: RQ's worst-case error (output units, before the final rounding) accepted even where the multi-pass form
+#: would be more precise: far below the half unit of the final rounding, and below the 1e-3 to which a
+#: precise epilogue matches a model's float rounding.
+RQ_TOLERANCE = 1e-3
+#: Below this many output pixels per channel a form of immediates only beats RQ's one pass: RQ's operands are
+#: a vector, which costs a load of acc rows per tile, where immediates cost nothing beyond their passes.
+RQ_MIN_PIXELS = 32
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,36 @@ def solve_rescale(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width
     return best
 
 
+def solve_rq(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int, frac: int = 0,
+             relu: bool = False) -> tuple[np.ndarray, float] | None:
+    """RQ operands approximating ``x * real * 2**frac`` (per channel, ``|x| <= bound``) and their worst-case
+    error in output units (as :attr:`Rescale.error`), or None where a factor is too large for the
+    multiplier field. Each channel takes the largest shift that keeps its multiplier in the field, so every
+    multiplier uses the field's full precision."""
+    real = np.asarray(real, dtype=np.float64).reshape(-1)
+    bound = np.broadcast_to(np.asarray(bound, dtype=np.int64), real.shape)
+    mul_bits, shift_bits = rq_layout(acc_width)
+    m_max = (1 << (mul_bits - 1)) - 1
+    s_max = min((1 << shift_bits) - 1, acc_width + mul_bits - 1)
+    scaled = real * 2.0 ** frac
+    mags = np.abs(scaled)
+    live = mags > 0
+    if np.any(mags > m_max):
+        return None
+    s = np.zeros(real.shape, np.int64)
+    s[live] = np.clip(np.floor(np.log2(m_max / mags[live])), 0, s_max).astype(np.int64)
+    m = np.round(scaled * 2.0 ** s).astype(np.int64)
+    over = np.abs(m) > m_max  # rounding up past the field: one bit less
+    s[over] -= 1
+    m[over] = np.round(scaled[over] * 2.0 ** s[over]).astype(np.int64)
+    if np.any(s < 0) or np.any(np.abs(m) > m_max):
+        return None
+    sat = (1 << (out_width - 1)) / np.where(live, np.abs(real), 1.0)
+    reach = bound.astype(np.float64) if frac else np.minimum(bound, sat)
+    error = np.abs(m / 2.0 ** (s + frac) - real) * reach
+    return rq_pack(m, s, relu, acc_width).astype(np.int32), float(np.max(error[live])) if live.any() else 0.0
+
+
 def _uniform_or_vec(base: str, values: np.ndarray, imm_range: tuple[int, int]) -> Step:
     """``base_imm`` when every channel has the same value and it fits the immediate, else ``base_vec``."""
     first = int(values.reshape(-1)[0])
@@ -120,7 +163,7 @@ def clamp_steps(lo: int, hi: int, channels: int, out_width: int) -> list[Step]:
 def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int,
                    imm_range: tuple[int, int], lo: int, hi: int, bias: np.ndarray | None = None,
                    shift: np.ndarray | None = None, residual_real: np.ndarray | None = None,
-                   precise: bool = False) -> tuple[Step, ...]:
+                   precise: bool = False, pixels: int | None = None) -> tuple[Step, ...]:
     """The epilogue of one layer, proven not to overflow for ``|acc| <= bound`` and any residual.
 
     ``acc`` is multiplied by ``real`` (per channel) into output units after ``bias`` (acc units) is
@@ -132,6 +175,9 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
     leaves room for a wider multiplier, and a residual sum keeps up to ``PRECISE_FRAC`` fractional bits.
     The default keeps every error far below an output unit; precise also makes ties within ~1e-3 of a
     unit round as the model's float arithmetic does in all but a few in a thousand values.
+
+    ``pixels`` (output pixels per channel, where known) keeps a form of immediates only for small layers
+    (:data:`RQ_MIN_PIXELS`), where RQ's vector load would cost more than the passes it saves.
     """
     real = np.asarray(real, dtype=np.float64).reshape(-1)
     channels = real.size
@@ -139,12 +185,17 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
     bias_i = np.zeros(channels, np.int64) if bias is None else np.asarray(bias, np.int64)
     x_bound = bound + np.abs(bias_i)
     if shift is None and residual_real is None:
+        rq = _try(_direct_rq, real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
         if precise:
-            return _most_precise(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
-        try:
-            return _direct(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)[0]
-        except EpilogueOverflow:
-            return _saturating(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)[0]
+            old = _try(_most_precise, real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
+        else:
+            old = (_try(_direct, real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi)
+                   or _try(_saturating, real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi))
+        best = _pick(rq, old, pixels)
+        if best is None:
+            raise EpilogueOverflow(f"no shift keeps |x| <= {int(x_bound.max())} times the multiplier within "
+                                   f"{acc_width} bits")
+        return best[0]
     res_bound = 1 << (out_width - 1)
     failure: Exception | None = None
     for frac in range(PRECISE_FRAC if precise else MAX_FRAC, -1, -1):
@@ -158,35 +209,127 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
                 steps += rescale_steps(rs, channels, imm_range, pre_round=False)
             else:
                 steps += rescale_steps(rs, channels, imm_range)
+            error = rs.error
+            r_real = None
             if residual_real is not None:
                 r_real = np.broadcast_to(np.asarray(residual_real, np.float64), (channels,))
                 r_uniform = bool(np.all(r_real == r_real[0])) and not precise
                 rr = solve_rescale(r_real, np.full(channels, res_bound), acc_width, out_width, frac,
                                    imm_range[1] if r_uniform else None)
                 steps.append(("residual", tuple(rescale_steps(rr, channels, imm_range))))
-            if frac or shift is not None:
-                add = np.full(channels, (1 << (frac - 1)) if frac else 0, np.int64)
-                if shift is not None:
-                    add = add + np.round(np.asarray(shift, np.float64) * 2.0 ** frac).astype(np.int64)
-                if np.any(add):
-                    steps.append(_uniform_or_vec("add", add, imm_range))
-                if frac:
-                    steps.append(("shr_imm", frac))
+                error += rr.error
+            add = _final_add(frac, shift, channels)
+            if np.any(add):
+                steps.append(_uniform_or_vec("add", add, imm_range))
+            if frac:
+                steps.append(("shr_imm", frac))
             steps += clamp_steps(lo, hi, channels, out_width)
             residual_range = (np.full(channels, -res_bound), np.full(channels, res_bound - 1))
             bounds(steps, -bound, bound, acc_width, residual=residual_range)
-            return tuple(steps)
+            rq = _try(_fixed_point_rq, real, bound, bias, bias_i, x_bound, r_real, shift, frac, acc_width,
+                      out_width, imm_range, lo, hi)
+            picked = _pick(rq, (tuple(steps), error), pixels)
+            assert picked is not None
+            return picked[0]
         except EpilogueOverflow as err:
             failure = err
     raise EpilogueOverflow(str(failure))
 
 
+Form = tuple[tuple[Step, ...], float]
+
+
+def _try(form: object, *args: object) -> Form | None:
+    """`form`'s steps and error, None where it overflows the accumulator (or its fields)."""
+    try:
+        return form(*args)  # type: ignore[operator]
+    except EpilogueOverflow:
+        return None
+
+
+def _pick(rq: Form | None, old: Form | None, pixels: int | None) -> Form | None:
+    """RQ's form where it is within :data:`RQ_TOLERANCE` or no less precise than the other (it takes fewer
+    passes), else the other; the other where it needs no vector and the layer is small."""
+    if old is not None and pixels is not None and pixels < RQ_MIN_PIXELS \
+            and all(kind.endswith("_imm") for kind, _ in old[0]):
+        return old
+    if rq is not None and (old is None or rq[1] <= max(old[1], RQ_TOLERANCE)):
+        return rq
+    return old
+
+
+def _final_add(frac: int, shift: np.ndarray | None, channels: int) -> np.ndarray:
+    """What a fixed-point epilogue adds before dropping its `frac` bits: the shift, and the rounding
+    constant unless RQ's rounding does it."""
+    add = np.full(channels, (1 << (frac - 1)) if frac else 0, np.int64)
+    if shift is not None:
+        add = add + np.round(np.asarray(shift, np.float64) * 2.0 ** frac).astype(np.int64)
+    return add
+
+
+def _relu_split(lo: int, out_width: int) -> tuple[bool, int]:
+    """Whether RQ's ReLU flag does the lower clamp, and the lower clamp left for clamp_steps."""
+    if lo == 0:
+        return True, -(1 << (out_width - 1))
+    return False, lo
+
+
+def _direct_rq(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,
+               x_bound: np.ndarray, acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int,
+               hi: int) -> Form:
+    """bias, one RQ (with the ReLU where the lower clamp is 0), the clamps left."""
+    relu, lo_left = _relu_split(lo, out_width)
+    solved = solve_rq(real, x_bound, acc_width, out_width, 0, relu)
+    if solved is None:
+        raise EpilogueOverflow("a factor is too large for RQ's multiplier")
+    steps: list[Step] = []
+    if bias is not None and np.any(bias_i):
+        steps.append(_uniform_or_vec("add", bias_i, imm_range))
+    steps.append(("rq_vec", solved[0]))
+    steps += clamp_steps(lo_left, hi, real.size, out_width)
+    bounds(steps, -bound, bound, acc_width)
+    return tuple(steps), solved[1]
+
+
+def _fixed_point_rq(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,
+                    x_bound: np.ndarray, residual_real: np.ndarray | None, shift: np.ndarray | None, frac: int,
+                    acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int, hi: int) -> Form:
+    """With a residual or a shift: the accumulator and the residual each rescaled by one RQ to `frac`
+    fractional bits, added, then one RQ by 1 drops the bits with rounding (and takes the ReLU)."""
+    channels = real.size
+    res_bound = 1 << (out_width - 1)
+    relu, lo_left = _relu_split(lo, out_width)
+    main = solve_rq(real, x_bound, acc_width, out_width, frac)
+    if main is None:
+        raise EpilogueOverflow("a factor is too large for RQ's multiplier")
+    steps: list[Step] = []
+    if bias is not None and np.any(bias_i):
+        steps.append(_uniform_or_vec("add", bias_i, imm_range))
+    steps.append(("rq_vec", main[0]))
+    error = main[1]
+    if residual_real is not None:
+        res = solve_rq(residual_real, np.full(channels, res_bound), acc_width, out_width, frac)
+        if res is None:
+            raise EpilogueOverflow("a residual factor is too large for RQ's multiplier")
+        steps.append(("residual", (("rq_vec", res[0]),)))
+        error += res[1]
+    shifted = _final_add(frac, shift, channels) - _final_add(frac, None, channels)
+    if np.any(shifted):
+        steps.append(_uniform_or_vec("add", shifted, imm_range))
+    if frac or relu:
+        steps.append(("rq_vec", rq_pack(np.ones(channels, np.int64), frac, relu, acc_width).astype(np.int32)))
+    steps += clamp_steps(lo_left if frac or relu else lo, hi, channels, out_width)
+    residual_range = (np.full(channels, -res_bound), np.full(channels, res_bound - 1))
+    bounds(steps, -bound, bound, acc_width, residual=residual_range)
+    return tuple(steps), error
+
+
 def _most_precise(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,
                   x_bound: np.ndarray, acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int,
-                  hi: int) -> tuple[Step, ...]:
+                  hi: int) -> Form:
     """Of the direct and the clamp-first epilogue, with multipliers free to be vectors, the one with the
     smaller worst-case rounding error."""
-    candidates: list[tuple[tuple[Step, ...], float]] = []
+    candidates: list[Form] = []
     for form in (_direct, _saturating):
         try:
             candidates.append(form(real, bound, bias, bias_i, x_bound, acc_width, out_width, imm_range, lo, hi,
@@ -196,7 +339,7 @@ def _most_precise(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, 
     if not candidates:
         raise EpilogueOverflow(f"no shift keeps |x| <= {int(x_bound.max())} times the multiplier within "
                                f"{acc_width} bits")
-    return min(candidates, key=lambda c: c[1])[0]
+    return min(candidates, key=lambda c: c[1])
 
 
 def _direct(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray, x_bound: np.ndarray,

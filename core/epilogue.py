@@ -12,6 +12,8 @@ kind           meaning (``acc`` per element, ``c`` its channel)
 ``max_imm``    acc = max(acc, imm)
 ``min_imm``    acc = min(acc, imm)
 ``add_vec``    acc = wrap(acc + vec[c])     and likewise ``mul_vec``, ``max_vec``, ``min_vec``
+``rq_vec``     acc = relu?(wrap((acc * m[c] + 2**(s[c]-1)) >> s[c])): the ALU's RQ, one pass; vec[c] packs
+               m, s and the ReLU flag (:func:`weft.isa.arith.rq_pack`), the product is exact
 ``residual``   r = sign-extended residual input; r = run(operand steps, r); acc = wrap(acc + r)
 =============  =======================================================================================
 
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from weft.isa.arith import shift, wrap
+from weft.isa.arith import requantize, rq_fields, shift, wrap
 
 __all__ = [
     "KINDS", "EpilogueOverflow", "Step", "bounds", "check_steps", "narrow", "pad_steps", "run_steps",
@@ -43,6 +45,7 @@ Step = tuple[str, Any]
 KINDS = {
     "add_imm": "ADD", "mul_imm": "MUL", "shr_imm": "SHR", "max_imm": "MAX", "min_imm": "MIN",
     "add_vec": "ADD", "mul_vec": "MUL", "max_vec": "MAX", "min_vec": "MIN", "residual": "ADD",
+    "rq_vec": "RQ",
 }
 
 
@@ -74,6 +77,8 @@ def run_steps(acc: np.ndarray, steps: Sequence[Step], acc_width: int, residual: 
             acc = wrap(acc * v, acc_width)
         elif op == "SHR":
             acc = shift(acc, v, acc_width)
+        elif op == "RQ":
+            acc = requantize(acc, v, acc_width)
         elif op == "MAX":
             acc = np.maximum(acc, v)
         else:
@@ -110,6 +115,8 @@ def bounds(steps: Sequence[Step], lo: np.ndarray, hi: np.ndarray, acc_width: int
                 lo, hi = np.minimum(a, b), np.maximum(a, b)
             elif op == "SHR":
                 lo, hi = lo >> v, hi >> v
+            elif op == "RQ":
+                lo, hi = _rq_bounds(lo, hi, operand, acc_width)
             elif op == "MAX":
                 lo, hi = np.maximum(lo, v), np.maximum(hi, v)
             else:
@@ -120,6 +127,19 @@ def bounds(steps: Sequence[Step], lo: np.ndarray, hi: np.ndarray, acc_width: int
                 f"step {k} ({kind}) may reach [{worst_lo}, {worst_hi}], beyond the {acc_width}-bit accumulator"
             )
     return np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64)
+
+
+def _rq_bounds(lo: Any, hi: Any, packed: np.ndarray, acc_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """RQ on per-channel intervals, before the wrap (which :func:`bounds` then checks against): the
+    rounded shift of a product is monotonic in it, so the ends map to the ends."""
+    m, s, relu = (np.asarray(v, dtype=object) for v in rq_fields(packed, acc_width))
+    a, b = lo * m, hi * m
+    rounding = np.asarray([(1 << int(k)) >> 1 for k in np.ravel(s)], dtype=object).reshape(np.shape(s))
+    shifts = s.astype(object)
+    new_lo = (np.minimum(a, b) + rounding) // (2 ** shifts)
+    new_hi = (np.maximum(a, b) + rounding) // (2 ** shifts)
+    relu = relu.astype(bool)
+    return np.where(relu, np.maximum(new_lo, 0), new_lo), np.where(relu, np.maximum(new_hi, 0), new_hi)
 
 
 def check_steps(steps: Sequence[Step], channels: int, acc_width: int, imm_range: tuple[int, int]) -> None:

@@ -15,8 +15,8 @@ B     micro-op word: row indices (range-checked); inp and wgt read addresses
 C     inp and wgt rows: the GEMM core's products; accumulator read address src (ALU with acc[src])
 D     the first half of the GEMM core's adder tree; accumulator read address dst; the src row is latched
 E     the rest of the adder tree; the acc[dst] row is registered
-X     acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU), but MUL's partial products only
-Y     MUL's product from its partial products
+X     acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU), but MUL's and RQ's partial products only
+Y     MUL's product, or RQ's rounded shift of it, from the partial products
 F     write acc[dst] and out[dst] = saturate(acc[dst])
 ====  ==========================================================================================
 
@@ -331,14 +331,14 @@ class ComputeUnit(UnitBase):
         src_row = elements(Mux(valid["f"] & (dst["f"] == operand_at), new_f, operand), w)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
-        row_y = Signal(c.acc_row_bits)  # the GEMM's row, or the ALU's but for MUL
-        parts_y = [[Signal(n, name=f"mul_{k}_{lane}") for k, n in enumerate((w, w - w // 2, w - w // 2))]
-                   for lane in range(lanes)]
+        row_y = Signal(c.acc_row_bits)  # the GEMM's row, or the ALU's but for MUL and RQ
+        parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         gemm_row = Cat(*[Mux(d.gemm.reset, 0, (old[n] + sums[n])[:w]) for n in range(lanes)])
         alu_rows = []
         for n in range(lanes):
             other, parts = alu_lane_first(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, src_row[n]), w)
             alu_rows.append(other)
+            parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]
         m.d.sync += row_y.eq(Mux(d.is_gemm, gemm_row, Cat(*alu_rows)))
         alu_row = Cat(*[alu_lane_last(alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w) for n in range(lanes)])

@@ -15,6 +15,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.hw.structure import GEMM_LATENCY
+from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
 __all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "elements",
@@ -106,23 +107,38 @@ def alu_lane(op: Value, a: Value, b: Value, width: int) -> Value:
 
 
 def alu_lane_first(op: Value, a: Value, b: Value, width: int) -> tuple[Value, list[Value]]:
-    """The ALU's first pipeline stage: the result of every op but MUL, and MUL's three partial products.
+    """The ALU's first pipeline stage: the result of every op but MUL and RQ, and their partial products.
 
     MUL keeps the low `width` bits of a * b, and those depend only on the halves' products: with
     a = ah * 2^h + al and b = bh * 2^h + bl (al, bl: the low h bits, unsigned), a * b = al * bl +
-    (al * bh + ah * bl) * 2^h modulo 2^width. Each is a half-width multiply (one DSP or MULT18X18)."""
+    (al * bh + ah * bl) * 2^h modulo 2^width. RQ needs all of a * m (m: b's low h + 2 bits, signed) =
+    ah * m * 2^h + al * m, so its two products share MUL's first two multipliers (their second operand is
+    m for RQ, bl for MUL; MUL keeps only the low h bits of ah * bl, which do not depend on signedness). Each
+    is one DSP48 (17 x 18 bits). The last two parts are RQ's shift and ReLU flag, registered beside them."""
     h = width // 2
-    al, ah, bl, bh = a.as_unsigned()[:h], a.as_unsigned()[h:], b.as_unsigned()[:h], b.as_unsigned()[h:]
-    parts = [(al * bl)[:width], (al * bh)[:width - h], (ah * bl)[:width - h]]
+    mul_bits, shift_bits = rq_layout(width)
+    al, ah, bl, bh = a.as_unsigned()[:h], a.as_signed()[h:].as_signed(), b.as_unsigned()[:h], b.as_unsigned()[h:]
+    second = Mux(op == AluOp.RQ, b[:mul_bits].as_signed(), bl)
+    parts = [al * second, ah * second, (al * bh)[:width - h],
+             b[mul_bits:mul_bits + shift_bits], b[mul_bits + shift_bits]]
     return _alu_lane_but_mul(op, a, b, width), parts
 
 
 def alu_lane_last(op: Value, other: Value, parts: list[Value], width: int) -> Value:
-    """The ALU's last stage: MUL's product from the partial products of :func:`alu_lane_first`, or the
-    other op's result."""
+    """The ALU's last stage: MUL's and RQ's results from the partial products of :func:`alu_lane_first`,
+    or the other op's result."""
     h = width // 2
-    low, mid_a, mid_b = parts
-    return Mux(op == AluOp.MUL, (low + ((mid_a + mid_b) << h))[:width], other)
+    mul_bits, _ = rq_layout(width)
+    low, high, mid, amount, relu = parts
+    product = (low[:width] + ((high[:width - h] + mid) << h))[:width]
+    # RQ: |a * m| <= 2^(width + mul_bits - 2), so with s < width + mul_bits the rounding constant 2^(s-1) and
+    # the sum fit width + mul_bits + 1 signed bits; from s = width + mul_bits on, the result is 0.
+    total = width + mul_bits + 1
+    exact = low.as_signed() + (high.as_signed() << h)
+    rounding = (Const(1, total + 1) << amount)[1:total + 1]
+    shifted = ((exact + rounding)[:total].as_signed() >> amount)[:width]
+    requantized = Mux((amount >= width + mul_bits) | (relu & shifted[width - 1]), 0, shifted)
+    return Mux(op == AluOp.MUL, product, Mux(op == AluOp.RQ, requantized, other))
 
 
 def _alu_lane_but_mul(op: Value, a: Value, b: Value, width: int) -> Value:

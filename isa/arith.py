@@ -16,7 +16,7 @@ import numpy as np
 from weft.isa.constants import AluOp
 
 __all__ = ["F32_EXACT", "F64_EXACT", "alu_op", "exact_dtype", "float_dtype_for", "int_dtype", "loop_indices", "pack",
-           "shift", "unpack", "wrap"]
+           "requantize", "rq_fields", "rq_layout", "rq_pack", "shift", "unpack", "wrap"]
 
 _WIDE = {8: np.dtype(np.int8), 16: np.dtype("<i2"), 32: np.dtype("<i4")}
 
@@ -81,8 +81,51 @@ def shift(values: np.ndarray, amount: np.ndarray | int, acc_width: int) -> np.nd
     return np.where(amount >= 0, right, left)
 
 
+def rq_layout(acc_width: int) -> tuple[int, int]:
+    """RQ's operand fields: (multiplier bits, shift bits). The multiplier is the operand's low
+    ``acc_width // 2 + 2`` bits, signed (18 for 32-bit accumulators: a DSP48's narrow port); the shift the next
+    ``log2(acc_width) + 1`` bits, unsigned; the bit after them asks for ReLU."""
+    return acc_width // 2 + 2, acc_width.bit_length()
+
+
+def rq_fields(b: np.ndarray | int, acc_width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """RQ's operand unpacked: (signed multiplier, shift, relu flag), int64 arrays."""
+    mul_bits, shift_bits = rq_layout(acc_width)
+    b = np.asarray(b, dtype=np.int64)
+    sign = 1 << (mul_bits - 1)
+    m = ((b & ((1 << mul_bits) - 1)) ^ sign) - sign
+    s = (b >> mul_bits) & ((1 << shift_bits) - 1)
+    relu = (b >> (mul_bits + shift_bits)) & 1
+    return m, s, relu
+
+
+def rq_pack(m: np.ndarray | int, s: np.ndarray | int, relu: np.ndarray | int | bool, acc_width: int) -> np.ndarray:
+    """RQ operands (int64) from per-channel multipliers, shifts and ReLU flags; raises ValueError when a field
+    does not fit."""
+    mul_bits, shift_bits = rq_layout(acc_width)
+    m, s, relu = (np.asarray(v, dtype=np.int64) for v in (m, s, relu))
+    if np.any(m < -(1 << (mul_bits - 1))) or np.any(m >= 1 << (mul_bits - 1)):
+        raise ValueError(f"an RQ multiplier outside {mul_bits} signed bits")
+    if np.any(s < 0) or np.any(s >= 1 << shift_bits):
+        raise ValueError(f"an RQ shift outside [0, {(1 << shift_bits) - 1}]")
+    packed = (m & ((1 << mul_bits) - 1)) | (s << mul_bits) | ((relu != 0).astype(np.int64) << (mul_bits + shift_bits))
+    return wrap(packed, acc_width)  # at 16 bits the ReLU flag is the sign bit
+
+
+def requantize(a: np.ndarray, b: np.ndarray | int, acc_width: int) -> np.ndarray:
+    """RQ: ``(a * m + 2**(s-1)) >> s`` (round half up, the product exact), wrapped at acc_width, then
+    ``max(., 0)`` where the operand's ReLU bit is set (:func:`rq_fields` unpacks m, s and the flag).
+    |a * m| < 2**48 and the rounding constant < 2**62, so int64 holds every intermediate."""
+    m, s, relu = rq_fields(b, acc_width)
+    rounding = np.where(s > 0, np.left_shift(1, np.maximum(s - 1, 0)), 0)
+    out = wrap((np.asarray(a, dtype=np.int64) * m + rounding) >> s, acc_width)
+    return np.where(relu != 0, np.maximum(out, 0), out)
+
+
 def alu_op(op: int, a: np.ndarray, b: np.ndarray | int, acc_width: int) -> np.ndarray:
     """One ALU op (AluOp) on int64 accumulator values `a` and operands `b`, wrapped at acc_width."""
+    if op == AluOp.RQ:
+        return requantize(a, b, acc_width)
     if op == AluOp.MIN:
         return np.minimum(a, b)
     if op == AluOp.MAX:

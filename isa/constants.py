@@ -75,6 +75,9 @@ class AluOp(IntEnum):
     #: Arithmetic shift right by the operand; a negative operand shifts left.
     SHR = 3
     MUL = 4
+    #: Requantize: the operand packs a signed multiplier, a rounding right shift and a ReLU flag
+    #: (:func:`weft.isa.arith.rq_fields`); acc = relu?((acc * m + 2**(s-1)) >> s), the product exact.
+    RQ = 5
 
 
 class Unit(IntEnum):

@@ -75,7 +75,10 @@ SEMANTICS = {
         "acc[dst] = op(acc[dst], imm if use_imm else acc[src]), wrapping at acc_width; then out[dst] = "
         "saturate(acc[dst], out_width). SHR shifts right arithmetically by the operand's low "
         "log2(acc_width)+1 bits read as signed; a negative amount shifts left. The immediate is "
-        "sign-extended."
+        "sign-extended. RQ (requantize) reads its operand as a signed multiplier m (the low acc_width/2+2 bits), "
+        "a shift s (the next log2(acc_width)+1 bits) and a ReLU flag (the bit above): acc = (acc * m + "
+        "2**(s-1)) >> s with the product exact (no rounding constant when s = 0), wrapped at acc_width, then "
+        "max(acc, 0) if the flag is set."
     ),
     "narrowing": "out = clip(acc, -2**(out_width-1), 2**(out_width-1)-1): saturating, never truncating.",
     "hazard": (

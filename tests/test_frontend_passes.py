@@ -17,6 +17,7 @@ from weft.config import PRESETS
 from weft.core.errors import GraphError
 from weft.core.ir import Graph, Node, Value, graph_from_dict, graph_to_dict
 from weft.core.reference import run_reference
+from weft.isa.arith import rq_fields
 
 from .test_frontend_util import make_model, rand
 
@@ -176,7 +177,8 @@ def test_every_intermediate_graph_verifies_and_quantized_layers_are_self_describ
     w = final.constants[conv.inputs[1]]
     assert w.shape == (1, 1, 3, 3, 16, 16) and w.dtype == np.int8
     kinds = [k for k, _ in conv.attrs["epilogue"]]
-    assert kinds[0] == "add_vec" and "residual" in kinds and kinds[-1] == "max_imm"
+    assert kinds[0] == "add_vec" and "residual" in kinds and kinds[-1] == "rq_vec"
+    assert np.all(rq_fields(conv.attrs["epilogue"][-1][1], 32)[2] == 1)  # the ReLU rides on the last RQ
     assert final.meta["partition"][1] == {"target": "accel", "nodes": [n.name for n in final.nodes[2:-1]]}
 
 

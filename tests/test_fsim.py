@@ -54,6 +54,13 @@ def alu_ref(op: int, a: int, b: int, width: int) -> int:
         return wrap_ref(a + b, width)
     if op == AluOp.MUL:
         return wrap_ref(a * b, width)
+    if op == AluOp.RQ:  # b: multiplier (width/2 + 2 bits, signed), shift (log2(width) + 1 bits), ReLU bit
+        mul_bits, shift_bits = width // 2 + 2, width.bit_length()
+        m = b & ((1 << mul_bits) - 1)
+        m -= (m >> (mul_bits - 1)) << mul_bits
+        s = (b >> mul_bits) & ((1 << shift_bits) - 1)
+        out = wrap_ref((a * m + (1 << s >> 1)) >> s, width)  # Python ints: exact
+        return max(out, 0) if (b >> (mul_bits + shift_bits)) & 1 else out
     bits = width.bit_length()  # log2(width) + 1
     amount = b & ((1 << bits) - 1)
     if amount >= 1 << (bits - 1):

@@ -29,6 +29,16 @@ def pack_ref(values: np.ndarray, width: int) -> np.ndarray:
     return np.packbits(bits, bitorder="little")
 
 
+def _rq(a: int, b: int, width: int) -> int:
+    """RQ on one element, in Python integers: b packs a signed multiplier, a shift and a ReLU bit."""
+    mul_bits, shift_bits = width // 2 + 2, width.bit_length()
+    m = b & ((1 << mul_bits) - 1)
+    m -= (m >> (mul_bits - 1)) << mul_bits
+    s = (b >> mul_bits) & ((1 << shift_bits) - 1)
+    out = wrap_ref((a * m + (1 << s >> 1)) >> s, width)
+    return max(out, 0) if (b >> (mul_bits + shift_bits)) & 1 else out
+
+
 def wrap_ref(values: np.ndarray, width: int) -> np.ndarray:
     half = 1 << (width - 1)
     return (values + half) % (1 << width) - half
@@ -123,6 +133,8 @@ class ReferenceSim:
                 result = wrap_ref(a + b, width)
             elif op == AluOp.MUL:
                 result = wrap_ref(a * b, width)
+            elif op == AluOp.RQ:
+                result = np.array([_rq(int(x), int(y), width) for x, y in zip(a, b, strict=True)])
             else:
                 bits = width.bit_length()
                 amount = b & ((1 << bits) - 1)

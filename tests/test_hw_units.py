@@ -14,7 +14,7 @@ from weft.hw.dma import RowPacker, RowUnpacker
 from weft.hw.fetch import check_insn
 from weft.hw.regs import ErrorCode
 from weft.hw.unit import TokenQueue
-from weft.isa import AluOp, MemId, Opcode, encode_insns, make_insns
+from weft.isa import AluOp, MemId, Opcode, arith, encode_insns, make_insns
 from weft.isa.arith import pack, unpack
 from weft.sim.kernels import alu_apply
 
@@ -198,18 +198,30 @@ def test_gemm_core_matches_numpy_every_cycle(name, packed):
     _run(dut, bench)
 
 
-def test_alu_row_matches_the_functional_simulator_for_every_op():
-    width, lanes = 32, 4
+@pytest.mark.parametrize("width", [32, 16])
+def test_alu_row_matches_the_functional_simulator_for_every_op(width):
+    lanes = 4
     dut = AluRow(lanes=lanes, width=width)
     rng = np.random.default_rng(2)
-    special = np.array([0, 1, -1, (1 << 31) - 1, -(1 << 31), 31, -32, 32, 64, -33, 7, -7])
+    top = 1 << (width - 1)
+    special = np.array([0, 1, -1, top - 1, -top, 31, -32, 32, 64, -33, 7, -7])
     cases = []
     for op in AluOp:
         for _ in range(6):
-            a = rng.choice(np.r_[special, rng.integers(-(1 << 31), 1 << 31, 8)], lanes)
-            b = rng.choice(np.r_[special, rng.integers(-(1 << 31), 1 << 31, 8)], lanes)
+            a = rng.choice(np.r_[special, rng.integers(-top, top, 8)], lanes)
+            b = rng.choice(np.r_[special, rng.integers(-top, top, 8)], lanes)
             imm = int(rng.integers(-(1 << 15), 1 << 15)) if rng.random() < 0.5 else None
             cases.append((op, a, b, imm))
+    # RQ operands as the compiler packs them, the extremes of each field included: the largest product
+    # (-2^(w-1) * -2^(mul_bits-1)), the shifts where the result becomes 0, ReLU on and off
+    mul_bits, shift_bits = arith.rq_layout(width)
+    m_top = 1 << (mul_bits - 1)
+    for _ in range(24):
+        a = rng.choice(np.r_[special, rng.integers(-top, top, 8)], lanes)
+        m = rng.choice(np.r_[-m_top, m_top - 1, 0, 1, -1, rng.integers(-m_top, m_top, 8)], lanes)
+        s = rng.choice(np.r_[0, 1, width + mul_bits - 2, width + mul_bits - 1, width + mul_bits,
+                             (1 << shift_bits) - 1, rng.integers(0, width + mul_bits, 8)], lanes)
+        cases.append((AluOp.RQ, a, arith.rq_pack(m, s, rng.integers(0, 2, lanes), width), None))
 
     async def bench(ctx):
         for op, a, b, imm in cases:
@@ -265,7 +277,7 @@ def _insn(**fields: int) -> np.ndarray:
     (dict(opcode=Opcode.LOAD, mem_id=MemId.WGT, x_size=0, x_pad_0=1), False, ErrorCode.NONE),  # a no-op
     (dict(opcode=Opcode.LOAD, mem_id=MemId.INP, pop_prev=1), False, ErrorCode.ILLEGAL_DEP_FLAG),
     (dict(opcode=Opcode.STORE, mem_id=MemId.OUT, push_next=1), False, ErrorCode.ILLEGAL_DEP_FLAG),
-    (dict(opcode=Opcode.ALU, alu_op=5, uop_bgn=0, uop_end=1), False, ErrorCode.ILLEGAL_ALU_OP),
+    (dict(opcode=Opcode.ALU, alu_op=6, uop_bgn=0, uop_end=1), False, ErrorCode.ILLEGAL_ALU_OP),
     (dict(opcode=Opcode.ALU, uop_bgn=3, uop_end=3), False, ErrorCode.UOP_RANGE),
     (dict(opcode=Opcode.GEMM, uop_bgn=0, uop_end=257), False, ErrorCode.UOP_RANGE),
     (dict(opcode=Opcode.FINISH), False, ErrorCode.FINISH_NOT_LAST),

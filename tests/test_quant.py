@@ -11,12 +11,13 @@ import weft
 from weft.compiler import models
 from weft.compiler.onnx_import import import_onnx
 from weft.compiler.pipeline import build_pipeline, run_pipeline
-from weft.compiler.requant import build_epilogue, solve_rescale
+from weft.compiler.requant import build_epilogue, solve_rescale, solve_rq
 from weft.config import PRESETS
 from weft.core.epilogue import EpilogueOverflow, bounds, check_steps, narrow, run_steps
 from weft.core.layout import act_block, unpack_weights
 from weft.core.reference import run_reference
 from weft.isa import AluOp, layout_of
+from weft.isa.arith import rq_pack
 from weft.sim.kernels import alu_apply
 
 from .test_frontend_util import make_model, rand
@@ -24,7 +25,7 @@ from .test_frontend_util import make_model, rand
 CFG = PRESETS["default"]
 IMM = layout_of(CFG).formats["alu"].field("imm")
 IMM_RANGE = (IMM.min, IMM.max)
-_OPS = {"add": AluOp.ADD, "mul": AluOp.MUL, "shr": AluOp.SHR, "max": AluOp.MAX, "min": AluOp.MIN}
+_OPS = {"add": AluOp.ADD, "mul": AluOp.MUL, "shr": AluOp.SHR, "max": AluOp.MAX, "min": AluOp.MIN, "rq": AluOp.RQ}
 
 
 def _on_fsim_alu(acc: np.ndarray, steps, acc_width: int, residual: np.ndarray | None = None) -> np.ndarray:
@@ -57,11 +58,14 @@ def _random_steps(rng: np.random.Generator, lanes: int, depth: int = 0) -> tuple
     steps = []
     for _ in range(8):
         kind = str(rng.choice(["add_imm", "mul_imm", "shr_imm", "max_imm", "min_imm", "add_vec", "mul_vec",
-                               "max_vec", "min_vec"] + (["residual"] if depth == 0 else [])))
+                               "max_vec", "min_vec", "rq_vec"] + (["residual"] if depth == 0 else [])))
         if kind == "residual":
             steps.append((kind, _random_steps(rng, lanes, 1)))
         elif kind == "shr_imm":
             steps.append((kind, int(rng.integers(0, 32))))
+        elif kind == "rq_vec":
+            steps.append((kind, rq_pack(rng.integers(-(1 << 17), 1 << 17, lanes), rng.integers(0, 64, lanes),
+                                        rng.integers(0, 2, lanes), 32)))
         elif kind.endswith("_imm"):
             steps.append((kind, int(rng.integers(IMM.min, IMM.max + 1))))
         else:
@@ -89,6 +93,13 @@ def _exact(x: np.ndarray, steps, residual: np.ndarray | None = None) -> np.ndarr
             acc = acc + _exact(residual, v)
             continue
         v = v.astype(object) if isinstance(v, np.ndarray) else v
+        if kind == "rq_vec":  # the fields as the ISA packs them for 32-bit accumulators: m 18, s 6, ReLU 1
+            m = np.array([((int(p) & 0x3FFFF) ^ 0x20000) - 0x20000 for p in v], dtype=object)
+            s = np.array([(int(p) >> 18) & 63 for p in v], dtype=object)
+            relu = np.array([(int(p) >> 24) & 1 for p in v], dtype=object)
+            rounded = (acc * m + np.array([(1 << int(k)) >> 1 for k in s], dtype=object)) // 2 ** s
+            acc = np.where(relu == 1, np.maximum(rounded, 0), rounded)
+            continue
         acc = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "shr": lambda a, b: a >> b,
                "max": np.maximum, "min": np.minimum}[op](acc, v)
     return acc
@@ -114,12 +125,47 @@ def test_requantization_is_accurate_and_never_wraps(seed):
     assert err.max() <= 1 and err.mean() < 0.01
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_rq_bounds_hold_every_value(seed):
+    """bounds() of an RQ step contains RQ of every value of its input interval (ends included), per channel."""
+    rng = np.random.default_rng(seed)
+    lo, hi = np.sort(rng.integers(-(1 << 24), 1 << 24, (2, 8)), axis=0)
+    packed = rq_pack(rng.integers(-(1 << 17), 1 << 17, 8), rng.integers(12, 40, 8), rng.integers(0, 2, 8), 32)
+    got_lo, got_hi = bounds((("rq_vec", packed),), lo, hi, 32)
+    x = np.concatenate([lo[None], hi[None], rng.integers(lo, hi + 1, (500, 8))])
+    y = run_steps(x, (("rq_vec", packed),), 32)
+    assert np.all(y >= got_lo) and np.all(y <= got_hi)
+    assert np.all((y == got_lo).any(axis=0)) and np.all((y == got_hi).any(axis=0))  # tight at the ends
+
+
+def test_rq_epilogue_is_one_pass_and_no_less_precise():
+    """A plain layer's requantization with RQ: the bias and one RQ carrying the ReLU, more precise than the
+    shift-multiply-shift form it replaces."""
+    rng = np.random.default_rng(7)
+    channels = 32
+    bound = rng.integers(1 << 12, 1 << 22, channels)
+    real = rng.uniform(0.3, 3.0, channels) * 127 / bound
+    bias = rng.integers(-1000, 1000, channels)
+    steps = build_epilogue(real=real, bound=bound, acc_width=32, out_width=8, imm_range=IMM_RANGE, lo=0, hi=127,
+                           bias=bias, pixels=3136)
+    assert [k for k, _ in steps] == ["add_vec", "rq_vec"]
+    packed, error = solve_rq(real, bound + np.abs(bias), 32, 8, relu=True)
+    assert np.array_equal(packed, steps[1][1])
+    old = solve_rescale(real, bound + np.abs(bias), 32, 8)
+    assert error <= old.error
+
+
 def test_solver_uses_immediates_for_shared_factors():
     rs = solve_rescale(np.full(4, 1 / 49), np.full(4, 49 * 128), 32, 8, imm_max=IMM.max)
     assert np.all(rs.multiplier == rs.multiplier[0]) and rs.multiplier[0] <= IMM.max
+    # a small layer (a global pooling: one pixel a channel) keeps immediates, where RQ would need a vector load
     steps = build_epilogue(real=np.full(4, 1 / 49), bound=np.full(4, 49 * 128), acc_width=32, out_width=8,
-                           imm_range=IMM_RANGE, lo=-128, hi=127)
+                           imm_range=IMM_RANGE, lo=-128, hi=127, pixels=1)
     assert all(kind.endswith("_imm") for kind, _ in steps)
+    # a large one takes RQ's single pass
+    steps = build_epilogue(real=np.full(4, 1 / 49), bound=np.full(4, 49 * 128), acc_width=32, out_width=8,
+                           imm_range=IMM_RANGE, lo=-128, hi=127, pixels=56 * 56)
+    assert [kind for kind, _ in steps] == ["rq_vec"]
 
 
 def test_overflow_is_detected_and_reported():

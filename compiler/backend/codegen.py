@@ -37,6 +37,7 @@ from weft.core.errors import CompileError
 from weft.core.ir import ACCEL_OPS, Graph, Node
 from weft.core.layout import act_block, dram_rows, pack_weights, reordered, row_order_refusal
 from weft.errors import UsageError
+from weft.isa.arith import rq_fields
 from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
 from weft.isa.semantics import QUEUES
@@ -111,7 +112,7 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
     return LayerGeom(**common, kh=kh, kw=kw, sh=sh, sw=sw, pads=pads, groups=groups)  # type: ignore[arg-type]
 
 
-def nonnegative_values(graph: Graph) -> set[str]:
+def nonnegative_values(graph: Graph, acc_width: int) -> set[str]:
     """Values proven >= 0: outputs of layers whose epilogue ends clamping at >= 0 (and max-pools of them)."""
     out: set[str] = set()
     for node in graph.nodes:
@@ -125,6 +126,8 @@ def nonnegative_values(graph: Graph) -> set[str]:
                 nonneg = nonneg or bool(np.min(operand) >= 0)
             elif kind in ("min_imm", "min_vec", "shr_imm"):
                 nonneg = nonneg and bool(np.min(operand) >= 0)
+            elif kind == "rq_vec":  # its ReLU flag clamps at 0; without it a sign may change
+                nonneg = bool(np.all(rq_fields(operand, acc_width)[2]))
             else:
                 nonneg = False
         if nonneg and node.op in _KIND:
@@ -220,7 +223,7 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     plan = memory.DramPlan(c)
     values = place_values(graph, accel, c, plan)
     const_base = plan.size
-    nonneg = nonnegative_values(graph)
+    nonneg = nonnegative_values(graph, c.acc_width)
     layers = []
     for node in accel:
         given = schedules.get(node.name)

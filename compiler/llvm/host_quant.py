@@ -40,6 +40,7 @@ from weft.core.errors import UnsupportedError
 from weft.core.ir import Node, Value, numpy_dtype
 from weft.core.layout import unpack_weights
 from weft.core.walker import widths_of
+from weft.isa.arith import rq_fields, rq_layout
 
 __all__ = ["QUANT_HANDLERS", "QUANT_OPS"]
 
@@ -131,6 +132,8 @@ class Epilogue:
         for kind, operand in steps:
             if kind == "residual":
                 out.append((kind, self._prepare(operand, prefix)))
+            elif kind == "rq_vec":
+                out.append((kind, self._rq_buffers(operand, prefix)))
             elif isinstance(operand, np.ndarray):
                 buf = Buffer(f"{prefix}{len(self.buffers)}", (operand.shape[0],), "i32")
                 self.buffers.append(buf)
@@ -139,6 +142,24 @@ class Epilogue:
             else:
                 out.append((kind, int(operand)))
         return out
+
+    def _rq_buffers(self, packed: np.ndarray, prefix: str) -> tuple[Buffer, Buffer, Buffer, Buffer]:
+        """RQ's per-channel fields as buffers: multiplier (i64), rounding constant (i64), shift (i64) and the
+        lower clamp (i32: 0 with ReLU, else the accumulator's least). Shifts past the product's width give
+        0, as multiplier 0 and shift 0 do."""
+        m, s, relu = rq_fields(packed, self.acc_width)
+        mul_bits, _ = rq_layout(self.acc_width)
+        vanish = s >= self.acc_width + mul_bits
+        m, s = np.where(vanish, 0, m), np.where(vanish, 0, s)
+        fields = [(m, "i64"), ((np.int64(1) << s) >> 1, "i64"), (s, "i64"),
+                  (np.where(relu != 0, 0, -(1 << (self.acc_width - 1))), "i32")]
+        bufs = []
+        for values, dtype in fields:
+            buf = Buffer(f"{prefix}{len(self.buffers)}", (values.shape[0],), dtype)
+            self.buffers.append(buf)
+            self.arrays.append(np.ascontiguousarray(values.astype(np.int64 if dtype == "i64" else np.int32)))
+            bufs.append(buf)
+        return tuple(bufs)  # type: ignore[return-value]
 
     def wrap(self, x: Expr) -> Expr:
         if self.acc_width >= 32:
@@ -153,6 +174,11 @@ class Epilogue:
                 if residual is None:
                     raise ValueError("a residual step needs the residual input")
                 acc = self.wrap(acc + self.apply(residual(), channel, None, operand))
+                continue
+            if kind == "rq_vec":
+                m, rounding, amount, least = (b[channel] for b in operand)
+                exact = cast("i64", acc) * m + rounding  # |acc * m| < 2**48: exact in i64
+                acc = maximum(self.wrap(cast("i32", exact >> amount)), least)
                 continue
             v = operand[channel] if isinstance(operand, Buffer) else const(operand, "i32")
             if kind in ("add_imm", "add_vec"):

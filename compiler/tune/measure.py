@@ -57,7 +57,7 @@ class LoweredLayer:
 
 def layers_of(graph: Graph, config: AcceleratorConfig) -> list[Layer]:
     """The accelerator layers of a partitioned, packed graph (``weft.compile(..., codegen=False)``)."""
-    nonneg = codegen.nonnegative_values(graph)
+    nonneg = codegen.nonnegative_values(graph, config.acc_width)
     return [Layer(n, graph, codegen.layer_geometry(n, graph, config), n.inputs[0] in nonneg) for n in graph.nodes
             if n.attrs.get("target") == "accel"]
 
