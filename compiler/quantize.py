@@ -298,7 +298,8 @@ class _Quantizer:
         bias_q = np.round(b / acc_scale).astype(np.int64)
         bound = self._acc_bound(node, w_q, bias_q, acc_scale)
         lo, hi = self._clamp(node, s_y)
-        extra = {"residual_real": np.full(o, self._scale(residual) / s_y)} if residual else {}
+        extra = {"residual_real": np.full(o, self._scale(residual) / s_y), "residual_scale": self.wmax} if residual \
+            else {}
         epilogue = self._epilogue(node, real=acc_scale / s_y, bound=bound, lo=lo, hi=hi, bias=bias_q, **extra)
         inputs = [self.need_int(x)]
         w_const = self.out.set_constant(self.out.unique_name(f"{node.name}_wq"), w_q, int_dtype_name(self.wgt_bits))

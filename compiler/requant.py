@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from weft.core.epilogue import EpilogueOverflow, Step, bounds
-from weft.isa.arith import rq_layout, rq_pack
+from weft.isa.arith import rq_fields, rq_layout, rq_pack
 
 __all__ = ["RQ_TOLERANCE", "Rescale", "build_epilogue", "clamp_steps", "rescale_steps", "solve_rescale", "solve_rq"]
 
@@ -39,6 +39,9 @@ RQ_TOLERANCE = 1e-3
 #: Below this many output pixels per channel a form of immediates only beats RQ's one pass: RQ's operands are
 #: a vector, which costs a load of acc rows per tile, where immediates cost nothing beyond their passes.
 RQ_MIN_PIXELS = 32
+#: The worst-case error (output units, before the final rounding) accepted for a residual the GEMM adds
+#: (``residual_scale``): the layer's sum is held in units of 1/c of the residual's, so it rounds there.
+RESIDUAL_GEMM_ERROR = 1 / 64
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,11 @@ def solve_rescale(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width
 
 
 def solve_rq(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int, frac: int = 0,
-             relu: bool = False) -> tuple[np.ndarray, float] | None:
+             relu: bool = False, whole_range: bool = False) -> tuple[np.ndarray, float] | None:
     """RQ operands approximating ``x * real * 2**frac`` (per channel, ``|x| <= bound``) and their worst-case
-    error in output units (as :attr:`Rescale.error`), or None where a factor is too large for the
-    multiplier field. Each channel takes the largest shift that keeps its multiplier in the field, so every
+    error in output units (as :attr:`Rescale.error`; over the whole bound with a `frac` or `whole_range`,
+    else up to where the output saturates), or None where a factor is too large for the multiplier field.
+    Each channel takes the largest shift that keeps its multiplier in the field, so every
     multiplier uses the field's full precision."""
     real = np.asarray(real, dtype=np.float64).reshape(-1)
     bound = np.broadcast_to(np.asarray(bound, dtype=np.int64), real.shape)
@@ -122,7 +126,7 @@ def solve_rq(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int
     if np.any(s < 0) or np.any(np.abs(m) > m_max):
         return None
     sat = (1 << (out_width - 1)) / np.where(live, np.abs(real), 1.0)
-    reach = bound.astype(np.float64) if frac else np.minimum(bound, sat)
+    reach = bound.astype(np.float64) if frac or whole_range else np.minimum(bound, sat)
     error = np.abs(m / 2.0 ** (s + frac) - real) * reach
     return rq_pack(m, s, relu, acc_width).astype(np.int32), float(np.max(error[live])) if live.any() else 0.0
 
@@ -163,7 +167,8 @@ def clamp_steps(lo: int, hi: int, channels: int, out_width: int) -> list[Step]:
 def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int,
                    imm_range: tuple[int, int], lo: int, hi: int, bias: np.ndarray | None = None,
                    shift: np.ndarray | None = None, residual_real: np.ndarray | None = None,
-                   precise: bool = False, pixels: int | None = None) -> tuple[Step, ...]:
+                   precise: bool = False, pixels: int | None = None,
+                   residual_scale: int | None = None) -> tuple[Step, ...]:
     """The epilogue of one layer, proven not to overflow for ``|acc| <= bound`` and any residual.
 
     ``acc`` is multiplied by ``real`` (per channel) into output units after ``bias`` (acc units) is
@@ -178,6 +183,11 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
 
     ``pixels`` (output pixels per channel, where known) keeps a form of immediates only for small layers
     (:data:`RQ_MIN_PIXELS`), where RQ's vector load would cost more than the passes it saves.
+
+    ``residual_scale`` (c, the largest weight) lets a convolution's residual be multiplied by c alone, which
+    its GEMM can do while it adds the residual (:func:`weft.compiler.backend.alu.residual_scale`): the sum is
+    rescaled to units of 1/c of the residual's, the residual added times c, and one RQ takes the total to the
+    output. Used where its error stays within :data:`RESIDUAL_GEMM_ERROR` and the epilogue is not precise.
     """
     real = np.asarray(real, dtype=np.float64).reshape(-1)
     channels = real.size
@@ -197,6 +207,11 @@ def build_epilogue(*, real: np.ndarray, bound: np.ndarray, acc_width: int, out_w
                                    f"{acc_width} bits")
         return best[0]
     res_bound = 1 << (out_width - 1)
+    if residual_real is not None and shift is None and residual_scale and not precise:
+        by_gemm = _try(_residual_by_gemm, real, bound, bias, bias_i, x_bound, residual_real, residual_scale,
+                       acc_width, out_width, imm_range, lo, hi)
+        if by_gemm is not None and by_gemm[1] <= RESIDUAL_GEMM_ERROR:
+            return by_gemm[0]
     failure: Exception | None = None
     for frac in range(PRECISE_FRAC if precise else MAX_FRAC, -1, -1):
         try:
@@ -289,6 +304,44 @@ def _direct_rq(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bia
     steps += clamp_steps(lo_left, hi, real.size, out_width)
     bounds(steps, -bound, bound, acc_width)
     return tuple(steps), solved[1]
+
+
+def _residual_by_gemm(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,
+                      x_bound: np.ndarray, residual_real: np.ndarray, c: int, acc_width: int, out_width: int,
+                      imm_range: tuple[int, int], lo: int, hi: int) -> Form:
+    """bias; RQ to units of 1/c of the residual's; the residual times c; RQ to the output with the ReLU.
+    The error counts the first RQ's rounding (half a unit of 1/c residual units) and both multipliers'."""
+    channels = real.size
+    r_real = np.broadcast_to(np.asarray(residual_real, np.float64), (channels,))
+    if np.any(r_real == 0):
+        raise EpilogueOverflow("a residual factor of 0")
+    res_bound = 1 << (out_width - 1)
+    relu, lo_left = _relu_split(lo, out_width)
+    target = real / r_real * c
+    main = solve_rq(target, x_bound, acc_width, out_width, whole_range=True)
+    sum_bound = np.ceil(x_bound * np.abs(target)).astype(np.int64) + 1 + abs(c) * res_bound
+    final = solve_rq(r_real / c, sum_bound, acc_width, out_width, 0, relu, whole_range=True)
+    if main is None or final is None:
+        raise EpilogueOverflow("a factor is too large for RQ's multiplier")
+    steps: list[Step] = []
+    if bias is not None and np.any(bias_i):
+        steps.append(_uniform_or_vec("add", bias_i, imm_range))
+    steps += [("rq_vec", main[0]), ("residual", (("mul_imm", int(c)),)), ("rq_vec", final[0])]
+    steps += clamp_steps(lo_left, hi, channels, out_width)
+    residual_range = (np.full(channels, -res_bound), np.full(channels, res_bound - 1))
+    bounds(steps, -bound, bound, acc_width, residual=residual_range)
+    # Errors where the output does not saturate: the sum within (1 + |r_real|) * 2**(out_width-1) output units
+    # (beyond it, whatever the residual adds, the output is clamped)
+    per_unit = np.abs(r_real) / abs(c)  # output units per unit of the sum (1/c of the residual's)
+    live = np.abs(real) > 0
+    sat = res_bound * (1 + np.abs(r_real)) / np.where(live, np.abs(real), 1.0) + 1
+    reach = np.minimum(x_bound, sat)
+    m, s, _ = rq_fields(main[0], acc_width)
+    m_f, s_f, _ = rq_fields(final[0], acc_width)
+    err_main = np.abs(m / 2.0 ** s - target) * reach * per_unit
+    err_final = np.abs(m_f / 2.0 ** s_f - r_real / c) * (res_bound * (1 + np.abs(r_real)) / per_unit)
+    error = float(np.max(err_main + 0.5 * per_unit + err_final))
+    return tuple(steps), error
 
 
 def _fixed_point_rq(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,

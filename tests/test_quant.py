@@ -155,6 +155,33 @@ def test_rq_epilogue_is_one_pass_and_no_less_precise():
     assert error <= old.error
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_residual_the_gemm_scales_is_accurate_and_never_wraps(seed):
+    """With residual_scale (a convolution's GEMM adds the residual times c): the residual's steps are that
+    product alone, nothing wraps, and the result is as accurate as the fixed-point form."""
+    rng = np.random.default_rng(seed)
+    channels = 24
+    bound = rng.integers(1 << 8, 1 << 22, channels)
+    real = rng.uniform(0.3, 3.0, channels) * 127 / bound
+    bias = rng.integers(-1000, 1000, channels)
+    r_real = np.full(channels, rng.uniform(0.2, 2.0))
+    steps = build_epilogue(real=real, bound=bound, acc_width=32, out_width=8, imm_range=IMM_RANGE, lo=0, hi=127,
+                           bias=bias, residual_real=r_real, residual_scale=127, pixels=784)
+    check_steps(steps, channels, 32, IMM_RANGE)
+    assert ("residual", (("mul_imm", 127),)) in [(k, v) for k, v in steps if k == "residual"]
+    x = np.concatenate([rng.integers(-bound, bound + 1, (4000, channels)), bound[None], -bound[None]])
+    residual = rng.integers(-128, 128, x.shape)
+    got = run_steps(x, steps, 32, residual)
+    np.testing.assert_array_equal(got, _exact(x, steps, residual).astype(np.int64))  # no wrap anywhere
+    want = (x + bias) * real + residual * r_real
+    err = np.abs(narrow(got, 8).astype(np.int64) - np.clip(np.round(want), 0, 127))
+    assert err.max() <= 1 and err.mean() < 0.01
+    # the quantizer may not use it where c is small (int4 weights: c = 7), since its rounding is in 1/c units
+    coarse = build_epilogue(real=real, bound=bound, acc_width=32, out_width=8, imm_range=IMM_RANGE, lo=0, hi=127,
+                            bias=bias, residual_real=np.full(channels, 2.0), residual_scale=7, pixels=784)
+    assert ("residual", (("mul_imm", 7),)) not in [(k, v) for k, v in coarse if k == "residual"]
+
+
 def test_solver_uses_immediates_for_shared_factors():
     rs = solve_rescale(np.full(4, 1 / 49), np.full(4, 49 * 128), 32, 8, imm_max=IMM.max)
     assert np.all(rs.multiplier == rs.multiplier[0]) and rs.multiplier[0] <= IMM.max

@@ -8,7 +8,9 @@ one ALU instruction over the accumulator rows of an output tile.
   each vector row once and holds it; a tile of more output blocks than it holds splits into several such
   instructions where that costs fewer cycles than rereading (:func:`vec_chunks`);
 * ``residual``: the residual tile (loaded as sign-extended ``acc_narrow`` rows) runs its own steps, then
-  is added to the output tile.
+  is added to the output tile; or, where its steps are one ``mul_imm c`` that fits a weight
+  (:func:`residual_scale`) and the layer copies by GEMM, a GEMM with ``c`` times the identity matrix adds
+  it to the output tile straight from the inp rows it was loaded into: one pass instead of four.
 
 The narrowing to ``out_width`` is what the accelerator does whenever it writes an accumulator row, so
 after the last step the out rows hold the layer's output. Destinations are one-to-one on the tile's rows
@@ -36,8 +38,8 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.core.epilogue import Step
 
-__all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "rows_kernel", "simplify",
-           "vec_chunks", "vectors_of"]
+__all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "residual_scale", "rows_kernel",
+           "simplify", "vec_chunks", "vectors_of"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,17 @@ def vectors_of(steps: Sequence[Step]) -> list[np.ndarray]:
         elif kind.endswith("_vec"):
             out.append(operand)
     return out
+
+
+def residual_scale(steps: Sequence[Step], config: AcceleratorConfig) -> int | None:
+    """``c`` where the epilogue's residual is multiplied by ``c`` alone and ``c`` fits a weight (so a GEMM with
+    ``c`` times the identity can add it), else None."""
+    top = (1 << (config.wgt_width - 1)) - 1
+    for kind, operand in steps:
+        if kind == "residual" and len(operand) == 1 and operand[0][0] == "mul_imm" \
+                and -top <= int(operand[0][1]) <= top:
+            return int(operand[0][1])
+    return None
 
 
 def simplify(steps: Sequence[Step], config: AcceleratorConfig) -> tuple[Step, ...]:
@@ -211,8 +224,10 @@ def vec_chunks(tile: Tile) -> list[tuple[int, int]]:
 
 
 def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_base: int, vec_rows: int,
-             kernel: Callable[[tuple, Callable[[], Kernel]], Kernel], thread: int) -> None:
-    """Emit `steps` on `tile`; `res` holds the residual tile, vector k sits at ``vec_base + k*vec_rows``."""
+             kernel: Callable[[tuple, Callable[[], Kernel]], Kernel], thread: int,
+             residual_gemm: Callable[[Stream, Tile], None] | None = None) -> None:
+    """Emit `steps` on `tile`; `res` holds the residual tile, vector k sits at ``vec_base + k*vec_rows``;
+    `residual_gemm` adds a residual of :func:`residual_scale` with a GEMM instead."""
     counter = iter(range(1 << 30))
 
     def run(steps: Sequence[Step], target: Tile, nested: bool) -> None:
@@ -220,6 +235,9 @@ def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_b
             if kind == "residual":
                 if nested:
                     raise ValueError("a residual step inside a residual step has no accumulator region")
+                if residual_gemm is not None:
+                    residual_gemm(stream, target)
+                    continue
                 run(operand, res, True)
                 stream.alu(AluOp.ADD, kernel(("pair", thread, target.base, res.base),
                                              lambda: rows_kernel(target.base, target.rows, res.base)),

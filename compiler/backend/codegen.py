@@ -276,7 +276,9 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
                                op=node.op)
         addrs["wgt"] = plan.element(plan.constant(f"wgt:{node.name}", memory.weight_bytes(w, c)), "wgt")
     if copies_by_gemm(geom, c):
-        eye = np.eye(c.block_out, c.block_in, dtype=np.int64).reshape(1, 1, 1, 1, c.block_out, c.block_in)
+        # a residual the GEMM adds times c (alu.residual_scale) takes c times the identity
+        scale = (alu.residual_scale(steps, c) or 1) if kind == "conv" else 1
+        eye = scale * np.eye(c.block_out, c.block_in, dtype=np.int64).reshape(1, 1, 1, 1, c.block_out, c.block_in)
         addrs["identity"] = plan.element(plan.constant(f"wgt:identity:{node.name}", memory.weight_bytes(eye, c),
                                                        share=True), "wgt")
     vectors = alu.vectors_of(steps)

@@ -18,8 +18,10 @@ blocks only (:mod:`weft.compiler.groups`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 
+from weft.compiler.backend import alu
 from weft.compiler.backend.program import Stream
 from weft.compiler.backend.schedule import every_other_row, shared_tiles
 from weft.compiler.backend.te import Access as A
@@ -95,13 +97,16 @@ class ConvLowering(Lowering):
         assert self.addrs.wgt is not None
         self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
         if stage == 0:
-            if self.g.residual and self.copies_by_gemm:
+            args = (stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
+                    self.out_box.extent, r.inp + inp_box.rows)
+            if self.residual_by_gemm:
+                # Loaded before the task's GEMMs, so the load hides behind them; the epilogue's GEMM adds it.
+                self.load_for_copy(*args, r.wgt + wgt_box.rows, thread, "residual tile")
+            elif self.g.residual and self.copies_by_gemm:
                 # Before the task's GEMMs rather than in the epilogue: the loads that later overwrite the
                 # residual's rows then wait on the task's last GEMM, one token for both (each thread's
                 # outstanding tokens stay within the queue depth).
-                self.copy_in(stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
-                             self.out_box.extent, r.inp + inp_box.rows, r.res, r.wgt + wgt_box.rows, thread,
-                             "residual tile")
+                self.copy_in(*args, r.res, r.wgt + wgt_box.rows, thread, "residual tile")
             self.reset(stream, thread)
 
         def nest() -> Nest:
@@ -110,9 +115,27 @@ class ConvLowering(Lowering):
 
         self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
 
+    @cached_property
+    def residual_by_gemm(self) -> bool:
+        """The residual is added by a GEMM with the scaled identity (:func:`~weft.compiler.backend.alu.residual_scale`)
+        from the inp rows it was loaded into, not copied into residual rows and added by the ALU."""
+        return bool(self.g.residual and self.copies_by_gemm and alu.residual_scale(self.steps, self.config) is not None)
+
+    def residual_gemm(self, h: int) -> Callable[[Stream, alu.Tile], None] | None:
+        if not self.residual_by_gemm:
+            return None
+        r = self.regions(h)
+        inp_box, wgt_box = self.boxes
+
+        def add(stream: Stream, target: alu.Tile) -> None:
+            self.copy_gemm(stream, r.inp + inp_box.rows, target.base, r.wgt + wgt_box.rows, target.rows, h,
+                           "add the residual (scaled identity)")
+
+        return add
+
     def finish_body(self, stream: Stream, h: int) -> None:
         self.combine(stream, h, AluOp.ADD)
 
     def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
-        if not self.copies_by_gemm:  # else the task's first stage copied it in
+        if not self.copies_by_gemm:  # else the task's first stage loaded it
             super().load_residual(stream, point, h)

@@ -243,6 +243,15 @@ class Lowering:
         """Bring a box of int8 out rows into acc rows `dst..` the :func:`copies_by_gemm` way: the load unit
         puts it in inp rows `src..`, then a reset and a GEMM with the identity matrix (wgt row `ident`, loaded
         once per thread) copy it, exactly: each int8 times one, summed with zeros."""
+        self.load_for_copy(stream, shape, dram, origin, extent, src, ident, h, note)
+        rows = int(np.prod(extent))
+        stream.gemm(self.kernel(("reset copy", h, dst, rows), lambda: alu.rows_kernel(dst, rows)), reset=True,
+                    note=f"reset the rows of the {note}")
+        self.copy_gemm(stream, src, dst, ident, rows, h, f"copy the {note}")
+
+    def load_for_copy(self, stream: Stream, shape: tuple[int, ...], dram: int | None, origin: tuple[int, ...],
+                      extent: tuple[int, ...], src: int, ident: int, h: int, note: str) -> None:
+        """The loads of :meth:`copy_in`: the identity matrix (once per thread) and the box into inp rows."""
         assert dram is not None and self.addrs.identity is not None
         if not self.resident[h].get("identity"):
             self.resident[h]["identity"] = True
@@ -250,16 +259,21 @@ class Lowering:
         # An inp row is an out row (copies_by_gemm), so the box's DRAM rows count the same in both.
         for t in merge(self.config, box_transfers(self.config, MemId.INP, shape, dram, origin, extent, src)):
             stream.transfer(t, note=note)
-        rows = int(np.prod(extent))
-        stream.gemm(self.kernel(("reset copy", h, dst, rows), lambda: alu.rows_kernel(dst, rows)), reset=True,
-                    note=f"reset the rows of the {note}")
+
+    def copy_gemm(self, stream: Stream, src: int, dst: int, ident: int, rows: int, h: int, note: str) -> None:
+        """acc[dst + k] += inp[src + k] times the identity matrix (or the scaled one of
+        :func:`~weft.compiler.backend.alu.residual_scale`), for k < rows."""
 
         def copy() -> Kernel:
             uop = np.zeros(1, dtype=UOP_DTYPE)
             uop["dst"], uop["src"], uop["wgt"] = dst, src, ident
             return Kernel(uop, rows, 1, (1, 0), (1, 0), (0, 0))
 
-        stream.gemm(self.kernel(("copy", h, dst, src, rows), copy), note=f"copy the {note}")
+        stream.gemm(self.kernel(("copy", h, dst, src, rows), copy), note=note)
+
+    def residual_gemm(self, h: int) -> Callable[[Stream, alu.Tile], None] | None:
+        """How the epilogue adds a residual the GEMM multiplies in (None: the ALU adds it)."""
+        return None
 
     def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
         """Bring the residual tile of the task at `point` into the thread's residual rows (sign-extended)."""
@@ -284,7 +298,8 @@ class Lowering:
         if g.residual:
             self.load_residual(stream, point, h)
         tile = self.out_tile(h)
-        alu.epilogue(stream, self.steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h)
+        alu.epilogue(stream, self.steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h,
+                     self.residual_gemm(h))
         moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out,
                               self.out_box.origin_at(point), self.out_box.extent, r.tile)
         for t in merge(self.config, moves):
