@@ -152,9 +152,10 @@ def _alu_lane_but_mul(op: Value, a: Value, b: Value, width: int) -> Value:
         AluOp.MAX: Mux(a > b, a, b)[:width],
         AluOp.ADD: (a + b)[:width],
         AluOp.SHR: shifted,
+        AluOp.MOV: b[:width],
     }
     expr = with_op[AluOp.MIN]
-    for code in (AluOp.MAX, AluOp.ADD, AluOp.SHR):
+    for code in (AluOp.MAX, AluOp.ADD, AluOp.SHR, AluOp.MOV):
         expr = Mux(op == code, with_op[code], expr)
     return expr
 

@@ -59,7 +59,7 @@ ERROR_DOCS: dict[ErrorCode, str] = {
     ErrorCode.ILLEGAL_OPCODE: "opcode is not LOAD, STORE, GEMM, FINISH or ALU",
     ErrorCode.ILLEGAL_MEM_ID: "LOAD takes uop, wgt, inp, acc, acc_narrow; STORE takes out",
     ErrorCode.ILLEGAL_DEP_FLAG: "a dependency flag the instruction's unit does not have",
-    ErrorCode.ILLEGAL_ALU_OP: "ALU op is not MIN, MAX, ADD, SHR, MUL or RQ",
+    ErrorCode.ILLEGAL_ALU_OP: "ALU op is not MIN, MAX, ADD, SHR, MUL, RQ or MOV",
     ErrorCode.BAD_PADDING: "padding on a load into uop or wgt, or on a store",
     ErrorCode.SRAM_RANGE: "a LOAD or STORE reaches past the end of its SRAM",
     ErrorCode.UOP_RANGE: "empty micro-op range, or one past the end of the uop buffer",

@@ -126,6 +126,8 @@ def alu_op(op: int, a: np.ndarray, b: np.ndarray | int, acc_width: int) -> np.nd
     """One ALU op (AluOp) on int64 accumulator values `a` and operands `b`, wrapped at acc_width."""
     if op == AluOp.RQ:
         return requantize(a, b, acc_width)
+    if op == AluOp.MOV:
+        return np.broadcast_to(np.asarray(b, dtype=np.int64), np.shape(a)).copy()
     if op == AluOp.MIN:
         return np.minimum(a, b)
     if op == AluOp.MAX:

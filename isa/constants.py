@@ -78,6 +78,8 @@ class AluOp(IntEnum):
     #: Requantize: the operand packs a signed multiplier, a rounding right shift and a ReLU flag
     #: (:func:`weft.isa.arith.rq_fields`); acc = relu?((acc * m + 2**(s-1)) >> s), the product exact.
     RQ = 5
+    #: acc = operand: a tile's accumulators start from its bias (one pass, where a reset and an ADD take two).
+    MOV = 6
 
 
 class Unit(IntEnum):

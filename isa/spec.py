@@ -78,7 +78,7 @@ SEMANTICS = {
         "sign-extended. RQ (requantize) reads its operand as a signed multiplier m (the low acc_width/2+2 bits), "
         "a shift s (the next log2(acc_width)+1 bits) and a ReLU flag (the bit above): acc = (acc * m + "
         "2**(s-1)) >> s with the product exact (no rounding constant when s = 0), wrapped at acc_width, then "
-        "max(acc, 0) if the flag is set."
+        "max(acc, 0) if the flag is set. MOV sets acc to the operand."
     ),
     "narrowing": "out = clip(acc, -2**(out_width-1), 2**(out_width-1)-1): saturating, never truncating.",
     "hazard": (

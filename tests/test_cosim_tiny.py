@@ -96,7 +96,7 @@ def _alu_program() -> _Program:
     p.load("acc", 0, acc_addr, 2, 5, stride=5, pad=(0, 1, 1, 0))  # rows 0..17
     p.load("acc_narrow", 20, narrow, 3, 2, pad=(1, 0, 0, 1))  # rows 20..31
     p.load("uop", 0, chain, 1, 4)
-    for op, imm in zip(AluOp, (-5, 7, 1000, 3, -3, 300), strict=True):  # RQ by an immediate: m = 300, s = 0
+    for op, imm in zip(AluOp, (-5, 7, 1000, 3, -3, 300, -77), strict=True):  # RQ by an immediate: m = 300, s = 0
         p.alu(op, 0, 4, iter_out=2, dst=(4, 0), imm=imm)
         p.alu(op, 0, 4, iter_out=2, iter_in=2, dst=(8, 4), src=(8, 4))
     for amount in (-2, 31, -32, 33, 0, -33):  # right, left, and amounts that wrap to 6 bits

@@ -112,3 +112,38 @@ def test_refit_leaves_wide_residuals_alone():
     assert alu._refit(sub, 7, (-(1 << 15), (1 << 15) - 1), top=1 << 15, acc_width=32) is None
     # int8 still refits: folding + 7 into the add (5 + (7 << 2) = 33) is exact
     assert alu._refit(sub, 7, (-(1 << 15), (1 << 15) - 1), top=1 << 7, acc_width=32) is not None
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_tile_starts_from_its_bias_bit_exact(residual):
+    """A convolution whose epilogue adds a bias first sets its tile to the bias (MOV from the held vector rows)
+    instead of resetting it, and drops the add: one pass fewer, the same integers (additions wrap, so the
+    bias may come before the GEMMs)."""
+    from onnx import helper
+
+    from .test_frontend_util import make_model
+
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu")]
+    inits = {"w": rand(48, 16, 3, 3, seed=1) * 0.3, "b": rand(48, seed=2)}
+    y = "r"
+    if residual:  # a second convolution with a bias, whose epilogue adds the first one's output
+        nodes += [helper.make_node("Conv", ["r", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+                  helper.make_node("Add", ["c2", "r"], ["s"], name="add"),
+                  helper.make_node("Relu", ["s"], ["y2"], name="relu2")]
+        inits |= {"w2": rand(48, 48, 3, 3, seed=3) * 0.1, "b2": rand(48, seed=4)}
+        y = "y2"
+    model = make_model(nodes, {"x": [1, 16, 6, 5]}, {y: None}, inits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        art = weft.compile(model, config="default", calibration=[{"x": rand(1, 16, 6, 5, seed=s)} for s in range(2)])
+    started = 0
+    for meta in art.sections["accel"].meta["layers"]:
+        node = next(n for n in art.graph.nodes if n.name == meta["name"])
+        roles = meta["instructions_by_role"]
+        if node.op == "qconv2d" and alu.bias_start(node.attrs["epilogue"]) is not None:
+            assert "start from the bias" in roles and "reset the output tile" not in roles
+            assert roles.get("epilogue add_vec", 0) == roles.get("epilogue add_imm", 0) == 0
+            started += 1
+    assert started == (2 if residual else 1)
+    assert_bit_exact(art, {"x": rand(1, 16, 6, 5, seed=9) - 0.3}, timing=True)

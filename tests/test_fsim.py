@@ -54,6 +54,8 @@ def alu_ref(op: int, a: int, b: int, width: int) -> int:
         return wrap_ref(a + b, width)
     if op == AluOp.MUL:
         return wrap_ref(a * b, width)
+    if op == AluOp.MOV:
+        return b
     if op == AluOp.RQ:  # b: multiplier (width/2 + 2 bits, signed), shift (log2(width) + 1 bits), ReLU bit
         mul_bits, shift_bits = width // 2 + 2, width.bit_length()
         m = b & ((1 << mul_bits) - 1)

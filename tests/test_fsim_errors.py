@@ -82,7 +82,7 @@ def test_dependency_flag_illegal_for_unit(step, flag):
 def test_illegal_alu_op():
     p = program(UOPS, ("alu", "add", 0, 1, {"imm": 1}), FIN)
     insns = p.insns
-    insns[1]["alu_op"] = 6
+    insns[1]["alu_op"] = 7
     with pytest.raises(SimError, match=r"instruction 1\b.*illegal ALU op"):
         run(p, words=encode_insns(C, insns))
 

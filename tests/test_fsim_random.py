@@ -133,6 +133,8 @@ class ReferenceSim:
                 result = wrap_ref(a + b, width)
             elif op == AluOp.MUL:
                 result = wrap_ref(a * b, width)
+            elif op == AluOp.MOV:
+                result = b.copy()
             elif op == AluOp.RQ:
                 result = np.array([_rq(int(x), int(y), width) for x, y in zip(a, b, strict=True)])
             else:

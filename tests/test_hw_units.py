@@ -277,7 +277,7 @@ def _insn(**fields: int) -> np.ndarray:
     (dict(opcode=Opcode.LOAD, mem_id=MemId.WGT, x_size=0, x_pad_0=1), False, ErrorCode.NONE),  # a no-op
     (dict(opcode=Opcode.LOAD, mem_id=MemId.INP, pop_prev=1), False, ErrorCode.ILLEGAL_DEP_FLAG),
     (dict(opcode=Opcode.STORE, mem_id=MemId.OUT, push_next=1), False, ErrorCode.ILLEGAL_DEP_FLAG),
-    (dict(opcode=Opcode.ALU, alu_op=6, uop_bgn=0, uop_end=1), False, ErrorCode.ILLEGAL_ALU_OP),
+    (dict(opcode=Opcode.ALU, alu_op=7, uop_bgn=0, uop_end=1), False, ErrorCode.ILLEGAL_ALU_OP),
     (dict(opcode=Opcode.ALU, uop_bgn=3, uop_end=3), False, ErrorCode.UOP_RANGE),
     (dict(opcode=Opcode.GEMM, uop_bgn=0, uop_end=257), False, ErrorCode.UOP_RANGE),
     (dict(opcode=Opcode.FINISH), False, ErrorCode.FINISH_NOT_LAST),

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.core.epilogue import Step
 
-__all__ = ["Tile", "add_imm", "alternate", "combine_kernel", "epilogue", "fold_body", "residual_scale", "rows_kernel",
-           "simplify", "vec_chunks", "vectors_of"]
+__all__ = ["Tile", "add_imm", "alternate", "bias_start", "combine_kernel", "epilogue", "fold_body", "residual_scale",
+           "rows_kernel", "simplify", "start_from", "vec_chunks", "vectors_of"]
 
 
 @dataclass(frozen=True)
@@ -223,12 +223,41 @@ def vec_chunks(tile: Tile) -> list[tuple[int, int]]:
     return [(first, min(SRC_ROWS, rows - first)) for first in range(0, rows, SRC_ROWS)]
 
 
+def _vector_step(stream: Stream, op: AluOp, target: Tile, vec: int,
+                 kernel: Callable[[tuple, Callable[[], Kernel]], Kernel], thread: int, note: str) -> None:
+    """`op` with vector rows from `vec` as its operands, on every row of `target`."""
+    for first, count in vec_chunks(target) or [(-1, 0)]:
+        k = kernel(("vec", thread, target.base, vec, first),
+                   lambda first=first, count=count: _vec_kernel(target, vec) if first < 0
+                   else _held_kernel(target, vec, first, count))
+        stream.alu(op, k, note=note)
+
+
+def bias_start(steps: Sequence[Step]) -> Step | None:
+    """The epilogue's first step where it adds a bias (``add_vec`` or ``add_imm``): a tile may start from it
+    (:func:`start_from`) instead of from zero, since additions wrap and so commute with the GEMM's."""
+    return steps[0] if steps and steps[0][0] in ("add_vec", "add_imm") else None
+
+
+def start_from(stream: Stream, step: Step, tile: Tile, vec_base: int,
+               kernel: Callable[[tuple, Callable[[], Kernel]], Kernel], thread: int) -> None:
+    """Set the tile's accumulators to the bias of :func:`bias_start` (vector 0 at `vec_base`, or the
+    immediate): one MOV pass, where a reset and the epilogue's ADD take two."""
+    kind, operand = step
+    if kind == "add_imm":
+        k = kernel(("rows", thread, tile.base), lambda: rows_kernel(tile.base, tile.rows))
+        stream.alu(AluOp.MOV, k, imm=int(operand), note="start from the bias")
+    else:
+        _vector_step(stream, AluOp.MOV, tile, vec_base, kernel, thread, "start from the bias")
+
+
 def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_base: int, vec_rows: int,
              kernel: Callable[[tuple, Callable[[], Kernel]], Kernel], thread: int,
-             residual_gemm: Callable[[Stream, Tile], None] | None = None) -> None:
-    """Emit `steps` on `tile`; `res` holds the residual tile, vector k sits at ``vec_base + k*vec_rows``;
-    `residual_gemm` adds a residual of :func:`residual_scale` with a GEMM instead."""
-    counter = iter(range(1 << 30))
+             residual_gemm: Callable[[Stream, Tile], None] | None = None, first_vector: int = 0) -> None:
+    """Emit `steps` on `tile`; `res` holds the residual tile, vector k sits at ``vec_base + k*vec_rows`` (the
+    steps' first vector is vector `first_vector`); `residual_gemm` adds a residual of :func:`residual_scale`
+    with a GEMM instead."""
+    counter = iter(range(first_vector, 1 << 30))
 
     def run(steps: Sequence[Step], target: Tile, nested: bool) -> None:
         for kind, operand in steps:
@@ -248,12 +277,8 @@ def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_b
                 k = kernel(("rows", thread, target.base), lambda: rows_kernel(target.base, target.rows))
                 stream.alu(op, k, imm=int(operand), note=f"epilogue {kind} {int(operand)}")
             else:
-                vec = vec_base + next(counter) * vec_rows
-                for first, count in vec_chunks(target) or [(-1, 0)]:
-                    k = kernel(("vec", thread, target.base, vec, first),
-                               lambda vec=vec, first=first, count=count: _vec_kernel(target, vec) if first < 0
-                               else _held_kernel(target, vec, first, count))
-                    stream.alu(op, k, note=f"epilogue {kind}")
+                _vector_step(stream, op, target, vec_base + next(counter) * vec_rows, kernel, thread,
+                             f"epilogue {kind}")
 
     run(steps, tile, False)
 

@@ -107,13 +107,28 @@ class ConvLowering(Lowering):
                 # residual's rows then wait on the task's last GEMM, one token for both (each thread's
                 # outstanding tokens stay within the queue depth).
                 self.copy_in(*args, r.res, r.wgt + wgt_box.rows, thread, "residual tile")
-            self.reset(stream, thread)
+            if self.bias_start is not None:
+                self.load_vectors(stream, point, thread)
+                alu.start_from(stream, self.bias_start, self.out_tile(thread), r.vec, self.kernel, thread)
+            else:
+                self.reset(stream, thread)
 
         def nest() -> Nest:
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
             return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(inp_at), wgt_box.sram(wgt_at))
 
         self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
+
+    @cached_property
+    def bias_start(self) -> tuple | None:
+        """The bias a tile starts from instead of zero (not for a one-row tile, whose spare row the
+        reduction also sums into)."""
+        return None if self.single else alu.bias_start(self.steps)
+
+    def epilogue_steps(self) -> tuple[tuple, int]:
+        if self.bias_start is None:
+            return tuple(self.steps), 0
+        return tuple(self.steps[1:]), (1 if self.bias_start[0] == "add_vec" else 0)
 
     @cached_property
     def residual_by_gemm(self) -> bool:

@@ -271,6 +271,11 @@ class Lowering:
 
         stream.gemm(self.kernel(("copy", h, dst, src, rows), copy), note=note)
 
+    def epilogue_steps(self) -> tuple[tuple, int]:
+        """The steps the epilogue runs and the index of their first vector (layer kinds may start a tile from
+        the first step instead)."""
+        return tuple(self.steps), 0
+
     def residual_gemm(self, h: int) -> Callable[[Stream, alu.Tile], None] | None:
         """How the epilogue adds a residual the GEMM multiplies in (None: the ALU adds it)."""
         return None
@@ -283,9 +288,9 @@ class Lowering:
         for t in merge(self.config, moves):
             stream.transfer(t, note="residual tile")
 
-    def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
+    def load_vectors(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        """The epilogue's vectors for the output-channel tile of `point`, unless the thread holds them."""
         g, s, r = self.g, self.s, self.regions(h)
-        self.finish_body(stream, h)
         first_block = point.get("gS", 0) * g.ocb + point["oB.o"] * s.tile_oc
         if self.vectors and self.resident[h].get("vec") != first_block:
             self.resident[h]["vec"] = first_block
@@ -295,11 +300,17 @@ class Lowering:
             for t in merge(self.config, box_transfers(self.config, MemId.ACC, shape, self.addrs.vec, origin,
                                                       (len(self.vectors), s.tile_oc * g.ro), r.vec)):
                 stream.transfer(t, note="epilogue vectors")
+
+    def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        g, s, r = self.g, self.s, self.regions(h)
+        self.finish_body(stream, h)
+        self.load_vectors(stream, point, h)
         if g.residual:
             self.load_residual(stream, point, h)
         tile = self.out_tile(h)
-        alu.epilogue(stream, self.steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h,
-                     self.residual_gemm(h))
+        steps, first_vector = self.epilogue_steps()
+        alu.epilogue(stream, steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h,
+                     self.residual_gemm(h), first_vector)
         moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out,
                               self.out_box.origin_at(point), self.out_box.extent, r.tile)
         for t in merge(self.config, moves):
