@@ -94,7 +94,8 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
     residual = any(kind_ == "residual" for kind_, _ in steps)
     common = dict(name=node.name, kind=kind, nb=nb, icb=icb, ocb=ocb, ri=block // gemm["block_in"],
                   ro=block // gemm["block_out"], h=h, w=w, ho=ho, wo=wo, residual=residual, vectors=vectors,
-                  alu_steps=_count_alu(steps))
+                  alu_steps=_count_alu(steps),
+                  residual_gemm=kind == "conv" and residual and alu.residual_scale(steps, c) is not None)
     if kind == "eltwise":
         if (nb, icb, h, w) != (y.shape[0], ocb, ho, wo):  # type: ignore[index]
             raise BackendError("element-wise layers keep their shape", node=node.name, op=node.op)

@@ -130,12 +130,6 @@ class ConvLowering(Lowering):
             return tuple(self.steps), 0
         return tuple(self.steps[1:]), (1 if self.bias_start[0] == "add_vec" else 0)
 
-    @cached_property
-    def residual_by_gemm(self) -> bool:
-        """The residual is added by a GEMM with the scaled identity (:func:`~weft.compiler.backend.alu.residual_scale`)
-        from the inp rows it was loaded into, not copied into residual rows and added by the ALU."""
-        return bool(self.g.residual and self.copies_by_gemm and alu.residual_scale(self.steps, self.config) is not None)
-
     def residual_gemm(self, h: int) -> Callable[[Stream, alu.Tile], None] | None:
         if not self.residual_by_gemm:
             return None

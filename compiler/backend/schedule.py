@@ -66,6 +66,9 @@ class LayerGeom:
     #: Super-groups of a grouped convolution (weft.compiler.groups): independent convolutions side by side,
     #: each reading its own icb input blocks and writing its own ocb output blocks.
     groups: int = 1
+    #: The residual is added by a GEMM with the scaled identity (weft.compiler.backend.alu.residual_scale)
+    #: where it comes in by the load unit: no accumulator rows and no ALU add for it.
+    residual_gemm: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -240,9 +243,14 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
             wgt += 1
             load_bytes += out_bytes
             load_insns += tasks * planes + s.vthreads
-            compute_insns += tasks * (2 - planes)
             gemm_execs += tasks * tile_rows
-            alu_execs += tasks * tile_rows  # the reset of the residual rows: a pass like an ALU step's
+            if g.residual_gemm:  # one GEMM adds it to the tile: no residual rows, no reset, no ALU add
+                acc -= tile_rows
+                alu_execs -= tasks * tile_rows
+                compute_insns += tasks * (1 - planes)
+            else:
+                compute_insns += tasks * (2 - planes)
+                alu_execs += tasks * tile_rows  # the reset of the residual rows: a pass like an ALU step's
     else:
         stages, inp, wgt, gemm_execs, load_bytes, load_insns, input_rows = tasks, 0, 0, 0, 0, 0, 0
         win_rows = s.tile_n * s.tile_oc * hin * win * g.ro if g.kind != "eltwise" else tile_rows

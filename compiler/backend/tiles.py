@@ -100,10 +100,12 @@ class Lowering:
         self.tile_rows = self.out_box.rows
         self.single = self.tile_rows == 1
         self.v = s.vthreads
+        self.copies_by_gemm = usage(geom, sched, config).copies
+        #: The residual is added by the epilogue's GEMM from inp rows (no accumulator rows of its own).
+        self.residual_by_gemm = bool(geom.residual_gemm and self.copies_by_gemm)
         self._regions = [self._layout(h) for h in range(self.v)]
         self._kernels: dict[tuple, Kernel] = {}
         self.alternated = False
-        self.copies_by_gemm = usage(geom, sched, config).copies
         self.validate()
 
     # ---- to be defined by layer kinds -------------------------------------------------------------------
@@ -130,7 +132,7 @@ class Lowering:
         acc0 = h * (c.acc_rows // v)
         tile = acc0
         res = tile + self.tile_rows
-        vec = res + (self.tile_rows if self.g.residual else 0)
+        vec = res + (self.tile_rows if self.g.residual and not self.residual_by_gemm else 0)
         spare = vec + len(self.vectors) * self.s.tile_oc * self.g.ro
         win = spare + (1 if self.single else 0)
         end = win + self.window_rows()
