@@ -19,6 +19,7 @@ from weft.core.accel_section import accel_section
 from weft.core.epilogue import run_steps
 from weft.isa import MemId
 from weft.isa.arith import pack
+from weft.isa.encoding import decode_insns
 from weft.runtime.report import compare, format_comparison
 from weft.sim.dram import Dram
 
@@ -198,3 +199,31 @@ def test_copies_by_gemm_on_the_rtl_equal_fsim_and_the_timing_model():
     for model, board in zip(fsim.stats["layers"], rtl.stats["layers"], strict=True):
         if model.get("cycles"):
             assert abs(model["cycles"] / board["cycles"] - 1) <= 0.02, (model["name"], model["cycles"], board["cycles"])
+
+
+def test_a_large_convolution_keeps_the_fastest_of_the_cost_models_first_choices():
+    """A convolution of at least TIMED_PRODUCTS block products: its default schedule is the fastest on the
+    timing model of the first SCHEDULE_CHOICES the cost model ranks, so never slower than the first."""
+    from weft.compiler.backend import codegen
+    from weft.compiler.backend.schedule import ranked
+    from weft.runtime.fsim_device import new_timing_model
+
+    model = _model(3, 1, [1, 1, 1, 1], 28, 28, 64, 64, 1, "none", True)  # two 3x3 64->64 convolutions
+    cal = [{"x": rand(1, 64, 28, 28, seed=s)} for s in range(2)]
+    c = load_config("default")
+
+    def cycles(art) -> dict[str, int]:
+        sec, timer = accel_section(art), new_timing_model(c)
+        return {layer.name: timer.simulate(decode_insns(c, sec.program_words(layer)), layer.insn_addr).cycles
+                for layer in sec.layers}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        art = weft.compile(model, config=c, calibration=cal)
+        meta = {x["name"]: x for x in art.sections["accel"].meta["layers"]}
+        geom = LayerGeom(**{**meta["conv"]["geometry"], "pads": tuple(meta["conv"]["geometry"]["pads"])})
+        assert codegen._block_products(geom) >= codegen.TIMED_PRODUCTS
+        first = ranked(geom, c)[0]
+        baseline = weft.compile(model, config=c, calibration=cal, schedules={"conv": first})
+    assert cycles(art)["conv"] <= cycles(baseline)["conv"]
+    assert_bit_exact(art, {"x": rand(1, 64, 28, 28, seed=9) - 0.3})
