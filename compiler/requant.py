@@ -289,18 +289,25 @@ def _relu_split(lo: int, out_width: int) -> tuple[bool, int]:
     return False, lo
 
 
-def _direct_rq(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,
-               x_bound: np.ndarray, acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int,
-               hi: int) -> Form:
-    """bias, one RQ (with the ReLU where the lower clamp is 0), the clamps left."""
-    relu, lo_left = _relu_split(lo, out_width)
-    solved = solve_rq(real, x_bound, acc_width, out_width, 0, relu)
+def _bias_then_rq(bias: np.ndarray | None, bias_i: np.ndarray, imm_range: tuple[int, int],
+                  solved: tuple[np.ndarray, float] | None) -> list[Step]:
+    """The bias (where there is one) and the RQ of `solved` (:func:`solve_rq`; None: it did not fit)."""
     if solved is None:
         raise EpilogueOverflow("a factor is too large for RQ's multiplier")
     steps: list[Step] = []
     if bias is not None and np.any(bias_i):
         steps.append(_uniform_or_vec("add", bias_i, imm_range))
     steps.append(("rq_vec", solved[0]))
+    return steps
+
+
+def _direct_rq(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,
+               x_bound: np.ndarray, acc_width: int, out_width: int, imm_range: tuple[int, int], lo: int,
+               hi: int) -> Form:
+    """bias, one RQ (with the ReLU where the lower clamp is 0), the clamps left."""
+    relu, lo_left = _relu_split(lo, out_width)
+    solved = solve_rq(real, x_bound, acc_width, out_width, 0, relu)
+    steps = _bias_then_rq(bias, bias_i, imm_range, solved)
     steps += clamp_steps(lo_left, hi, real.size, out_width)
     bounds(steps, -bound, bound, acc_width)
     return tuple(steps), solved[1]
@@ -321,12 +328,10 @@ def _residual_by_gemm(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | No
     main = solve_rq(target, x_bound, acc_width, out_width, whole_range=True)
     sum_bound = np.ceil(x_bound * np.abs(target)).astype(np.int64) + 1 + abs(c) * res_bound
     final = solve_rq(r_real / c, sum_bound, acc_width, out_width, 0, relu, whole_range=True)
-    if main is None or final is None:
+    if final is None:
         raise EpilogueOverflow("a factor is too large for RQ's multiplier")
-    steps: list[Step] = []
-    if bias is not None and np.any(bias_i):
-        steps.append(_uniform_or_vec("add", bias_i, imm_range))
-    steps += [("rq_vec", main[0]), ("residual", (("mul_imm", int(c)),)), ("rq_vec", final[0])]
+    steps = _bias_then_rq(bias, bias_i, imm_range, main)
+    steps += [("residual", (("mul_imm", int(c)),)), ("rq_vec", final[0])]
     steps += clamp_steps(lo_left, hi, channels, out_width)
     residual_range = (np.full(channels, -res_bound), np.full(channels, res_bound - 1))
     bounds(steps, -bound, bound, acc_width, residual=residual_range)
@@ -353,13 +358,8 @@ def _fixed_point_rq(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None
     res_bound = 1 << (out_width - 1)
     relu, lo_left = _relu_split(lo, out_width)
     main = solve_rq(real, x_bound, acc_width, out_width, frac)
-    if main is None:
-        raise EpilogueOverflow("a factor is too large for RQ's multiplier")
-    steps: list[Step] = []
-    if bias is not None and np.any(bias_i):
-        steps.append(_uniform_or_vec("add", bias_i, imm_range))
-    steps.append(("rq_vec", main[0]))
-    error = main[1]
+    steps = _bias_then_rq(bias, bias_i, imm_range, main)
+    error = main[1]  # type: ignore[index]
     if residual_real is not None:
         res = solve_rq(residual_real, np.full(channels, res_bound), acc_width, out_width, frac)
         if res is None:
