@@ -333,7 +333,8 @@ class ComputeUnit(UnitBase):
         imm = alu_f.imm.as_signed()
         row_y = Signal(c.acc_row_bits)  # the GEMM's row, or the ALU's but for MUL and RQ
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
-        gemm_row = Cat(*[Mux(d.gemm.reset, 0, (old[n] + sums[n])[:w]) for n in range(lanes)])
+        gemm_row = Cat(*[Mux(d.gemm.reset, 0, (Mux(d.gemm.overwrite, 0, old[n]) + sums[n])[:w])
+                         for n in range(lanes)])
         alu_rows = []
         for n in range(lanes):
             other, parts = alu_lane_first(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, src_row[n]), w)

@@ -81,6 +81,8 @@ def format_insn(rec: np.void) -> str:
         text = f"GEMM {loop} wgt={rec['wgt_factor_out']},{rec['wgt_factor_in']}"
         if rec["reset"]:
             text += " reset"
+        if rec["overwrite"]:
+            text += " overwrite"
     elif op == Opcode.ALU:
         try:
             alu = AluOp(int(rec["alu_op"])).name.lower()
@@ -137,7 +139,7 @@ def assemble(text: str) -> np.ndarray:
         allowed = {
             Opcode.LOAD: {"sram", "dram", "y", "x", "stride", "pad", "deps"},
             Opcode.STORE: {"sram", "dram", "y", "x", "stride", "pad", "deps"},
-            Opcode.GEMM: {"uop", "iter", "dst", "src", "wgt", "reset", "deps"},
+            Opcode.GEMM: {"uop", "iter", "dst", "src", "wgt", "reset", "overwrite", "deps"},
             Opcode.ALU: {"uop", "iter", "dst", "src", "imm", "deps"},
             Opcode.FINISH: {"deps"},
         }[op]
@@ -145,8 +147,8 @@ def assemble(text: str) -> np.ndarray:
             key, _, value = arg.partition("=")
             if key not in allowed:
                 raise AsmError(lineno, f"{mnemonic} takes no '{key}' (allowed: {', '.join(sorted(allowed))})")
-            if key == "reset":
-                row["reset"] = 1
+            if key in ("reset", "overwrite"):
+                row[key] = 1
             elif key == "deps":
                 for flag in filter(None, value.split(",")):
                     if flag not in DEP_FLAGS:

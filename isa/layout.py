@@ -166,6 +166,8 @@ class IsaLayout:
                 ("src_factor_in", c.inp_index_bits, False, "inp row step per inner iteration"),
                 ("wgt_factor_out", c.wgt_index_bits, False, "wgt row step per outer iteration"),
                 ("wgt_factor_in", c.wgt_index_bits, False, "wgt row step per inner iteration"),
+                # last, so the fields before it keep their bits (streams without it read overwrite = 0)
+                ("overwrite", 1, False, "write the products instead of adding them to the accumulator rows"),
             ]),
             "alu": _pack("alu", INSN_BITS, [
                 *_HEADER,
@@ -247,5 +249,5 @@ INSN_FIELD_NAMES: tuple[str, ...] = (
     "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1",
     "reset", "uop_bgn", "uop_end", "iter_out", "iter_in",
     "dst_factor_out", "dst_factor_in", "src_factor_out", "src_factor_in",
-    "wgt_factor_out", "wgt_factor_in", "alu_op", "use_imm", "imm",
+    "wgt_factor_out", "wgt_factor_in", "alu_op", "use_imm", "imm", "overwrite",
 )

@@ -68,7 +68,8 @@ SEMANTICS = {
         "i*dst_factor_out + j*dst_factor_in, and likewise src and wgt."
     ),
     "gemm": (
-        "acc[dst] = 0 if reset else acc[dst] + inp[src] . wgt[wgt]^T, wrapping at acc_width; then "
+        "acc[dst] = 0 if reset, inp[src] . wgt[wgt]^T if overwrite, else acc[dst] + inp[src] . wgt[wgt]^T, "
+        "wrapping at acc_width (executions in order: a row written twice keeps the last); then "
         "out[dst] = saturate(acc[dst], out_width)."
     ),
     "alu": (

@@ -541,12 +541,17 @@ class FunctionalSimulator:
         wsel = self._loop(i, r, 2, "wgt", c.wgt_rows, "wgt")
         self._race(i, "inp", src, clock, reader=COMPUTE, writer=LOAD, write=False)
         self._race(i, "wgt", wsel, clock, reader=COMPUTE, writer=LOAD, write=False)
+        execs = dst.size
+        overwrite = bool(r[_F["overwrite"]])
+        if overwrite:  # each execution writes its own products: a row keeps its last execution's
+            last = dst.size - 1 - np.unique(dst[::-1], return_index=True)[1]
+            dst, src, wsel = dst[last], src[last], wsel[last]
         rows, sums = gemm_row_sums(self._inp, self._wgt, dst, src, wsel, self._shape, c.acc_rows,
                                    self._term_bound)
         self._race(i, "out", rows, clock, reader=STORE, writer=COMPUTE, write=True)
-        self._acc[rows] = wrap(self._acc[rows] + sums, c.acc_width)
+        self._acc[rows] = wrap(sums if overwrite else self._acc[rows] + sums, c.acc_width)
         self._out[rows] = np.clip(self._acc[rows], self._out_lo, self._out_hi)
-        stats["macs"] += dst.size * c.macs_per_cycle
+        stats["macs"] += execs * c.macs_per_cycle
 
     def _alu(self, i: int, r: list[int], clock: list[int], stats: dict) -> None:
         c = self.config

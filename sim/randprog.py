@@ -7,9 +7,9 @@ buffers (double buffering) and consists of
 * load: LOADs of inp (2-D windows with strides, overlapping strides and zero padding) and wgt into the
   half; the first pops g2l when the half was used two blocks ago, the last pushes l2g;
 * compute: the first instruction pops l2g (and s2g when the half was stored two blocks ago); then random
-  LOAD UOP + GEMM (with and without reset), LOAD UOP + ALU (every op, immediate or acc source, repeated
-  destinations, sources that overlap destinations), LOAD ACC and LOAD ACC_NARROW with padding, and flagless
-  no-ops; the last one pushes g2l (when a later block reuses the half) and g2s;
+  LOAD UOP + GEMM (with and without reset, accumulating or overwriting), LOAD UOP + ALU (every op, immediate
+  or acc source, repeated destinations, sources that overlap destinations), LOAD ACC and LOAD ACC_NARROW with
+  padding, and flagless no-ops; the last one pushes g2l (when a later block reuses the half) and g2s;
 * store: STOREs of out rows of the half into fresh DRAM, the first pops g2s, the last pushes s2g.
 
 Blocks are emitted in stream order with load running `prefetch` blocks ahead, so every token an
@@ -179,7 +179,8 @@ class _Gen:
         if roll < 0.4:
             uops, fields = self.loop(half, gemm=True, use_imm=False)
             reset = int(self.rng.random() < 0.25)
-            return self.with_uops(uops, dict(opcode=Opcode.GEMM, reset=reset, **fields))
+            overwrite = int(not reset and self.rng.random() < 0.25)
+            return self.with_uops(uops, dict(opcode=Opcode.GEMM, reset=reset, overwrite=overwrite, **fields))
         if roll < 0.8:
             use_imm = self.rng.random() < 0.5
             alu = AluOp(self.randint(0, len(AluOp) - 1))

@@ -54,7 +54,7 @@ def test_an_impossible_design_point_names_the_buffers_and_the_sizes_that_fit() -
     with pytest.raises(ConfigError) as caught:
         AcceleratorConfig.from_dict({"block_in": 8, "block_out": 8})
     message = str(caught.value)
-    assert "GEMM instruction needs 131 bits" in message and "uop_end 13" in message
+    assert "GEMM instruction needs 132 bits" in message and "uop_end 13" in message
     assert "uop_buff_bytes=32768" in message  # today's sizes
     suggested = message.split("sizes that fit, changing one buffer: ")[1]
     fits = dict(item.split("=") for item in suggested.split(", "))

@@ -46,7 +46,7 @@ def test_depth_knob_keeps_every_block_and_batch_of_the_grid_valid():
     # At the default byte sizes a 1x8x8 point has twice the rows: its GEMM instruction outgrows the word,
     # and the refusal names the field and sizes that fit.
     valid, skipped = expand_grid(base, {"block": [8]})
-    assert not valid and "the GEMM instruction needs 131 bits" in skipped[0][1] and "sizes that fit" in skipped[0][1]
+    assert not valid and "the GEMM instruction needs 132 bits" in skipped[0][1] and "sizes that fit" in skipped[0][1]
     valid, skipped = expand_grid(base, {"block": [8, 16, 32], "batch": [1, 2], "depth": [0.5, 1]})
     assert len(valid) == 12 and not skipped
     for knobs, cfg in valid:

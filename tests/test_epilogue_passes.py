@@ -147,3 +147,22 @@ def test_a_tile_starts_from_its_bias_bit_exact(residual):
             started += 1
     assert started == (2 if residual else 1)
     assert_bit_exact(art, {"x": rand(1, 16, 6, 5, seed=9) - 0.3}, timing=True)
+
+
+def test_a_tile_without_bias_starts_from_its_first_reduction_step_bit_exact():
+    """A 1x1 convolution without a bias (one multi-valued reduction axis, the input blocks): the tile's first
+    step is a GEMM that overwrites its rows, the rest accumulate; no reset pass, the same integers."""
+    from onnx import helper
+
+    from .test_frontend_util import make_model
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    model = make_model(nodes, {"x": [1, 64, 6, 5]}, {"y": None}, {"w": rand(32, 64, 1, 1, seed=1) * 0.2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        art = weft.compile(model, config="default", calibration=[{"x": rand(1, 64, 6, 5, seed=s)} for s in range(2)])
+    (meta,) = art.sections["accel"].meta["layers"]
+    roles = meta["instructions_by_role"]
+    assert roles["convolution tile, first step"] == meta["tasks"] and "reset the output tile" not in roles
+    assert_bit_exact(art, {"x": rand(1, 64, 6, 5, seed=9) - 0.3}, timing=True)

@@ -175,6 +175,32 @@ def test_gemm_equals_int32_matmul(name):
     assert stats["gemm_execs"] == m * nb * (kb + 1)
 
 
+@pytest.mark.parametrize("name", ["default", "rect"])
+def test_gemm_overwrite_writes_the_products_and_a_repeated_row_keeps_the_last(name):
+    c = PRESETS[name]
+    rng = np.random.default_rng(4)
+    m, kb = 3, 2
+    a = rand(rng, c.inp_width, (m * kb, c.batch * c.block_in))
+    w = rand(rng, c.wgt_width, (kb, c.block_out * c.block_in))
+    h = Harness(c)
+    inp, wgt = h.put("inp", a, c.inp_width), h.put("wgt", w, c.wgt_width)
+    acc0 = rng.integers(-1000, 1000, (m, c.batch * c.block_out))
+    uops = h.put_uops([(mi, mi * kb, 0) for mi in range(m)])
+    h.p.load("uop", 0, uops, 1, m)
+    h.p.load("acc", 0, h.put("acc", acc0, c.acc_width), 1, m)
+    h.p.load("inp", 0, inp, 1, m * kb)
+    h.p.load("wgt", 0, wgt, 1, kb, deps=["push_next"])
+    # each row is written kb times (k = 0, 1), overwriting: the last, k = kb - 1, is what stays
+    h.p.gemm(0, m, iter_out=kb, src=(1, 0), wgt=(1, 0), overwrite=True, deps=["pop_prev"])
+    h.p.finish()
+    sim, stats = h.run()
+    for mi in range(m):
+        x = a[mi * kb + kb - 1].reshape(c.batch, c.block_in).astype(np.int64)
+        wt = w[kb - 1].reshape(c.block_out, c.block_in).astype(np.int64)
+        assert np.array_equal(sim.acc[mi], (x @ wt.T).reshape(-1)), mi
+    assert stats["macs"] == m * kb * c.macs_per_cycle  # every execution runs, as on the hardware
+
+
 def gemm_reference(acc: np.ndarray, inp: np.ndarray, wgt: np.ndarray, dst, src, wsel, c) -> np.ndarray:
     acc = acc.astype(np.int64)
     for d, s, g in zip(dst, src, wsel, strict=True):

@@ -116,7 +116,8 @@ class ReferenceSim:
             else:
                 x = self.inp[s].reshape(c.batch, c.block_in)
                 wt = self.wgt[w].reshape(c.block_out, c.block_in)
-                self.acc[d] = wrap_ref(self.acc[d] + (x @ wt.T).reshape(-1), c.acc_width)
+                base = 0 if r["overwrite"] else self.acc[d]
+                self.acc[d] = wrap_ref(base + (x @ wt.T).reshape(-1), c.acc_width)
             self.narrow(d)
 
     def alu(self, r) -> None:

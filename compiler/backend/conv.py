@@ -25,12 +25,26 @@ from weft.compiler.backend import alu
 from weft.compiler.backend.program import Stream
 from weft.compiler.backend.schedule import every_other_row, shared_tiles
 from weft.compiler.backend.te import Access as A
-from weft.compiler.backend.te import Axis, Box, Compute, Nest, tile_box
+from weft.compiler.backend.te import Axis, Box, Compute, Expr, Nest, tile_box
 from weft.compiler.backend.te import var as v
 from weft.compiler.backend.tiles import Lowering
 from weft.isa.constants import AluOp, MemId
 
 __all__ = ["ConvLowering"]
+
+
+def _reduction_part(nest: Nest, part: str) -> Nest:
+    """The executions of a tile body whose one multi-valued reduction axis is at its first value ("first"),
+    or at the others ("rest")."""
+    (axis,) = [a for a in nest.axes if a.reduce and a.extent > 1]
+    if part == "first":
+        axes = tuple(Axis(a.name, 1, a.reduce) if a is axis else a for a in nest.axes)
+        return Nest(axes, nest.dst, nest.src, nest.wgt)
+    shifted = Expr(((axis.name, 1),), 1)
+    axes = tuple(Axis(a.name, a.extent - 1, a.reduce) if a is axis else a for a in nest.axes)
+    return Nest(axes, nest.dst.substitute(axis.name, shifted),
+                None if nest.src is None else nest.src.substitute(axis.name, shifted),
+                None if nest.wgt is None else nest.wgt.substitute(axis.name, shifted))
 
 
 class ConvLowering(Lowering):
@@ -110,6 +124,8 @@ class ConvLowering(Lowering):
             if self.bias_start is not None:
                 self.load_vectors(stream, point, thread)
                 alu.start_from(stream, self.bias_start, self.out_tile(thread), r.vec, self.kernel, thread)
+            elif self.first_step_overwrites:
+                pass  # the body's first reduction step overwrites the tile below
             else:
                 self.reset(stream, thread)
 
@@ -117,7 +133,23 @@ class ConvLowering(Lowering):
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
             return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(inp_at), wgt_box.sram(wgt_at))
 
+        if stage == 0 and self.bias_start is None and self.first_step_overwrites:
+            first, rest = (self.kernel((part, thread), lambda part=part: alu.fold_body(
+                _reduction_part(nest(), part), self.config)) for part in ("first", "rest"))
+            stream.gemm(first, overwrite=True, note="convolution tile, first step")
+            stream.gemm(rest, note="convolution tile")
+            return
         self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
+
+    @cached_property
+    def first_step_overwrites(self) -> bool:
+        """A tile without a bias to start from starts from its first reduction step, written by a GEMM that
+        overwrites, instead of from a reset: where one reduction axis has several values (the rest are one
+        more GEMM instruction) and the tile has more than one row."""
+        if self.single:
+            return False
+        several = [a for a in self.compute.axes if a.name in self.inner and a.reduce and a.extent > 1]
+        return len(several) == 1
 
     @cached_property
     def bias_start(self) -> tuple | None:

@@ -97,9 +97,9 @@ class Stream:
             n = min(size_max, self._uop_count - lo)
             self.transfer(Transfer(MemId.UOP, lo, dram_row + lo, 1, n, n), note="micro-ops")
 
-    def gemm(self, kernel: Kernel, *, reset: bool = False, note: str = "") -> int:
+    def gemm(self, kernel: Kernel, *, reset: bool = False, overwrite: bool = False, note: str = "") -> int:
         bgn, end = self.place(kernel)
-        fields = dict(opcode=int(Opcode.GEMM), reset=int(reset), uop_bgn=bgn, uop_end=end,
+        fields = dict(opcode=int(Opcode.GEMM), reset=int(reset), overwrite=int(overwrite), uop_bgn=bgn, uop_end=end,
                       iter_out=kernel.iter_out, iter_in=kernel.iter_in,
                       dst_factor_out=kernel.dst_factor[0], dst_factor_in=kernel.dst_factor[1])
         writes = (("out", *_hull(kernel.uops["dst"], kernel, "dst")),)

@@ -243,13 +243,10 @@ class Lowering:
     def copy_in(self, stream: Stream, shape: tuple[int, ...], dram: int | None, origin: tuple[int, ...],
                 extent: tuple[int, ...], src: int, dst: int, ident: int, h: int, note: str) -> None:
         """Bring a box of int8 out rows into acc rows `dst..` the :func:`copies_by_gemm` way: the load unit
-        puts it in inp rows `src..`, then a reset and a GEMM with the identity matrix (wgt row `ident`, loaded
-        once per thread) copy it, exactly: each int8 times one, summed with zeros."""
+        puts it in inp rows `src..`, then a GEMM with the identity matrix (wgt row `ident`, loaded once per
+        thread) that overwrites the rows copies it, exactly: each int8 times one, summed with zeros."""
         self.load_for_copy(stream, shape, dram, origin, extent, src, ident, h, note)
-        rows = int(np.prod(extent))
-        stream.gemm(self.kernel(("reset copy", h, dst, rows), lambda: alu.rows_kernel(dst, rows)), reset=True,
-                    note=f"reset the rows of the {note}")
-        self.copy_gemm(stream, src, dst, ident, rows, h, f"copy the {note}")
+        self.copy_gemm(stream, src, dst, ident, int(np.prod(extent)), h, f"copy the {note}", overwrite=True)
 
     def load_for_copy(self, stream: Stream, shape: tuple[int, ...], dram: int | None, origin: tuple[int, ...],
                       extent: tuple[int, ...], src: int, ident: int, h: int, note: str) -> None:
@@ -262,16 +259,17 @@ class Lowering:
         for t in merge(self.config, box_transfers(self.config, MemId.INP, shape, dram, origin, extent, src)):
             stream.transfer(t, note=note)
 
-    def copy_gemm(self, stream: Stream, src: int, dst: int, ident: int, rows: int, h: int, note: str) -> None:
+    def copy_gemm(self, stream: Stream, src: int, dst: int, ident: int, rows: int, h: int, note: str,
+                  overwrite: bool = False) -> None:
         """acc[dst + k] += inp[src + k] times the identity matrix (or the scaled one of
-        :func:`~weft.compiler.backend.alu.residual_scale`), for k < rows."""
+        :func:`~weft.compiler.backend.alu.residual_scale`), for k < rows; = with `overwrite`."""
 
         def copy() -> Kernel:
             uop = np.zeros(1, dtype=UOP_DTYPE)
             uop["dst"], uop["src"], uop["wgt"] = dst, src, ident
             return Kernel(uop, rows, 1, (1, 0), (1, 0), (0, 0))
 
-        stream.gemm(self.kernel(("copy", h, dst, src, rows), copy), note=note)
+        stream.gemm(self.kernel(("copy", h, dst, src, rows), copy), overwrite=overwrite, note=note)
 
     def epilogue_steps(self) -> tuple[tuple, int]:
         """The steps the epilogue runs and the index of their first vector (layer kinds may start a tile from
