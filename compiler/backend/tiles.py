@@ -170,18 +170,22 @@ class Lowering:
         """The layer's program (without its micro-op loads and FINISH, which the code generator adds)."""
         stream = Stream(self.config)
         self.resident: list[dict[str, Any]] = [{} for _ in range(self.v)]
-        per_thread: list[list[tuple]] = [[] for _ in range(self.v)]
+        # A task's last stage and its epilogue are one item of the round robin: the other thread's next stage
+        # then runs between a tile's epilogue (its store) and the next write to the tile's rows, which waits
+        # for that store (was: the two threads' epilogues back to back, so the next tile waited on the store).
+        per_thread: list[list[list[tuple]]] = [[] for _ in range(self.v)]
         steps = self.stage_points()
         for k, point in enumerate(self.tasks()):
             h = k % self.v
-            for j, step in enumerate(steps):
-                per_thread[h].append(("stage", {**point, **step}, j, h))
-            per_thread[h].append(("epilogue", point, 0, h))
-        for what, point, j, h in interleave(per_thread):
-            if what == "stage":
-                self.emit_stage(stream, point, j, h)
-            else:
-                self.emit_epilogue(stream, point, h)
+            items = [[("stage", {**point, **step}, j, h)] for j, step in enumerate(steps)]
+            items[-1].append(("epilogue", point, 0, h))
+            per_thread[h] += items
+        for item in interleave(per_thread):
+            for what, point, j, h in item:
+                if what == "stage":
+                    self.emit_stage(stream, point, j, h)
+                else:
+                    self.emit_epilogue(stream, point, h)
         return stream
 
     # ---- shared emitters -----------------------------------------------------------------------------
