@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from weft.core.epilogue import EpilogueOverflow, Step, bounds
-from weft.isa.arith import rq_fields, rq_layout, rq_pack
+from weft.isa.arith import rq_layout, rq_pack
 
 __all__ = ["RQ_TOLERANCE", "Rescale", "build_epilogue", "clamp_steps", "rescale_steps", "solve_rescale", "solve_rq"]
 
@@ -101,10 +101,11 @@ def solve_rescale(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width
 
 
 def solve_rq(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int, frac: int = 0,
-             relu: bool = False, whole_range: bool = False) -> tuple[np.ndarray, float] | None:
+             relu: bool = False, reach: np.ndarray | None = None) -> tuple[np.ndarray, float] | None:
     """RQ operands approximating ``x * real * 2**frac`` (per channel, ``|x| <= bound``) and their worst-case
-    error in output units (as :attr:`Rescale.error`; over the whole bound with a `frac` or `whole_range`,
-    else up to where the output saturates), or None where a factor is too large for the multiplier field.
+    error in units of ``real`` (as :attr:`Rescale.error`) for ``|x|`` up to `reach` (default: the whole bound
+    with a `frac`, else up to where the output saturates), or None where a factor is too large for the
+    multiplier field.
     Each channel takes the largest shift that keeps its multiplier in the field, so every
     multiplier uses the field's full precision."""
     real = np.asarray(real, dtype=np.float64).reshape(-1)
@@ -125,8 +126,9 @@ def solve_rq(real: np.ndarray, bound: np.ndarray, acc_width: int, out_width: int
     m[over] = np.round(scaled[over] * 2.0 ** s[over]).astype(np.int64)
     if np.any(s < 0) or np.any(np.abs(m) > m_max):
         return None
-    sat = (1 << (out_width - 1)) / np.where(live, np.abs(real), 1.0)
-    reach = bound.astype(np.float64) if frac or whole_range else np.minimum(bound, sat)
+    if reach is None:
+        sat = (1 << (out_width - 1)) / np.where(live, np.abs(real), 1.0)
+        reach = bound.astype(np.float64) if frac else np.minimum(bound, sat)
     error = np.abs(m / 2.0 ** (s + frac) - real) * reach
     return rq_pack(m, s, relu, acc_width).astype(np.int32), float(np.max(error[live])) if live.any() else 0.0
 
@@ -325,9 +327,15 @@ def _residual_by_gemm(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | No
     res_bound = 1 << (out_width - 1)
     relu, lo_left = _relu_split(lo, out_width)
     target = real / r_real * c
-    main = solve_rq(target, x_bound, acc_width, out_width, whole_range=True)
+    # Errors count where the output does not saturate: the sum within (1 + |r_real|) * 2**(out_width-1) output
+    # units (beyond it, whatever the residual adds, the output is clamped)
+    per_unit = np.abs(r_real) / abs(c)  # output units per unit of the sum (1/c of the residual's)
+    live = np.abs(real) > 0
+    sat = res_bound * (1 + np.abs(r_real)) / np.where(live, np.abs(real), 1.0) + 1
+    main = solve_rq(target, x_bound, acc_width, out_width, reach=np.minimum(x_bound, sat))
     sum_bound = np.ceil(x_bound * np.abs(target)).astype(np.int64) + 1 + abs(c) * res_bound
-    final = solve_rq(r_real / c, sum_bound, acc_width, out_width, 0, relu, whole_range=True)
+    final = solve_rq(r_real / c, sum_bound, acc_width, out_width, 0, relu,
+                     reach=res_bound * (1 + np.abs(r_real)) / per_unit)
     if final is None:
         raise EpilogueOverflow("a factor is too large for RQ's multiplier")
     steps = _bias_then_rq(bias, bias_i, imm_range, main)
@@ -335,18 +343,9 @@ def _residual_by_gemm(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | No
     steps += clamp_steps(lo_left, hi, channels, out_width)
     residual_range = (np.full(channels, -res_bound), np.full(channels, res_bound - 1))
     bounds(steps, -bound, bound, acc_width, residual=residual_range)
-    # Errors where the output does not saturate: the sum within (1 + |r_real|) * 2**(out_width-1) output units
-    # (beyond it, whatever the residual adds, the output is clamped)
-    per_unit = np.abs(r_real) / abs(c)  # output units per unit of the sum (1/c of the residual's)
-    live = np.abs(real) > 0
-    sat = res_bound * (1 + np.abs(r_real)) / np.where(live, np.abs(real), 1.0) + 1
-    reach = np.minimum(x_bound, sat)
-    m, s, _ = rq_fields(main[0], acc_width)
-    m_f, s_f, _ = rq_fields(final[0], acc_width)
-    err_main = np.abs(m / 2.0 ** s - target) * reach * per_unit
-    err_final = np.abs(m_f / 2.0 ** s_f - r_real / c) * (res_bound * (1 + np.abs(r_real)) / per_unit)
-    error = float(np.max(err_main + 0.5 * per_unit + err_final))
-    return tuple(steps), error
+    # main's error is in units of the sum; its rounding adds half of one
+    top = float(np.max(per_unit))
+    return tuple(steps), (main[1] + 0.5) * top + final[1]  # type: ignore[index]
 
 
 def _fixed_point_rq(real: np.ndarray, bound: np.ndarray, bias: np.ndarray | None, bias_i: np.ndarray,

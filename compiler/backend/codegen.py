@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -348,11 +348,10 @@ def _fastest_fitting(schedules: Iterable[Schedule], c: AcceleratorConfig, loweri
 def _program_cycles(stream: Stream, c: AcceleratorConfig) -> int:
     """Cycles of a lowered stream as a program (its micro-op load, tokens and FINISH) on the timing model;
     the stream itself is left as it was."""
-    from weft.compiler.backend.program import Insn
     from weft.sim.timing import TimingModel
 
     program = stream.program(0)
-    program.insns = [Insn(dict(i.fields), i.unit, i.reads, i.writes, i.note) for i in program.insns]
+    program.insns = [replace(i, fields=dict(i.fields)) for i in program.insns]  # inject_sync sets their flags
     inject_sync(program.insns, c)
     return int(TimingModel(c).simulate(program.array()).cycles)
 

@@ -124,16 +124,14 @@ class ConvLowering(Lowering):
             if self.bias_start is not None:
                 self.load_vectors(stream, point, thread)
                 alu.start_from(stream, self.bias_start, self.out_tile(thread), r.vec, self.kernel, thread)
-            elif self.first_step_overwrites:
-                pass  # the body's first reduction step overwrites the tile below
-            else:
+            elif not self.first_step_overwrites:  # else the body's first step overwrites the tile, below
                 self.reset(stream, thread)
 
         def nest() -> Nest:
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
             return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(inp_at), wgt_box.sram(wgt_at))
 
-        if stage == 0 and self.bias_start is None and self.first_step_overwrites:
+        if stage == 0 and self.first_step_overwrites:
             first, rest = (self.kernel((part, thread), lambda part=part: alu.fold_body(
                 _reduction_part(nest(), part), self.config)) for part in ("first", "rest"))
             stream.gemm(first, overwrite=True, note="convolution tile, first step")
@@ -146,7 +144,7 @@ class ConvLowering(Lowering):
         """A tile without a bias to start from starts from its first reduction step, written by a GEMM that
         overwrites, instead of from a reset: where one reduction axis has several values (the rest are one
         more GEMM instruction) and the tile has more than one row."""
-        if self.single:
+        if self.single or self.bias_start is not None:
             return False
         several = [a for a in self.compute.axes if a.name in self.inner and a.reduce and a.extent > 1]
         return len(several) == 1
