@@ -241,7 +241,10 @@ def fuse_residual(graph: Graph) -> Graph:
                       and _single_use(g, x, uses) is node]
         if not candidates:
             continue
-        x, other = max(candidates, key=lambda c: order[producers[c[0]].name])
+        # The conv with the most work takes the add: its residual load hides behind the longer compute
+        # (a ResNet block's 3x3 conv rather than its 1x1 shortcut, which then stays a plain conv); on a tie
+        # the later one.
+        x, other = max(candidates, key=lambda c: (_conv_work(g, producers[c[0]]), order[producers[c[0]].name]))
         conv = producers[x]
         fused = Node("FusedConv", [*conv.inputs, other], node.outputs, conv.attrs, conv.name)
         replaced[node.name] = fused
@@ -250,6 +253,12 @@ def fuse_residual(graph: Graph) -> Graph:
     g.nodes = [replaced.get(n.name, n) for n in g.nodes if n.name not in dropped]
     g.prune_values()
     return g
+
+
+def _conv_work(g: Graph, conv: Node) -> int:
+    """Multiply-accumulates per output element of a FusedConv: its weights' size over its output channels."""
+    w = g.constants.get(conv.inputs[1])
+    return 0 if w is None else int(w.size // max(1, w.shape[0]))
 
 
 def fuse_activation(graph: Graph) -> Graph:
