@@ -15,7 +15,7 @@ B     micro-op word: row indices (range-checked); inp and wgt read addresses
 C     inp and wgt rows: the GEMM core's products; accumulator read address src (ALU with acc[src])
 D     the first half of the GEMM core's adder tree; accumulator read address dst; the src row is latched
 E     the rest of the adder tree; the acc[dst] row is registered
-X     acc + sum (GEMM) or op(acc[dst], acc[src] or imm) (ALU), but MUL's and RQ's partial products only
+X     acc + sum (GEMM) or op(acc[dst], acc[src], inp[src] or imm) (ALU), but MUL's and RQ's partial products only
 Y     MUL's product, or RQ's rounded shift of it, from the partial products
 F     write acc[dst] and out[dst] = saturate(acc[dst])
 ====  ==========================================================================================
@@ -25,7 +25,8 @@ one four ahead of it writes (in F) in the same cycle. What the ones three and tw
 from F instead (forwarding): into E's register, and into X. An ALU execution's src read (in C) comes a
 cycle earlier; D latches it (or what F writes then) into its src register, every later F write to that
 row lands there too, and X takes the one F writes in its own cycle. So a read-after-write at distance 2
-or more sees the new value; distance 1 is the hazard the spec forbids. Each
+or more sees the new value; distance 1 is the hazard the spec forbids. An ALU operand from inp[src] comes
+through inp's read port (read in C, as the GEMM's rows are) and never waits. Each
 instruction drains the pipeline before it ends, so the next one (and the tokens it pushes) see every write.
 """
 
@@ -77,8 +78,10 @@ class _Insn:
     is_alu: Value
     is_finish: Value
     looped: Value
-    #: An ALU instruction whose operand is acc[src], not the immediate.
+    #: An ALU instruction whose operand is acc[src], not the immediate or inp[src].
     alu_src: Value
+    #: An ALU instruction whose operand is inp[src] (through inp's read port, as the GEMM reads it).
+    alu_inp: Value
 
     def loop_field(self, name: str) -> Value:
         """A field GEMM and ALU share, from the format of the current instruction."""
@@ -137,7 +140,8 @@ class ComputeUnit(UnitBase):
         alu = self.view(insn, "alu")
         d = _Insn(mem=self.view(insn, "mem"), gemm=self.view(insn, "gemm"), alu=alu,
                   is_load=head.opcode == Opcode.LOAD, is_gemm=is_gemm, is_alu=is_alu,
-                  is_finish=head.opcode == Opcode.FINISH, looped=is_gemm | is_alu, alu_src=is_alu & ~alu.use_imm)
+                  is_finish=head.opcode == Opcode.FINISH, looped=is_gemm | is_alu,
+                  alu_src=is_alu & ~alu.use_imm & ~alu.src_inp, alu_inp=is_alu & ~alu.use_imm & alu.src_inp)
         bufs = self._buffers(m)
         dma, load_over = self._loads(m, d, start, bufs)
         loop = self._loop_generator(m, d, start, bufs)
@@ -265,6 +269,7 @@ class ComputeUnit(UnitBase):
         m.d.comb += bad.eq(
             (dst_b >= c.acc_rows)
             | (reads_inp & ((src_b >= c.inp_rows) | (wgt_b >= c.wgt_rows)))
+            | (d.alu_inp & (src_b >= c.inp_rows))  # (an ALU instruction has no wgt fields)
             | (d.alu_src & (src_b >= c.acc_rows)))
         m.d.comb += [self.inp_addr.eq(src_b), self.wgt_addr.eq(wgt_b)]
         with m.If(valid["b"] & bad & ~loop.aborted):
@@ -325,6 +330,11 @@ class ComputeUnit(UnitBase):
                      old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, bufs.acc_r.data)),
                      forward_x.eq(valid["y"] & (dst["y"] == dst["e"]))]
 
+        # inp[src], read in C like the GEMM's rows, travels to X for an ALU execution that takes it.
+        inp_d, inp_e, inp_x = (Signal(c.inp_row_bits, name=f"inp_{s}") for s in "dex")
+        m.d.sync += [inp_d.eq(self.inp_data), inp_e.eq(inp_d), inp_x.eq(inp_e)]
+        inp_lanes = elements(inp_x, c.inp_width)
+
         lanes, w = c.batch * c.block_out, c.acc_width
         old = elements(Mux(forward_x, new_f, old_x), w)
         sums = elements(core.sums, core.sum_bits)
@@ -337,7 +347,10 @@ class ComputeUnit(UnitBase):
                          for n in range(lanes)])
         alu_rows = []
         for n in range(lanes):
-            other, parts = alu_lane_first(alu_f.alu_op, old[n], Mux(alu_f.use_imm, imm, src_row[n]), w)
+            row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
+            rhs = Mux(alu_f.use_imm, imm, Mux(alu_f.src_inp, inp_lanes[row * c.block_in + lane % c.block_in],
+                                              src_row[n]))
+            other, parts = alu_lane_first(alu_f.alu_op, old[n], rhs, w)
             alu_rows.append(other)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]

@@ -8,7 +8,8 @@ Syntax (``#`` or ``;`` starts a comment)::
     ALU max uop=0:4 iter=2x3 dst=4,1 src=8,1 imm=-3
     FINISH
 
-``pad`` is top,bottom,left,right; factor pairs are outer,inner; ``uop`` is a half-open range.
+``pad`` is top,bottom,left,right; factor pairs are outer,inner; ``uop`` is a half-open range; an ALU
+instruction's ``inp`` flag takes its operand from inp[src] instead of acc[src].
 ``disassemble(assemble(text))`` gives the canonical text back, and ``assemble(disassemble(p)) == p``.
 """
 
@@ -91,6 +92,8 @@ def format_insn(rec: np.void) -> str:
         text = f"ALU {alu} {loop}"
         if rec["use_imm"]:
             text += f" imm={rec['imm']}"
+        if rec["src_inp"]:
+            text += " inp"
     elif op == Opcode.FINISH:
         text = "FINISH"
     else:
@@ -140,7 +143,7 @@ def assemble(text: str) -> np.ndarray:
             Opcode.LOAD: {"sram", "dram", "y", "x", "stride", "pad", "deps"},
             Opcode.STORE: {"sram", "dram", "y", "x", "stride", "pad", "deps"},
             Opcode.GEMM: {"uop", "iter", "dst", "src", "wgt", "reset", "overwrite", "deps"},
-            Opcode.ALU: {"uop", "iter", "dst", "src", "imm", "deps"},
+            Opcode.ALU: {"uop", "iter", "dst", "src", "imm", "inp", "deps"},
             Opcode.FINISH: {"deps"},
         }[op]
         for arg in args:
@@ -149,6 +152,8 @@ def assemble(text: str) -> np.ndarray:
                 raise AsmError(lineno, f"{mnemonic} takes no '{key}' (allowed: {', '.join(sorted(allowed))})")
             if key in ("reset", "overwrite"):
                 row[key] = 1
+            elif key == "inp":
+                row["src_inp"] = 1
             elif key == "deps":
                 for flag in filter(None, value.split(",")):
                     if flag not in DEP_FLAGS:

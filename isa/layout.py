@@ -177,6 +177,8 @@ class IsaLayout:
                 ("alu_op", ALU_OP_BITS, False, _enum_doc(AluOp)),
                 ("use_imm", 1, False, "take the immediate instead of acc[src]"),
                 ("imm", IMM_BITS, True, "signed immediate"),
+                # last, so the fields before it keep their bits (streams without it read src_inp = 0)
+                ("src_inp", 1, False, "take the operand from inp[src], sign-extended, instead of acc[src]"),
             ]),
             "finish": _pack("finish", INSN_BITS, list(_HEADER)),
         }
@@ -249,5 +251,5 @@ INSN_FIELD_NAMES: tuple[str, ...] = (
     "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1",
     "reset", "uop_bgn", "uop_end", "iter_out", "iter_in",
     "dst_factor_out", "dst_factor_in", "src_factor_out", "src_factor_in",
-    "wgt_factor_out", "wgt_factor_in", "alu_op", "use_imm", "imm", "overwrite",
+    "wgt_factor_out", "wgt_factor_in", "alu_op", "use_imm", "imm", "overwrite", "src_inp",
 )

@@ -85,11 +85,12 @@ class ProgramBuilder:
 
     def alu(self, op: AluOp | str, uop_bgn: int, uop_end: int, iter_out: int = 1, iter_in: int = 1,
             dst: tuple[int, int] = (0, 0), src: tuple[int, int] = (0, 0), imm: int | None = None,
-            deps: Iterable[str] = ()) -> int:
-        """acc[dst] = op(acc[dst], imm if given else acc[src]) over the uop loop."""
+            deps: Iterable[str] = (), src_inp: bool = False) -> int:
+        """acc[dst] = op(acc[dst], imm if given else inp[src] if src_inp else acc[src]) over the uop loop."""
         op = AluOp[op.upper()] if isinstance(op, str) else AluOp(op)
         return self._add(dict(
             opcode=Opcode.ALU, alu_op=op, use_imm=int(imm is not None), imm=0 if imm is None else imm,
+            src_inp=int(src_inp),
             uop_bgn=uop_bgn, uop_end=uop_end, iter_out=iter_out, iter_in=iter_in,
             dst_factor_out=dst[0], dst_factor_in=dst[1], src_factor_out=src[0], src_factor_in=src[1],
             **self._deps(deps),

@@ -73,18 +73,20 @@ SEMANTICS = {
         "out[dst] = saturate(acc[dst], out_width)."
     ),
     "alu": (
-        "acc[dst] = op(acc[dst], imm if use_imm else acc[src]), wrapping at acc_width; then out[dst] = "
+        "acc[dst] = op(acc[dst], imm if use_imm else inp[src] if src_inp else acc[src]), wrapping at acc_width; "
+        "then out[dst] = "
         "saturate(acc[dst], out_width). SHR shifts right arithmetically by the operand's low "
         "log2(acc_width)+1 bits read as signed; a negative amount shifts left. The immediate is "
         "sign-extended. RQ (requantize) reads its operand as a signed multiplier m (the low acc_width/2+2 bits), "
         "a shift s (the next log2(acc_width)+1 bits) and a ReLU flag (the bit above): acc = (acc * m + "
         "2**(s-1)) >> s with the product exact (no rounding constant when s = 0), wrapped at acc_width, then "
-        "max(acc, 0) if the flag is set. MOV sets acc to the operand."
+        "max(acc, 0) if the flag is set. MOV sets acc to the operand. inp[src] is sign-extended; lane o of a "
+        "batch row reads inp lane o mod block_in (src then counts inp rows)."
     ),
     "narrowing": "out = clip(acc, -2**(out_width-1), 2**(out_width-1)-1): saturating, never truncating.",
     "hazard": (
         "Two consecutive micro-op executions of one GEMM/ALU instruction must not write the same acc row, "
-        "and an ALU execution must not read (src) the row the previous one wrote."
+        "and an ALU execution must not read (src) the acc row the previous one wrote."
     ),
     "finish": "FINISH ends the program; load and store must have run all their instructions before it.",
 }

@@ -154,6 +154,10 @@ class FunctionalSimulator:
             MemId.ACC_NARROW: _Mem("acc_narrow", rb[MemId.ACC_NARROW], c.out_width, c.acc_rows),
         }
         self._out_lo, self._out_hi = -(1 << (c.out_width - 1)), (1 << (c.out_width - 1)) - 1
+        #: The inp lane each accumulator lane reads as an ALU operand from inp: lane o of a batch row
+        #: reads inp lane o mod block_in.
+        self._inp_lanes = (np.arange(c.batch)[:, None] * c.block_in
+                           + np.arange(c.block_out)[None, :] % c.block_in).reshape(-1)
         self.reset()
 
     # ---- state --------------------------------------------------------------------------------------
@@ -558,11 +562,20 @@ class FunctionalSimulator:
         dst = self._dst(i, r, "alu", stats)
         if not dst.size:
             return
-        src = None if r[_F["use_imm"]] else self._loop(i, r, 1, "src", c.acc_rows, "acc")
+        operand: int | np.ndarray = r[_F["imm"]]
+        src = None
+        if r[_F["use_imm"]]:
+            pass
+        elif r[_F["src_inp"]]:  # the operand rows come from inp: no acc row is read, so no read hazard
+            rows_in = self._loop(i, r, 1, "src", c.inp_rows, "inp")
+            self._race(i, "inp", rows_in, clock, reader=COMPUTE, writer=LOAD, write=False)
+            operand = self._inp[rows_in][:, self._inp_lanes].astype(np.int64)
+        else:
+            src = self._loop(i, r, 1, "src", c.acc_rows, "acc")
         self._hazards(i, r, dst, src)
         if self.check_races:  # before anything changes, so a failing run stops at the instruction's start
             self._race(i, "out", np.unique(dst), clock, reader=STORE, writer=COMPUTE, write=True)
-        rows = alu_apply(self._acc, r[_F["alu_op"]], dst, src, r[_F["imm"]], c.acc_width, c.acc_rows)
+        rows = alu_apply(self._acc, r[_F["alu_op"]], dst, src, operand, c.acc_width, c.acc_rows)
         self._out[rows] = np.clip(self._acc[rows], self._out_lo, self._out_hi)
         stats["alu_execs"] += dst.size
         stats["alu_ops"] += dst.size * c.batch * c.block_out

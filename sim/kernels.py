@@ -207,7 +207,7 @@ def _levels(dst: list[int], src: list[int]) -> np.ndarray:
     return levels
 
 
-def _apply_in_steps(acc: np.ndarray, op: int, dst: np.ndarray, src: np.ndarray | None, imm: int,
+def _apply_in_steps(acc: np.ndarray, op: int, dst: np.ndarray, src: np.ndarray | None, imm: int | np.ndarray,
                     steps: np.ndarray, acc_width: int) -> None:
     """Apply executions step by step; within a step destinations are distinct and reads come first."""
     order = np.argsort(steps, kind="stable")
@@ -216,17 +216,18 @@ def _apply_in_steps(acc: np.ndarray, op: int, dst: np.ndarray, src: np.ndarray |
     for lo, hi in zip((ends - counts).tolist(), ends.tolist(), strict=True):
         sel = order[lo:hi]
         d = dst[sel]
-        operand = imm if src is None else acc[src[sel]]
+        operand = acc[src[sel]] if src is not None else imm[sel] if isinstance(imm, np.ndarray) else imm
         acc[d] = alu_op(op, acc[d], operand, acc_width)
 
 
 _AT = {AluOp.MIN: np.minimum, AluOp.MAX: np.maximum, AluOp.ADD: np.add, AluOp.MUL: np.multiply}
 
 
-def alu_apply(acc: np.ndarray, op: int, dst: np.ndarray, src: np.ndarray | None, imm: int, acc_width: int,
-              acc_rows: int) -> np.ndarray:
+def alu_apply(acc: np.ndarray, op: int, dst: np.ndarray, src: np.ndarray | None, imm: int | np.ndarray,
+              acc_width: int, acc_rows: int) -> np.ndarray:
     """Run every execution of an ALU instruction on `acc` (int64 rows, in place) in program order
-    semantics; `src` is None with an immediate. Returns the touched rows."""
+    semantics; `src` is None with an operand that is not an acc row: `imm`, an immediate or one operand row
+    per execution (read from inp). Returns the touched rows."""
     counts = np.bincount(dst, minlength=acc_rows)
     rows = np.flatnonzero(counts)
     repeats = int(counts.max())

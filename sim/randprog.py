@@ -134,8 +134,9 @@ class _Gen:
         start = lo + self.randint(0, space - reach - window)
         return start + self.rng.integers(0, window, count), f_out, f_in
 
-    def loop(self, half: int, gemm: bool, use_imm: bool) -> tuple[np.ndarray, dict[str, int]]:
-        """Uops and loop fields of a hazard-free GEMM or ALU instruction on buffer half `half`."""
+    def loop(self, half: int, gemm: bool, use_imm: bool, src_inp: bool = False) -> tuple[np.ndarray, dict[str, int]]:
+        """Uops and loop fields of a hazard-free GEMM or ALU instruction on buffer half `half` (an ALU
+        operand from inp with `src_inp`)."""
         acc = self.half["acc"]
         for _ in range(100):
             count = self.randint(1, self.max_uops)
@@ -144,12 +145,15 @@ class _Gen:
             if gemm:
                 src, sfo, sfi = self._operand(count, n_out, n_in, half * self.half["inp"], self.half["inp"])
                 wgt, wfo, wfi = self._operand(count, n_out, n_in, half * self.half["wgt"], self.half["wgt"])
+            elif src_inp:
+                src, sfo, sfi = self._operand(count, n_out, n_in, half * self.half["inp"], self.half["inp"])
+                wgt, wfo, wfi = np.zeros(count, np.int64), 0, 0
             else:
                 src, sfo, sfi = self._operand(count, n_out, n_in, half * acc, acc)
                 wgt, wfo, wfi = np.zeros(count, np.int64), 0, 0
             d = loop_indices(dst, n_out, n_in, dfo, dfi)
             bad = np.any(d[1:] == d[:-1])
-            if not gemm and not use_imm:
+            if not gemm and not use_imm and not src_inp:
                 s = loop_indices(src, n_out, n_in, sfo, sfi)
                 bad = bad or np.any(s[1:] == d[:-1])
             if not bad:
@@ -190,9 +194,10 @@ class _Gen:
                 imm = (self.randint(-w - 2, w + 2) if alu == AluOp.SHR and self.rng.random() < 0.8
                        else self.randint(-(1 << 15), (1 << 15) - 1) if self.rng.random() < 0.3
                        else self.randint(-20, 20))
-            uops, fields = self.loop(half, gemm=False, use_imm=use_imm)
+            src_inp = not use_imm and self.rng.random() < 0.3
+            uops, fields = self.loop(half, gemm=False, use_imm=use_imm, src_inp=src_inp)
             return self.with_uops(uops, dict(opcode=Opcode.ALU, alu_op=alu, use_imm=int(use_imm), imm=imm,
-                                             **fields))
+                                             src_inp=int(src_inp), **fields))
         if roll < 0.9:
             return [self.load_2d(MemId.ACC, "acc", half, pad=True)]
         return [self.load_2d(MemId.ACC_NARROW, "acc_narrow", half, pad=True)]

@@ -446,8 +446,9 @@ class _Run:
             # Decode (1), loop launch (1), one issue per execution, then the pipeline drains. An execution that
             # reads acc[src] waits alu_src_interval - 1 cycles after the issue before it; without src loop
             # factors and with at most SRC_ROWS micro-ops only the first sweep reads (registers hold the rows).
+            # An operand from inp comes through inp's own read port: no wait.
             waits = 0
-            if op == Opcode.ALU and not r[_F["use_imm"]] and execs:
+            if op == Opcode.ALU and not r[_F["use_imm"]] and not r[_F["src_inp"]] and execs:
                 uops = r[_F["uop_end"]] - r[_F["uop_bgn"]]
                 kept = structure.holds_src_rows(r[_F["src_factor_out"]], r[_F["src_factor_in"]], uops)
                 waits = (uops if kept else execs) - 1

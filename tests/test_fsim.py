@@ -201,6 +201,29 @@ def test_gemm_overwrite_writes_the_products_and_a_repeated_row_keeps_the_last(na
     assert stats["macs"] == m * kb * c.macs_per_cycle  # every execution runs, as on the hardware
 
 
+@pytest.mark.parametrize("name", ["tiny", "default", "rect"])
+def test_alu_operand_from_inp_is_sign_extended_lane_by_lane(name):
+    """ALU MAX and MOV with src_inp: lane o of each batch row takes inp lane o mod block_in, sign-extended;
+    the acc rows named like the inp rows are not read (no read-after-write hazard either)."""
+    c = PRESETS[name]
+    rng = np.random.default_rng(5)
+    m = 4
+    a = rand(rng, c.inp_width, (m, c.batch * c.block_in))
+    acc0 = rng.integers(-200, 200, (2 * m, c.batch * c.block_out))
+    h = Harness(c)
+    uops = h.put_uops([(mi, mi, 0) for mi in range(m)] + [(m + mi, mi, 0) for mi in range(m)])
+    h.p.load("uop", 0, uops, 1, 2 * m)
+    h.p.load("acc", 0, h.put("acc", acc0, c.acc_width), 1, 2 * m)
+    h.p.load("inp", 0, h.put("inp", a, c.inp_width), 1, m, deps=["push_next"])
+    h.p.alu("max", 0, m, src_inp=True, deps=["pop_prev"])
+    h.p.alu("mov", m, 2 * m, src_inp=True)
+    h.p.finish()
+    sim, _ = h.run()
+    lanes = a.reshape(m, c.batch, c.block_in)[:, :, np.arange(c.block_out) % c.block_in].reshape(m, -1)
+    assert np.array_equal(sim.acc[:m], np.maximum(acc0[:m], lanes))
+    assert np.array_equal(sim.acc[m:2 * m], lanes)
+
+
 def gemm_reference(acc: np.ndarray, inp: np.ndarray, wgt: np.ndarray, dst, src, wsel, c) -> np.ndarray:
     acc = acc.astype(np.int64)
     for d, s, g in zip(dst, src, wsel, strict=True):

@@ -125,6 +125,7 @@ LOAD inp sram=0 dram=16 y=2 x=4 stride=8 pad=1,1,0,2 deps=push_next
 GEMM uop=0:4 iter=2x3 dst=4,1 src=8,1 wgt=0,0 reset deps=pop_prev,push_next   ; trailing comment
 ALU max uop=0:4 iter=2x3 dst=4,1 src=8,1 imm=-3
 ALU mul uop=1:2 iter=1x1 dst=0,0 src=1,0
+ALU max uop=0:4 iter=1x1 dst=0,0 src=0,0 inp
 STORE out sram=0 dram=0 y=2 x=4 stride=4 deps=pop_prev,push_prev
 FINISH deps=pop_next
 """
@@ -132,10 +133,11 @@ FINISH deps=pop_next
 
 def test_assembler_round_trip():
     insns = assemble(SOURCE)
-    assert len(insns) == 7
+    assert len(insns) == 8
     assert insns[1]["mem_id"] == MemId.INP and insns[1]["x_pad_1"] == 2
     assert insns[3]["alu_op"] == AluOp.MAX and insns[3]["use_imm"] == 1
-    assert insns[4]["use_imm"] == 0
+    assert insns[4]["use_imm"] == 0 and insns[4]["src_inp"] == 0
+    assert insns[5]["src_inp"] == 1 and insns[5]["use_imm"] == 0
     text = disassemble(insns)
     assert np.array_equal(assemble(text), insns)
     assert disassemble(assemble(text)) == text

@@ -102,12 +102,15 @@ def test_a_copy_that_does_not_fit_falls_back_to_the_compute_units_load():
     assert usage(pool, large, c).inp == 0 and usage(pool, large, c).acc_bytes > 0 == usage(pool, small, c).acc_bytes
 
 
-@pytest.mark.parametrize(("pool", "config", "residual_role"), [
-    ("max", "default", "add the residual (scaled identity)"),  # added times 127 by the epilogue's GEMM
-    ("avg", "default", "add the residual (scaled identity)"),
-    ("max", "int4w", "copy the residual tile"),  # 4-bit weights: 7 is too coarse, copied into its own rows
+@pytest.mark.parametrize(("pool", "config", "residual_role", "window_role"), [
+    # added times 127 by the epilogue's GEMM; a signed max-pool input pools an offset copy of its window
+    ("max", "default", "add the residual (scaled identity)", "copy the input window"),
+    # an average needs no offset: the ALU sums the window straight from its inp rows
+    ("avg", "default", "add the residual (scaled identity)", "the window's first tap"),
+    # 4-bit weights: 7 is too coarse, copied into its own rows
+    ("max", "int4w", "copy the residual tile", "copy the input window"),
 ])
-def test_residuals_and_windows_copied_by_the_gemm_stay_exact(pool, config, residual_role):
+def test_residuals_and_windows_copied_by_the_gemm_stay_exact(pool, config, residual_role, window_role):
     layer = (3, 1, [1, 1, 1, 1], 9, 7, 5, 20, 2, pool, True)
     model = _model(*layer)
     cal = [{"x": rand(2, 5, 9, 7, seed=s)} for s in range(2)]
@@ -116,14 +119,14 @@ def test_residuals_and_windows_copied_by_the_gemm_stay_exact(pool, config, resid
         art = weft.compile(model, config=config, calibration=cal)
     roles = [role for layer in accel_section(art).layers for role in layer.record["instructions_by_role"]]
     assert residual_role in roles
-    assert "copy the input window" in roles
+    assert window_role in roles
     assert_bit_exact(art, {"x": rand(2, 5, 9, 7, seed=9) - 0.3})
 
 
 @pytest.mark.parametrize("config, relu", [("default", True), ("default", False), ("tiny", True)])
-def test_resnets_max_pool_reduces_window_rows_first_exactly(config, relu):
-    """The 3x3/2 max-pool (pads 1) runs separably (schedule.separable), on proven non-negative inputs and on
-    signed ones (the offset domain), bit-exact."""
+def test_resnets_max_pool_stays_exact(config, relu):
+    """The 3x3/2 max-pool (pads 1), bit-exact: on proven non-negative inputs straight from its inp rows
+    (schedule.pool_reads_inp), on signed ones in the offset domain, separably (schedule.separable)."""
     from onnx import helper
 
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1])]
@@ -138,7 +141,8 @@ def test_resnets_max_pool_reduces_window_rows_first_exactly(config, relu):
         warnings.simplefilter("ignore")
         art = weft.compile(model, config=config, calibration=[{"x": rand(1, 3, 18, 14, seed=s)} for s in range(2)])
     roles = [role for layer in accel_section(art).layers for role in layer.record["instructions_by_role"]]
-    assert "pool over the window's columns" in roles
+    # after a ReLU the pool reads its window from inp rows; a signed input pools an offset copy separably
+    assert ("the window's first tap" if relu else "pool over the window's columns") in roles
     assert_bit_exact(art, {"x": rand(1, 3, 18, 14, seed=9) - 0.3})
 
 

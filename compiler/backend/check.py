@@ -124,9 +124,10 @@ def check_hazards(layer: str, insns: np.ndarray, uops: np.ndarray, config: Accel
         is_alu = int(r["opcode"]) == Opcode.ALU
         reset = not is_alu and bool(r["reset"])
         use_src = not reset and not (is_alu and r["use_imm"])
+        acc_src = is_alu and not r["src_inp"]  # an ALU operand from acc (else from inp, like the GEMM's)
         key = tuple(int(r[f]) for f in ("opcode", "uop_bgn", "uop_end", "iter_out", "iter_in", "dst_factor_out",
                                         "dst_factor_in", "src_factor_out", "src_factor_in", "wgt_factor_out",
-                                        "wgt_factor_in", "reset", "use_imm"))
+                                        "wgt_factor_in", "reset", "use_imm", "src_inp"))
         bgn, end = int(r["uop_bgn"]), int(r["uop_end"])
         if not 0 <= bgn < end <= len(uops):
             raise StreamError(layer, i, f"micro-ops {bgn}:{end} are outside the {len(uops)} loaded ones")
@@ -143,7 +144,7 @@ def check_hazards(layer: str, insns: np.ndarray, uops: np.ndarray, config: Accel
         limits = [("dst", dst, c.acc_rows, "acc")]
         src = rows("src") if use_src else None
         if src is not None:
-            limits.append(("src", src, c.acc_rows if is_alu else c.inp_rows, "acc" if is_alu else "inp"))
+            limits.append(("src", src, c.acc_rows if acc_src else c.inp_rows, "acc" if acc_src else "inp"))
         if use_src and not is_alu:
             limits.append(("wgt", rows("wgt"), c.wgt_rows, "wgt"))
         for name, idx, limit, mem in limits:
@@ -155,7 +156,7 @@ def check_hazards(layer: str, insns: np.ndarray, uops: np.ndarray, config: Accel
             e = int(same[0]) + 1
             raise StreamError(layer, i, f"executions {e - 1} and {e} both write acc row {int(dst[e])}: the "
                                         f"consecutive-uop hazard ({format_insn(r)})")
-        if is_alu and src is not None:
+        if acc_src and src is not None:
             hit = np.flatnonzero(src[1:] == dst[:-1])
             if hit.size:
                 e = int(hit[0]) + 1

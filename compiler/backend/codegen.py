@@ -127,8 +127,9 @@ def nonnegative_values(graph: Graph, acc_width: int) -> set[str]:
                 nonneg = nonneg or bool(np.min(operand) >= 0)
             elif kind in ("min_imm", "min_vec", "shr_imm"):
                 nonneg = nonneg and bool(np.min(operand) >= 0)
-            elif kind == "rq_vec":  # its ReLU flag clamps at 0; without it a sign may change
-                nonneg = bool(np.all(rq_fields(operand, acc_width)[2]))
+            elif kind == "rq_vec":  # its ReLU flag clamps at 0, a zero multiplier (a padded channel) gives 0
+                m, _, relu = rq_fields(operand, acc_width)
+                nonneg = bool(np.all((relu != 0) | (m == 0)))
             else:
                 nonneg = False
         if nonneg and node.op in _KIND:
@@ -267,6 +268,8 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     the default); `nonneg` says the layer's input is proven >= 0. Used by :func:`generate` and by the
     tuner's measurer, which lowers single layers with candidate schedules."""
     geom = layer_geometry(node, graph, c)
+    if nonneg and geom.kind == "maxpool":  # its zero padding cannot win (schedule.pools_offset)
+        geom = replace(geom, input_nonnegative=True)
     steps = _steps(node, c)
     kind = geom.kind
     in_mem = "inp" if kind == "conv" else "out"

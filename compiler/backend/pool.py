@@ -6,6 +6,9 @@ Pooling, in rows of the accumulator (the input is loaded as sign-extended ``acc_
 
 Each task loads the input window of its tile, zeroes the output tile and runs the body as one ALU
 instruction (MAX or ADD over shifted windows), then the epilogue (average pooling: the requantization).
+Where the window comes in through the load unit and needs no offset (:func:`pool_reads_inp`), the ALU
+reads it straight from the inp rows instead: the tile starts as the window's first tap (MOV) and pools
+the others, one execution a cycle, with no accumulator copy of the window.
 
 Max-pooling pads must never win, but the DMA pads with zeros. When the input is proven non-negative (the
 layer that makes it ends in a ReLU-like clamp) and every window holds a real element, zeros cannot win.
@@ -21,8 +24,9 @@ from __future__ import annotations
 from functools import cached_property
 
 from weft.compiler.backend import alu
+from weft.compiler.backend.dma import box_transfers, merge
 from weft.compiler.backend.program import Stream
-from weft.compiler.backend.schedule import separable
+from weft.compiler.backend.schedule import pool_reads_inp, pools_offset, separable, windows_all_real
 from weft.compiler.backend.te import Access as A
 from weft.compiler.backend.te import Axis, Box, Compute, Expr, Kernel, Nest, fold, tile_box
 from weft.compiler.backend.te import var as v
@@ -32,9 +36,16 @@ from weft.isa.constants import AluOp, MemId
 __all__ = ["EltwiseLowering", "PoolLowering", "windows_all_real"]
 
 
-def windows_all_real(size: int, out: int, kernel: int, stride: int, pad_before: int) -> bool:
-    """True when every window of one axis holds at least one element of the input."""
-    return all(o * stride - pad_before + kernel > 0 and o * stride - pad_before < size for o in range(out))
+def _taps(nest: Nest, ranges: dict[str, tuple[int, int]]) -> Nest:
+    """The executions of `nest` whose axes named in `ranges` lie in their [lo, hi)."""
+    axes, dst, src = list(nest.axes), nest.dst, nest.src
+    for name, (lo, hi) in ranges.items():
+        axes = [Axis(a.name, hi - lo, a.reduce) if a.name == name else a for a in axes]
+        if lo:
+            shifted = Expr(((name, 1),), lo)
+            dst = dst.substitute(name, shifted)
+            src = None if src is None else src.substitute(name, shifted)
+    return Nest(tuple(axes), dst, src, nest.wgt)
 
 
 class PoolLowering(Lowering):
@@ -61,7 +72,12 @@ class PoolLowering(Lowering):
         return tile_box(self.compute, "win", self.inner)
 
     def window_rows(self) -> int:
-        return self.win_box.rows
+        return 0 if self.reads_inp else self.win_box.rows
+
+    @cached_property
+    def reads_inp(self) -> bool:
+        """Whether the ALU pools straight from the inp rows the load unit filled (:func:`pool_reads_inp`)."""
+        return self.copies_by_gemm and pool_reads_inp(self.g, self.s, self.config)
 
     @property
     def is_max(self) -> bool:
@@ -70,13 +86,7 @@ class PoolLowering(Lowering):
     @property
     def offset(self) -> int:
         """The shift into the domain where zero padding is the smallest value (0 when not needed)."""
-        g = self.g
-        if not self.is_max:
-            return 0
-        real = windows_all_real(g.h, g.ho, g.kh, g.sh, g.pads[0]) and windows_all_real(g.w, g.wo, g.kw, g.sw, g.pads[1])
-        if real and self.options.get("nonnegative"):
-            return 0
-        return 1 << (self.config.out_width - 1)
+        return 1 << (self.config.out_width - 1) if pools_offset(self.g) else 0
 
     def _valid_kernel(self, box: Box, origin: tuple[int, ...], base: int) -> Kernel | None:
         """The rows of the loaded window that hold input values (not padding), as one ALU kernel."""
@@ -102,6 +112,9 @@ class PoolLowering(Lowering):
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         box = self.win_box
+        if self.reads_inp:
+            self._pool_from_inp(stream, point, thread)
+            return
         if self.copies_by_gemm:
             self.copy_in(stream, self.compute.shapes["in"], self.addrs.inp, box.origin_at(point), box.extent, r.inp,
                          r.win, r.wgt, thread, "input window")
@@ -125,6 +138,25 @@ class PoolLowering(Lowering):
 
         op = AluOp.MAX if self.is_max else AluOp.ADD
         self.body(stream, nest, thread, lambda k: stream.alu(op, k, note="pool over the window"))
+
+    def _pool_from_inp(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        """The window into inp rows, then the tile = its first tap (MOV), then op= every other tap: the
+        first kernel row's other columns, then the other rows (each pass one ALU instruction reading inp)."""
+        r, box, g = self.regions(h), self.win_box, self.g
+        for t in merge(self.config, box_transfers(self.config, MemId.INP, self.compute.shapes["in"], self.addrs.inp,
+                                                  box.origin_at(point), box.extent, r.inp)):
+            stream.transfer(t, note="input window")
+        axes = tuple(a for a in self.compute.axes if a.name in self.inner)
+        whole = Nest(axes, self.out_box.sram(r.tile), box.sram(r.inp))
+        op = AluOp.MAX if self.is_max else AluOp.ADD
+        parts = ((AluOp.MOV, (0, 1), (0, 1), "the window's first tap"),
+                 (op, (0, 1), (1, g.kw), "pool over the window's first row"),
+                 (op, (1, g.kh), (0, g.kw), "pool over the window's other rows"))
+        for alu_op, ky, kx, note in parts:
+            if ky[1] > ky[0] and kx[1] > kx[0]:
+                k = self.kernel(("taps", h, ky, kx), lambda ky=ky, kx=kx: alu.fold_body(
+                    _taps(whole, {"ky": ky, "kx": kx}), self.config))
+                stream.alu(alu_op, k, note=note, src_inp=True)
 
     def reduce_window_rows(self, stream: Stream, h: int) -> None:
         """The max over each window's columns, in place into its first column: passes k = kw-2 .. 0 set

@@ -111,16 +111,20 @@ class Stream:
                      ("wgt", *_hull(kernel.uops["wgt"], kernel, "wgt")))
         return self._add(Insn(fields, Unit.COMPUTE, reads=reads, writes=writes, note=note))
 
-    def alu(self, op: AluOp, kernel: Kernel, imm: int | None = None, note: str = "") -> int:
+    def alu(self, op: AluOp, kernel: Kernel, imm: int | None = None, note: str = "", src_inp: bool = False) -> int:
+        """acc[dst] = op(acc[dst], imm if given, else inp[src] with `src_inp`, else acc[src])."""
         bgn, end = self.place(kernel)
         fields = dict(opcode=int(Opcode.ALU), alu_op=int(op), use_imm=int(imm is not None),
                       imm=0 if imm is None else int(imm), uop_bgn=bgn, uop_end=end, iter_out=kernel.iter_out,
                       iter_in=kernel.iter_in, dst_factor_out=kernel.dst_factor[0],
-                      dst_factor_in=kernel.dst_factor[1])
+                      dst_factor_in=kernel.dst_factor[1], src_inp=int(src_inp and imm is None))
+        reads: tuple[Range, ...] = ()
         if imm is None:
             fields.update(src_factor_out=kernel.src_factor[0], src_factor_in=kernel.src_factor[1])
+            if src_inp:
+                reads = (("inp", *_hull(kernel.uops["src"], kernel, "src")),)
         writes = (("out", *_hull(kernel.uops["dst"], kernel, "dst")),)
-        return self._add(Insn(fields, Unit.COMPUTE, writes=writes, note=note))
+        return self._add(Insn(fields, Unit.COMPUTE, reads=reads, writes=writes, note=note))
 
     def program(self, uop_dram_row: int) -> Stream:
         """The runnable program: this stream's micro-op block loaded first (from DRAM row `uop_dram_row`

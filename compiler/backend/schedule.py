@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule",
-           "every_other_row", "ranked", "separable", "shared_tiles", "space", "usage", "vector_chunks"]
+           "every_other_row", "pool_reads_inp", "pools_offset", "ranked", "separable", "shared_tiles", "space",
+           "usage", "vector_chunks", "windows_all_real"]
 
 ORDERS = ("oc_outer", "pix_outer")
 KINDS = ("conv", "maxpool", "avgpool", "eltwise")
@@ -69,6 +70,9 @@ class LayerGeom:
     #: The residual is added by a GEMM with the scaled identity (weft.compiler.backend.alu.residual_scale)
     #: where it comes in by the load unit: no accumulator rows and no ALU add for it.
     residual_gemm: bool = False
+    #: The input is proven >= 0 (the layer making it ends in a ReLU-like clamp): a max-pool's zero padding
+    #: can then never win a window that holds a real element.
+    input_nonnegative: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -145,6 +149,32 @@ def copies_by_gemm(g: LayerGeom, config: AcceleratorConfig) -> bool:
     inp_width == out_width). A schedule uses the copy where its rows fit (:attr:`Usage.copies`)."""
     wanted = g.residual if g.kind == "conv" else g.kind in ("maxpool", "avgpool")
     return wanted and config.block_in == config.block_out
+
+
+def windows_all_real(size: int, out: int, kernel: int, stride: int, pad_before: int) -> bool:
+    """True when every window of one axis holds at least one element of the input."""
+    return all(o * stride - pad_before + kernel > 0 and o * stride - pad_before < size for o in range(out))
+
+
+def pools_offset(g: LayerGeom) -> bool:
+    """Whether a max-pool runs in an offset domain (:class:`~weft.compiler.backend.pool.PoolLowering`): the
+    DMA pads with zeros, which must never win, so unless the input is proven >= 0 and every window holds a
+    real element, the window's real rows are shifted up first."""
+    if g.kind != "maxpool":
+        return False
+    real = windows_all_real(g.h, g.ho, g.kh, g.sh, g.pads[0]) and windows_all_real(g.w, g.wo, g.kw, g.sw, g.pads[1])
+    return not (real and g.input_nonnegative)
+
+
+def pool_reads_inp(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> bool:
+    """Whether a pooling layer whose window comes through the load unit (:func:`copies_by_gemm`) pools
+    straight from the inp rows (ALU operands from inp: its own read port, one execution a cycle) instead of
+    from an accumulator copy (a GEMM pass, then two cycles an execution through the accumulator's one read
+    port): where it needs no offset domain, its tile has several rows (a one-row tile alternates with a spare
+    row) and inp rows fit the ALU's source fields."""
+    rows = s.tile_n * s.tile_h * s.tile_w * s.tile_oc * g.ro
+    return (g.kind in ("maxpool", "avgpool") and copies_by_gemm(g, config) and not pools_offset(g) and rows > 1
+            and config.inp_index_bits <= config.acc_index_bits)
 
 
 def every_other_row(g: LayerGeom) -> bool:
@@ -254,12 +284,18 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     else:
         stages, inp, wgt, gemm_execs, load_bytes, load_insns, input_rows = tasks, 0, 0, 0, 0, 0, 0
         win_rows = s.tile_n * s.tile_oc * hin * win * g.ro if g.kind != "eltwise" else tile_rows
+        if pool_reads_inp(g, s, c) and win_rows <= inp_max:
+            # The window into inp rows; the ALU sets the tile to its first tap and pools the others from there.
+            return Usage(win_rows, 0, acc, (g.ro * g.kh * g.kw + 8) * s.vthreads, tasks, tasks, 0,
+                         alu_execs + tasks * tile_rows * g.kh * g.kw, tasks * win_rows * rb["inp"], tasks * planes,
+                         vec_loads * vec_rows * rb["acc"], compute_insns + tasks * (planes + 3), out_bytes,
+                         store_insns, True, 0)
         acc += win_rows if g.kind != "eltwise" else 0
         if separable(g, s):
             alu_execs += tasks * s.tile_n * s.tile_oc * g.ro * ((g.kw - 1) * hin * s.tile_w + g.kh * pix // s.tile_n)
         elif g.kind != "eltwise":
             alu_execs += tasks * tile_rows * g.kh * g.kw
-        if g.kind == "maxpool":
+        if pools_offset(g):
             alu_execs += tasks * (win_rows + tile_rows)  # the offset into and out of the padded domain
         by_gemm = by_gemm and win_rows <= inp_max and 1 <= wgt_max
         if by_gemm:  # the window through the load unit, then reset and copied by the GEMM
