@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.hdl import Value
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
@@ -54,7 +54,7 @@ from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS, holds_src_rows
 from weft.hw.unit import UnitBase, request_dma_once
-from weft.isa.constants import MemId, Opcode, Unit
+from weft.isa.constants import INSN_BITS, MemId, Opcode, Unit
 from weft.isa.semantics import row_bytes
 
 if TYPE_CHECKING:
@@ -107,12 +107,29 @@ class _Loop:
 
 @dataclass(frozen=True)
 class _Buffers:
-    """The micro-op buffer and the accumulator (one read port: dst, and before it src), owned by the unit."""
+    """One pipe's view of the buffers: its micro-op read port and its accumulator port (one read: dst, and
+    before it src; one write), which the banks serve (:meth:`ComputeUnit._banks`)."""
 
-    uop_w: memory.WritePort
     uop_r: memory.ReadPort
-    acc_w: memory.WritePort
-    acc_r: memory.ReadPort
+    r_addr: Signal
+    r_data: Signal
+    #: The read address is one a stage uses this cycle (else the other pipe may have the bank's port).
+    r_active: Signal
+    w_en: Signal
+    w_addr: Signal
+    w_data: Signal
+    #: out[dst] = saturate(acc[dst]), written beside the accumulator (not by loads).
+    o_en: Signal
+    o_data: Signal
+
+
+def _pipe_buffers(config: AcceleratorConfig, uop_r: memory.ReadPort, name: str) -> _Buffers:
+    c = config
+    rows, index = c.acc_row_bits, c.acc_index_bits
+    return _Buffers(uop_r, Signal(index, name=f"{name}_r_addr"), Signal(rows, name=f"{name}_r_data"),
+                    Signal(name=f"{name}_r_active"), Signal(name=f"{name}_w_en"), Signal(index, name=f"{name}_w_addr"),
+                    Signal(rows, name=f"{name}_w_data"), Signal(name=f"{name}_o_en"),
+                    Signal(c.out_row_bits, name=f"{name}_o_data"))
 
 
 class ComputeUnit(UnitBase):
@@ -125,52 +142,155 @@ class ComputeUnit(UnitBase):
             "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=c.bus_width)),
             "inp_addr": Out(c.inp_index_bits), "inp_data": In(c.inp_row_bits),
             "wgt_addr": Out(c.wgt_index_bits), "wgt_data": In(c.wgt_row_bits),
-            "out_w": Out(data.StructLayout({"en": 1, "addr": c.acc_index_bits, "data": c.out_row_bits})),
+            # one write port per half of the out buffer (its banks, as the accumulator's: see _banks)
+            "out_w": Out(data.StructLayout({"en": 1, "addr": c.acc_index_bits, "data": c.out_row_bits})).array(2),
             "finished": Out(1), "finish_index": Out(regs["error_index"]),
             "error": Out(1), "error_code": Out(regs["error_code"]), "error_index": Out(regs["error_index"]),
             "mac_active": Out(1), "alu_active": Out(1),
+            # each pipe's busy (spec "beside"): the GEMM pipe's (with the unit's loads and FINISH), the ALU's
+            "busy_gemm": Out(1), "busy_alu": Out(1),
         })
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
-        done = Signal()
-        insn, index, start = self.gate(m, done)
-        head = self.view(insn, "finish")
-        is_gemm, is_alu = head.opcode == Opcode.GEMM, head.opcode == Opcode.ALU
-        alu = self.view(insn, "alu")
-        d = _Insn(mem=self.view(insn, "mem"), gemm=self.view(insn, "gemm"), alu=alu,
-                  is_load=head.opcode == Opcode.LOAD, is_gemm=is_gemm, is_alu=is_alu,
-                  is_finish=head.opcode == Opcode.FINISH, looped=is_gemm | is_alu,
-                  alu_src=is_alu & ~alu.use_imm & ~alu.src_inp, alu_inp=is_alu & ~alu.use_imm & alu.src_inp)
-        bufs = self._buffers(m)
-        dma, load_over = self._loads(m, d, start, bufs)
-        loop = self._loop_generator(m, d, start, bufs)
-        valid = {s: Signal(name=f"valid_{s}") for s in "bcdexyf"}
-        dst, src_c, reads_c, slots = self._row_indices(m, d, index, bufs, loop, valid)
-        new_f = self._datapath(m, d, bufs, valid, dst, src_c, reads_c, slots)
-        self._write_back(m, d, dma, bufs, valid, dst, new_f)
-        drained = ~Cat(*valid.values()).any()
-        loop_done = d.looped & loop.launched & ~loop.gen & drained
+        c = self.config
+        done_g, done_a = Signal(), Signal()
+        (insn_g, index_g, start_g, busy_g), (insn_a, index_a, start_a, busy_a) = self._issue(m, done_g, done_a)
+        head = self.view(insn_g, "finish")
+        is_gemm = head.opcode == Opcode.GEMM
+        d_g = _Insn(mem=self.view(insn_g, "mem"), gemm=self.view(insn_g, "gemm"), alu=self.view(insn_g, "alu"),
+                    is_load=head.opcode == Opcode.LOAD, is_gemm=is_gemm, is_alu=Const(0),
+                    is_finish=head.opcode == Opcode.FINISH, looped=is_gemm, alu_src=Const(0), alu_inp=Const(0))
+        alu = self.view(insn_a, "alu")
+        is_alu = self.view(insn_a, "finish").opcode == Opcode.ALU
+        d_a = _Insn(mem=self.view(insn_a, "mem"), gemm=self.view(insn_a, "gemm"), alu=alu, is_load=Const(0),
+                    is_gemm=Const(0), is_alu=is_alu, is_finish=Const(0), looped=is_alu,
+                    alu_src=is_alu & ~alu.use_imm & ~alu.src_inp, alu_inp=is_alu & ~alu.use_imm & alu.src_inp)
+        m.submodules.uop_mem = uop_mem = memory.Memory(shape=c.uop_bits, depth=c.uop_rows, init=[])
+        bufs_g = _pipe_buffers(c, uop_mem.read_port(), "gemm")
+        bufs_a = _pipe_buffers(c, uop_mem.read_port(), "alu")
+        dma, load_over = self._loads(m, d_g, start_g, busy_g, uop_mem.write_port())
+        done_loop_g, src_g, wgt_g = self._pipe(m, "gemm", d_g, start_g, busy_g, index_g, bufs_g, dma)
+        done_loop_a, src_a, _ = self._pipe(m, "alu", d_a, start_a, busy_a, index_a, bufs_a, None)
+        self._banks(m, bufs_g, bufs_a)
+        # inp's read port serves the GEMM, or an ALU taking its operand from inp (never beside a GEMM).
+        m.d.comb += [self.inp_addr.eq(Mux(busy_a & d_a.alu_inp, src_a, src_g)), self.wgt_addr.eq(wgt_g)]
 
         # FINISH, bus errors, completion.
-        with m.If(self.busy & d.is_finish):
-            m.d.sync += [self.finished.eq(1), self.finish_index.eq(index)]
+        with m.If(busy_g & d_g.is_finish):
+            m.d.sync += [self.finished.eq(1), self.finish_index.eq(index_g)]
         with m.If(dma.error & ~self.error):
-            m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index)]
-        m.d.comb += done.eq(self.busy & ((d.is_load & load_over) | loop_done | d.is_finish))
+            m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index_g)]
+        m.d.comb += [done_g.eq(busy_g & ((d_g.is_load & load_over) | done_loop_g | d_g.is_finish)),
+                     done_a.eq(busy_a & done_loop_a)]
         return m
 
-    def _buffers(self, m: Module) -> _Buffers:
-        c = self.config
-        m.submodules.uop_mem = uop_mem = memory.Memory(shape=c.uop_bits, depth=c.uop_rows, init=[])
-        m.submodules.acc_mem = acc_mem = memory.Memory(shape=c.acc_row_bits, depth=c.acc_rows, init=[])
-        uop_w = uop_mem.write_port()
-        uop_r = uop_mem.read_port()
-        acc_w = acc_mem.write_port()
-        acc_r = acc_mem.read_port(transparent_for=(acc_w,))
-        return _Buffers(uop_w, uop_r, acc_w, acc_r)
+    def _issue(self, m: Module, done_g: Signal, done_a: Signal
+               ) -> tuple[tuple[Signal, Signal, Signal, Signal], tuple[Signal, Signal, Signal, Signal]]:
+        """In-order issue to the two pipes (spec "beside"): GEMM (and the unit's loads and FINISH, with both
+        pipes idle) to the first, ALU to the second. The head starts when its tokens are there, its pipe is
+        free and, unless it has beside set, the other pipe too. An instruction retires (pushes, frees its
+        pipe) when done, but not before the other pipe's older instruction has. Returns (instruction,
+        index, start pulse, busy) of each pipe."""
+        head = self.view(self.cmd.payload.insn, "finish")
+        h_alu = head.opcode == Opcode.ALU
+        beside: Value = Const(0)
+        for name, is_kind in (("gemm", head.opcode == Opcode.GEMM), ("alu", h_alu)):
+            if self.layout.formats[name].has("beside"):  # (where the format has room for it)
+                beside = beside | (is_kind & self.view(self.cmd.payload.insn, name).beside)
+        ok = Signal()
+        terms = []
+        for flag, queue in self.flags.items():
+            status = "has_token" if flag.startswith("pop") else "has_room"
+            terms.append(~getattr(head, flag) | getattr(self, f"{queue}_{status}"))
+        m.d.comb += ok.eq(Cat(*terms).all())
+        busy_g, busy_a = Signal(), Signal()
+        free = Mux(h_alu, ~busy_a & (beside | ~busy_g), ~busy_g & (beside | ~busy_a))
+        waiting = self.cmd.valid & ~self.halt & free
+        start = Signal()
+        m.d.comb += [start.eq(waiting & ok), self.cmd.ready.eq(start), self.stall.eq(waiting & ~ok),
+                     self.pending.eq(self.cmd.valid), self.head_index.eq(self.cmd.payload.index),
+                     self.busy.eq(busy_g | busy_a), self.busy_gemm.eq(busy_g), self.busy_alu.eq(busy_a)]
+        start_g, start_a = start & ~h_alu, start & h_alu
+        young_g, young_a = Signal(), Signal()  # started while the other pipe's older instruction ran
+        retire_g = busy_g & done_g & ~(young_g & busy_a)
+        retire_a = busy_a & done_a & ~(young_a & busy_g)
+        slots = []
+        for st, busy, young, retire, other_busy in ((start_g, busy_g, young_g, retire_g, busy_a),
+                                                    (start_a, busy_a, young_a, retire_a, busy_g)):
+            insn = Signal(INSN_BITS)
+            index = Signal.like(self.cmd.payload.index)
+            with m.If(st):
+                m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index), busy.eq(1),
+                             young.eq(other_busy)]
+            with m.If(retire):
+                m.d.sync += [busy.eq(0), young.eq(0)]
+            slots.append((insn, index, st, busy))
+        with m.If(retire_a):  # the older one is gone: the next in its pipe is younger
+            m.d.sync += young_g.eq(0)
+        with m.If(retire_g):
+            m.d.sync += young_a.eq(0)
+        current = [self.view(slots[0][0], "finish"), self.view(slots[1][0], "finish")]
+        for flag, queue in self.flags.items():
+            if flag.startswith("pop"):
+                m.d.comb += getattr(self, f"{queue}_pop").eq(start & getattr(head, flag))
+            else:
+                m.d.comb += getattr(self, f"{queue}_push").eq((retire_g & getattr(current[0], flag))
+                                                              | (retire_a & getattr(current[1], flag)))
+        return slots[0], slots[1]
 
-    def _loads(self, m: Module, d: _Insn, start: Signal, bufs: _Buffers) -> tuple[Load2D, Value]:
+    def _pipe(self, m: Module, name: str, d: _Insn, start: Signal, busy: Signal, index: Signal, bufs: _Buffers,
+              dma: Load2D | None) -> tuple[Value, Signal, Signal]:
+        """One pipe (the GEMM's with the DMA's accumulator writes, or the ALU's): whether its instruction's
+        loop is done, and its inp and wgt read addresses."""
+        loop = self._loop_generator(m, d, start, busy, bufs)
+        valid = {s: Signal(name=f"{name}_valid_{s}") for s in "bcdexyf"}
+        dst, src_c, reads_c, slots, src_b, wgt_b = self._row_indices(m, d, index, bufs, loop, valid)
+        new_f = self._datapath(m, d, bufs, valid, dst, src_c, reads_c, slots, gemm=dma is not None)
+        self._write_back(m, d, busy, dma, bufs, valid, dst, new_f)
+        drained = ~Cat(*valid.values()).any()
+        return d.looped & loop.launched & ~loop.gen & drained, src_b, wgt_b
+
+    def _banks(self, m: Module, g: _Buffers, a: _Buffers) -> None:
+        """The accumulator as two banks, its lower and upper half, each with one read and one write port: a
+        pipe's access goes to the bank of its row; the GEMM pipe's wins a bank both use (which only a
+        program breaking the "beside" rule does). Each bank's read port sees its write port's data."""
+        c = self.config
+        half = c.acc_rows // 2
+        banks = []
+        for b in range(2):
+            mem = memory.Memory(shape=c.acc_row_bits, depth=c.acc_rows - half if b else half, init=[])
+            m.submodules[f"acc_bank{b}"] = mem
+            w = mem.write_port()
+            banks.append((mem.read_port(transparent_for=(w,)), w))
+
+        def upper(addr: Value) -> Value:
+            return addr >= half
+
+        def local(addr: Value) -> Value:
+            return Mux(upper(addr), addr - half, addr)[:len(addr)]
+
+        for b, (rp, wp) in enumerate(banks):
+            g_reads = g.r_active & (upper(g.r_addr) == b)
+            g_writes = g.w_en & (upper(g.w_addr) == b)
+            a_writes = a.w_en & (upper(a.w_addr) == b)
+            # (the ALU pipe's write selects: its enable is a register, the DMA's may be undefined in a
+            # 4-state simulation until the DMA first runs)
+            m.d.comb += [rp.addr.eq(Mux(g_reads, local(g.r_addr), local(a.r_addr))),
+                         wp.en.eq(g_writes | a_writes), wp.addr.eq(Mux(a_writes, local(a.w_addr), local(g.w_addr))),
+                         wp.data.eq(Mux(a_writes, a.w_data, g.w_data))]
+            out = self.out_w[b]
+            g_out = g.o_en & (upper(g.w_addr) == b)
+            m.d.comb += [out.en.eq(g_out | (a.o_en & (upper(a.w_addr) == b))),
+                         out.addr.eq(Mux(g_out, local(g.w_addr), local(a.w_addr))),
+                         out.data.eq(Mux(g_out, g.o_data, a.o_data))]
+        for pipe in (g, a):
+            sel = Signal(name=f"{pipe.r_addr.name}_bank")
+            m.d.sync += sel.eq(upper(pipe.r_addr))
+            m.d.comb += pipe.r_data.eq(Mux(sel, banks[1][0].data, banks[0][0].data))
+
+    def _loads(self, m: Module, d: _Insn, start: Signal, busy: Signal, uop_w: memory.WritePort
+               ) -> tuple[Load2D, Value]:
         """LOAD UOP, ACC and ACC_NARROW: the DMA (writing the uop buffer here, the accumulator in
         :meth:`_write_back`) and whether the load is over."""
         c = self.config
@@ -181,14 +301,14 @@ class ComputeUnit(UnitBase):
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
         mem_id = d.mem.mem_id
         target = Mux(mem_id == MemId.UOP, _UOP, Mux(mem_id == MemId.ACC, _ACC, _ACC_NARROW))
-        over = request_dma_once(m, dma, self.busy & d.is_load, d.mem, start, target=target)
+        over = request_dma_once(m, dma, busy & d.is_load, d.mem, start, target=target)
         m.d.comb += [
-            bufs.uop_w.en.eq(dma.write.en & (dma.write.target == _UOP)),
-            bufs.uop_w.addr.eq(dma.write.addr), bufs.uop_w.data.eq(dma.write.data),
+            uop_w.en.eq(dma.write.en & (dma.write.target == _UOP)),
+            uop_w.addr.eq(dma.write.addr), uop_w.data.eq(dma.write.data),
         ]
         return dma, over
 
-    def _loop_generator(self, m: Module, d: _Insn, start: Signal, bufs: _Buffers) -> _Loop:
+    def _loop_generator(self, m: Module, d: _Insn, start: Signal, busy: Signal, bufs: _Buffers) -> _Loop:
         """Stage A: one micro-op execution per cycle, k innermost, with the row offsets of i and j."""
         c, layout = self.config, self.layout
         launched = Signal()
@@ -208,7 +328,7 @@ class ComputeUnit(UnitBase):
         }
         uop_bgn, uop_end = d.loop_field("uop_bgn"), d.loop_field("uop_end")
         iter_out, iter_in = d.loop_field("iter_out"), d.loop_field("iter_in")
-        with m.If(self.busy & d.looped & ~launched):
+        with m.If(busy & d.looped & ~launched):
             m.d.sync += [launched.eq(1), gen.eq((iter_out != 0) & (iter_in != 0)), k.eq(uop_bgn),
                          i.eq(0), j.eq(0), aborted.eq(0), last.eq(0)]
             for out_off, in_off in offs.values():
@@ -247,10 +367,11 @@ class ComputeUnit(UnitBase):
         return _Loop(launched, gen, aborted, issue, reads, slot, offs, off_bits)
 
     def _row_indices(self, m: Module, d: _Insn, index: Signal, bufs: _Buffers, loop: _Loop,
-                     valid: dict[str, Signal]) -> tuple[dict[str, Signal], Signal, Signal, dict[str, Signal]]:
+                     valid: dict[str, Signal]
+                     ) -> tuple[dict[str, Signal], Signal, Signal, dict[str, Signal], Signal, Signal]:
         """Stage B: the micro-op's rows plus the loop offsets, range-checked (an execution past a buffer's
-        end aborts the loop with LOOP_RANGE); the inp and wgt read addresses. Returns the dst row registers of
-        the later stages and the src row of stage C."""
+        end aborts the loop with LOOP_RANGE). Returns the dst row registers of the later stages, the src row
+        of stage C, and the inp and wgt read addresses."""
         c = self.config
         off_b = {name: Signal(loop.off_bits + 1, name=f"{name}_off_b") for name in loop.offs}
         reads_b, reads_c = Signal(), Signal()
@@ -271,7 +392,6 @@ class ComputeUnit(UnitBase):
             | (reads_inp & ((src_b >= c.inp_rows) | (wgt_b >= c.wgt_rows)))
             | (d.alu_inp & (src_b >= c.inp_rows))  # (an ALU instruction has no wgt fields)
             | (d.alu_src & (src_b >= c.acc_rows)))
-        m.d.comb += [self.inp_addr.eq(src_b), self.wgt_addr.eq(wgt_b)]
         with m.If(valid["b"] & bad & ~loop.aborted):
             m.d.sync += loop.aborted.eq(1)
             with m.If(~self.error):
@@ -280,28 +400,31 @@ class ComputeUnit(UnitBase):
         dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexyf"}
         src_c = Signal(c.acc_index_bits)
         m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~loop.aborted), dst["c"].eq(dst_b), src_c.eq(src_b)]
-        return dst, src_c, reads_c, slots
+        return dst, src_c, reads_c, slots, src_b, wgt_b
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
-                  src_c: Signal, reads_c: Signal, slots: dict[str, Signal]) -> Signal:
-        """Stages C, D and E (the GEMM core; accumulator reads), X and Y (acc + sum for GEMM, the ALU op
-        for ALU). Returns the new accumulator row of stage F."""
+                  src_c: Signal, reads_c: Signal, slots: dict[str, Signal], *, gemm: bool) -> Signal:
+        """Stages C, D and E (the GEMM core; accumulator reads), X and Y (acc + sum in the GEMM pipe, the ALU
+        op in the ALU pipe). Returns the new accumulator row of stage F."""
         c = self.config
-        m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
-                                            inp_width=c.inp_width, wgt_width=c.wgt_width)
         assert GEMM_LATENCY == 3  # C, D and E
-        m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data)]
+        if gemm:
+            m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
+                                                inp_width=c.inp_width, wgt_width=c.wgt_width)
+            m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data),
+                         self.mac_active.eq(valid["c"] & d.is_gemm & ~d.gemm.reset)]
+        else:
+            m.d.comb += self.alu_active.eq(valid["c"] & d.is_alu)
         src_d = Signal.like(src_c)
         reads_d = Signal()
         m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"]), src_d.eq(src_c),
                      reads_d.eq(valid["c"] & reads_c), slots["d"].eq(slots["c"]), slots["e"].eq(slots["d"]),
                      slots["x"].eq(slots["e"])]
         m.d.comb += [
-            self.mac_active.eq(valid["c"] & d.is_gemm & ~d.gemm.reset),
-            self.alu_active.eq(valid["c"] & d.is_alu),
             # In C an ALU execution that reads acc[src] reads it; D is empty then (it issued a cycle after the
             # one before it).
-            bufs.acc_r.addr.eq(Mux(valid["c"] & reads_c, src_c, dst["d"])),
+            bufs.r_addr.eq(Mux(valid["c"] & reads_c, src_c, dst["d"])),
+            bufs.r_active.eq((valid["c"] & reads_c) | valid["d"]),
         ]
         new_f = Signal(c.acc_row_bits)
         # acc[src], read in C (or written by F now), latched in D with its row in the execution's slot; it
@@ -313,38 +436,42 @@ class ComputeUnit(UnitBase):
         held_at = [Signal.like(src_c, name=f"src_at_{n}") for n in range(SRC_ROWS)]
         for n in range(SRC_ROWS):
             with m.If(reads_d & (slots["d"] == n)):
-                m.d.sync += [held[n].eq(Mux(valid["f"] & (dst["f"] == src_d), new_f, bufs.acc_r.data)),
+                m.d.sync += [held[n].eq(Mux(valid["f"] & (dst["f"] == src_d), new_f, bufs.r_data)),
                              held_at[n].eq(src_d)]
             with m.Elif(valid["f"] & (dst["f"] == held_at[n])):
                 m.d.sync += held[n].eq(new_f)
-        operand = Signal(c.acc_row_bits)
-        operand_at = Signal.like(src_c)
-        with m.Switch(slots["x"]):
-            for n in range(SRC_ROWS):
-                with m.Case(n):
-                    m.d.comb += [operand.eq(held[n]), operand_at.eq(held_at[n])]
+        # (a chain of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
+        # from time 0 on, where a combinational process whose inputs never change may never run)
+        operand, operand_at = held[0], held_at[0]
+        for n in range(1, SRC_ROWS):
+            operand = Mux(slots["x"] == n, held[n], operand)
+            operand_at = Mux(slots["x"] == n, held_at[n], operand_at)
         old_x = Signal(c.acc_row_bits)
         forward_x = Signal()  # X takes acc[dst] from F, which writes it then
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
-                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, bufs.acc_r.data)),
+                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, bufs.r_data)),
                      forward_x.eq(valid["y"] & (dst["y"] == dst["e"]))]
+
+        lanes, w = c.batch * c.block_out, c.acc_width
+        old = elements(Mux(forward_x, new_f, old_x), w)
+        if gemm:
+            sums = elements(core.sums, core.sum_bits)
+            row_y = Signal(c.acc_row_bits)
+            m.d.sync += [row_y.eq(Cat(*[Mux(d.gemm.reset, 0, (Mux(d.gemm.overwrite, 0, old[n]) + sums[n])[:w])
+                                        for n in range(lanes)])),
+                         valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(row_y)]
+            return new_f
 
         # inp[src], read in C like the GEMM's rows, travels to X for an ALU execution that takes it.
         inp_d, inp_e, inp_x = (Signal(c.inp_row_bits, name=f"inp_{s}") for s in "dex")
         m.d.sync += [inp_d.eq(self.inp_data), inp_e.eq(inp_d), inp_x.eq(inp_e)]
         inp_lanes = elements(inp_x, c.inp_width)
-
-        lanes, w = c.batch * c.block_out, c.acc_width
-        old = elements(Mux(forward_x, new_f, old_x), w)
-        sums = elements(core.sums, core.sum_bits)
         src_row = elements(Mux(valid["f"] & (dst["f"] == operand_at), new_f, operand), w)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
-        row_y = Signal(c.acc_row_bits)  # the GEMM's row, or the ALU's but for MUL and RQ
+        row_y = Signal(c.acc_row_bits)  # the ALU's row but for MUL and RQ
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
-        gemm_row = Cat(*[Mux(d.gemm.reset, 0, (Mux(d.gemm.overwrite, 0, old[n]) + sums[n])[:w])
-                         for n in range(lanes)])
         alu_rows = []
         for n in range(lanes):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
@@ -354,28 +481,25 @@ class ComputeUnit(UnitBase):
             alu_rows.append(other)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]
-        m.d.sync += row_y.eq(Mux(d.is_gemm, gemm_row, Cat(*alu_rows)))
+        m.d.sync += row_y.eq(Cat(*alu_rows))
         alu_row = Cat(*[alu_lane_last(alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w) for n in range(lanes)])
-        m.d.sync += [valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(Mux(d.is_gemm, row_y, alu_row))]
+        m.d.sync += [valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(alu_row)]
         return new_f
 
-    def _write_back(self, m: Module, d: _Insn, dma: Load2D, bufs: _Buffers, valid: dict[str, Signal],
-                    dst: dict[str, Signal], new_f: Signal) -> None:
-        """Stage F: write acc[dst] and out[dst] = saturate(acc[dst]); while a load runs, it writes the
-        accumulator instead."""
+    def _write_back(self, m: Module, d: _Insn, busy: Signal, dma: Load2D | None, bufs: _Buffers,
+                    valid: dict[str, Signal], dst: dict[str, Signal], new_f: Signal) -> None:
+        """Stage F: write acc[dst] and out[dst] = saturate(acc[dst]); while a load runs (in the GEMM pipe), it
+        writes the accumulator instead."""
         c = self.config
-        acc_w = bufs.acc_w
-        loading = self.busy & d.is_load
-        with m.If(loading):
+        if dma is None:
+            m.d.comb += [bufs.w_en.eq(valid["f"]), bufs.w_addr.eq(dst["f"]), bufs.w_data.eq(new_f)]
+        else:
+            loading = busy & d.is_load
             narrow = sign_extend_row(dma.write.data[:c.out_row_bits], c.out_width, c.acc_width)
             m.d.comb += [
-                acc_w.en.eq(dma.write.en & (dma.write.target != _UOP)),
-                acc_w.addr.eq(dma.write.addr),
-                acc_w.data.eq(Mux(dma.write.target == _ACC, dma.write.data[:c.acc_row_bits], narrow)),
+                bufs.w_en.eq(Mux(loading, dma.write.en & (dma.write.target != _UOP), valid["f"])),
+                bufs.w_addr.eq(Mux(loading, dma.write.addr, dst["f"])),
+                bufs.w_data.eq(Mux(loading, Mux(dma.write.target == _ACC, dma.write.data[:c.acc_row_bits], narrow),
+                                   new_f)),
             ]
-        with m.Else():
-            m.d.comb += [acc_w.en.eq(valid["f"]), acc_w.addr.eq(dst["f"]), acc_w.data.eq(new_f)]
-        m.d.comb += [
-            self.out_w.en.eq(valid["f"]), self.out_w.addr.eq(dst["f"]),
-            self.out_w.data.eq(saturate_row(new_f, c.acc_width, c.out_width)),
-        ]
+        m.d.comb += [bufs.o_en.eq(valid["f"]), bufs.o_data.eq(saturate_row(new_f, c.acc_width, c.out_width))]

@@ -139,16 +139,27 @@ class Core(wiring.Component):
         c = self.config
         m.submodules.inp_mem = inp_mem = memory.Memory(shape=c.inp_row_bits, depth=c.inp_rows, init=[])
         m.submodules.wgt_mem = wgt_mem = memory.Memory(shape=c.wgt_row_bits, depth=c.wgt_rows, init=[])
-        m.submodules.out_mem = out_mem = memory.Memory(shape=c.out_row_bits, depth=c.out_rows, init=[])
         for mem, w, addr, rdata in ((inp_mem, load.inp_w, compute.inp_addr, compute.inp_data),
                                     (wgt_mem, load.wgt_w, compute.wgt_addr, compute.wgt_data)):
             wp, rp = mem.write_port(), mem.read_port()
             m.d.comb += [wp.en.eq(w.en), wp.addr.eq(w.addr), wp.data.eq(w.data), rp.addr.eq(addr),
                          rdata.eq(rp.data)]
-        out_wp, out_rp = out_mem.write_port(), out_mem.read_port()
-        m.d.comb += [out_wp.en.eq(compute.out_w.en), out_wp.addr.eq(compute.out_w.addr),
-                     out_wp.data.eq(compute.out_w.data), out_rp.addr.eq(store.out_addr),
-                     store.out_data.eq(out_rp.data)]
+        # The out buffer in two banks, the accumulator's halves, each written by the compute unit's pipe
+        # that owns it (ComputeUnit._banks) and read by the store unit.
+        half = c.out_rows // 2
+        upper = store.out_addr >= half
+        reads = []
+        for b in range(2):
+            mem = memory.Memory(shape=c.out_row_bits, depth=c.out_rows - half if b else half, init=[])
+            m.submodules[f"out_bank{b}"] = mem
+            wp, rp = mem.write_port(), mem.read_port()
+            w = compute.out_w[b]
+            m.d.comb += [wp.en.eq(w.en), wp.addr.eq(w.addr), wp.data.eq(w.data),
+                         rp.addr.eq(Mux(upper, store.out_addr - half, store.out_addr))]
+            reads.append(rp.data)
+        upper_r = Signal()
+        m.d.sync += upper_r.eq(upper)
+        m.d.comb += store.out_data.eq(Mux(upper_r, reads[1], reads[0]))
 
     def _dram(self, m: Module, fetch: Fetch, load: LoadUnit, compute: ComputeUnit, store: StoreUnit
               ) -> ReadArbiter:

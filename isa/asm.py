@@ -9,7 +9,8 @@ Syntax (``#`` or ``;`` starts a comment)::
     FINISH
 
 ``pad`` is top,bottom,left,right; factor pairs are outer,inner; ``uop`` is a half-open range; an ALU
-instruction's ``inp`` flag takes its operand from inp[src] instead of acc[src].
+instruction's ``inp`` flag takes its operand from inp[src] instead of acc[src]; ``beside`` lets a GEMM or ALU
+instruction start while the other compute pipe's runs.
 ``disassemble(assemble(text))`` gives the canonical text back, and ``assemble(disassemble(p)) == p``.
 """
 
@@ -84,6 +85,8 @@ def format_insn(rec: np.void) -> str:
             text += " reset"
         if rec["overwrite"]:
             text += " overwrite"
+        if rec["beside"]:
+            text += " beside"
     elif op == Opcode.ALU:
         try:
             alu = AluOp(int(rec["alu_op"])).name.lower()
@@ -94,6 +97,8 @@ def format_insn(rec: np.void) -> str:
             text += f" imm={rec['imm']}"
         if rec["src_inp"]:
             text += " inp"
+        if rec["beside"]:
+            text += " beside"
     elif op == Opcode.FINISH:
         text = "FINISH"
     else:
@@ -142,15 +147,15 @@ def assemble(text: str) -> np.ndarray:
         allowed = {
             Opcode.LOAD: {"sram", "dram", "y", "x", "stride", "pad", "deps"},
             Opcode.STORE: {"sram", "dram", "y", "x", "stride", "pad", "deps"},
-            Opcode.GEMM: {"uop", "iter", "dst", "src", "wgt", "reset", "overwrite", "deps"},
-            Opcode.ALU: {"uop", "iter", "dst", "src", "imm", "inp", "deps"},
+            Opcode.GEMM: {"uop", "iter", "dst", "src", "wgt", "reset", "overwrite", "beside", "deps"},
+            Opcode.ALU: {"uop", "iter", "dst", "src", "imm", "inp", "beside", "deps"},
             Opcode.FINISH: {"deps"},
         }[op]
         for arg in args:
             key, _, value = arg.partition("=")
             if key not in allowed:
                 raise AsmError(lineno, f"{mnemonic} takes no '{key}' (allowed: {', '.join(sorted(allowed))})")
-            if key in ("reset", "overwrite"):
+            if key in ("reset", "overwrite", "beside"):
                 row[key] = 1
             elif key == "inp":
                 row["src_inp"] = 1

@@ -77,6 +77,10 @@ class Format:
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 
+    def has(self, name: str) -> bool:
+        """Whether the format has field `name` (an optional one, like ``beside``, may be left out)."""
+        return name in self.field_names
+
     def as_struct_layout(self) -> Any:
         """The Amaranth ``data.StructLayout`` of this format (imports amaranth: hardware side only)."""
         from amaranth.lib import data
@@ -96,6 +100,15 @@ def _pack(name: str, bits: int, spec: list[tuple[str, int, bool, str]]) -> Forma
         fields.append(Field(field_name, width, lsb, signed, doc))
         lsb += width
     return Format(name, tuple(fields), bits)
+
+
+def _with_beside(spec: list[tuple[str, int, bool, str]]) -> list[tuple[str, int, bool, str]]:
+    """A GEMM or ALU format with its last bit ``beside`` (spec "beside") where the word has room for it: a
+    config whose fields fill the word keeps its other fields and runs its compute instructions one at a
+    time (its compiler never asks for beside)."""
+    if sum(width for _, width, _, _ in spec) >= INSN_BITS:
+        return spec
+    return [*spec, ("beside", 1, False, "may start while the other compute pipe's instruction runs (spec beside)")]
 
 
 def _enum_doc(enum: type[IntEnum]) -> str:
@@ -158,7 +171,7 @@ class IsaLayout:
                 ("x_pad_0", PAD_BITS, False, "zero elements before each row"),
                 ("x_pad_1", PAD_BITS, False, "zero elements after each row"),
             ]),
-            "gemm": _pack("gemm", INSN_BITS, [
+            "gemm": _pack("gemm", INSN_BITS, _with_beside([
                 *_HEADER,
                 ("reset", 1, False, "write zeros to the accumulator rows instead of accumulating"),
                 *loop,
@@ -168,8 +181,8 @@ class IsaLayout:
                 ("wgt_factor_in", c.wgt_index_bits, False, "wgt row step per inner iteration"),
                 # last, so the fields before it keep their bits (streams without it read overwrite = 0)
                 ("overwrite", 1, False, "write the products instead of adding them to the accumulator rows"),
-            ]),
-            "alu": _pack("alu", INSN_BITS, [
+            ])),
+            "alu": _pack("alu", INSN_BITS, _with_beside([
                 *_HEADER,
                 *loop,
                 ("src_factor_out", c.acc_index_bits, False, "acc source row step per outer iteration"),
@@ -179,7 +192,7 @@ class IsaLayout:
                 ("imm", IMM_BITS, True, "signed immediate"),
                 # last, so the fields before it keep their bits (streams without it read src_inp = 0)
                 ("src_inp", 1, False, "take the operand from inp[src], sign-extended, instead of acc[src]"),
-            ]),
+            ])),
             "finish": _pack("finish", INSN_BITS, list(_HEADER)),
         }
 
@@ -251,5 +264,5 @@ INSN_FIELD_NAMES: tuple[str, ...] = (
     "y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1",
     "reset", "uop_bgn", "uop_end", "iter_out", "iter_in",
     "dst_factor_out", "dst_factor_in", "src_factor_out", "src_factor_in",
-    "wgt_factor_out", "wgt_factor_in", "alu_op", "use_imm", "imm", "overwrite", "src_inp",
+    "wgt_factor_out", "wgt_factor_in", "alu_op", "use_imm", "imm", "overwrite", "src_inp", "beside",
 )

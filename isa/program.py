@@ -75,22 +75,23 @@ class ProgramBuilder:
 
     def gemm(self, uop_bgn: int, uop_end: int, iter_out: int = 1, iter_in: int = 1,
              dst: tuple[int, int] = (0, 0), src: tuple[int, int] = (0, 0), wgt: tuple[int, int] = (0, 0),
-             reset: bool = False, deps: Iterable[str] = (), overwrite: bool = False) -> int:
+             reset: bool = False, deps: Iterable[str] = (), overwrite: bool = False, beside: bool = False) -> int:
         """GEMM over uops [uop_bgn, uop_end) in a loop iter_out x iter_in; factors are (outer, inner)."""
         return self._add(dict(
-            opcode=Opcode.GEMM, reset=int(reset), overwrite=int(overwrite), uop_bgn=uop_bgn, uop_end=uop_end,
+            opcode=Opcode.GEMM, reset=int(reset), overwrite=int(overwrite), beside=int(beside),
+            uop_bgn=uop_bgn, uop_end=uop_end,
             iter_out=iter_out, iter_in=iter_in, dst_factor_out=dst[0], dst_factor_in=dst[1], src_factor_out=src[0],
             src_factor_in=src[1], wgt_factor_out=wgt[0], wgt_factor_in=wgt[1], **self._deps(deps),
         ))
 
     def alu(self, op: AluOp | str, uop_bgn: int, uop_end: int, iter_out: int = 1, iter_in: int = 1,
             dst: tuple[int, int] = (0, 0), src: tuple[int, int] = (0, 0), imm: int | None = None,
-            deps: Iterable[str] = (), src_inp: bool = False) -> int:
+            deps: Iterable[str] = (), src_inp: bool = False, beside: bool = False) -> int:
         """acc[dst] = op(acc[dst], imm if given else inp[src] if src_inp else acc[src]) over the uop loop."""
         op = AluOp[op.upper()] if isinstance(op, str) else AluOp(op)
         return self._add(dict(
             opcode=Opcode.ALU, alu_op=op, use_imm=int(imm is not None), imm=0 if imm is None else imm,
-            src_inp=int(src_inp),
+            src_inp=int(src_inp), beside=int(beside),
             uop_bgn=uop_bgn, uop_end=uop_end, iter_out=iter_out, iter_in=iter_in,
             dst_factor_out=dst[0], dst_factor_in=dst[1], src_factor_out=src[0], src_factor_in=src[1],
             **self._deps(deps),

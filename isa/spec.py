@@ -83,6 +83,15 @@ SEMANTICS = {
         "max(acc, 0) if the flag is set. MOV sets acc to the operand. inp[src] is sign-extended; lane o of a "
         "batch row reads inp lane o mod block_in (src then counts inp rows)."
     ),
+    "beside": (
+        "The compute unit runs GEMM and ALU instructions in two pipes, in stream order. An instruction waits "
+        "for every earlier one, but one with beside set (a last bit of the GEMM and ALU formats where the word "
+        "has room) only for the earlier ones of its own kind: it may start while the other pipe's last "
+        "instruction runs. Every acc row it touches (dst, and an ALU's acc src) must then lie in the other "
+        "half of the accumulator (rows below acc_rows/2, or the rest) than every row that one touches, and "
+        "neither may be an ALU taking its operand from inp. Results are those of stream order; an "
+        "instruction pushes its tokens when done, but not before the older one beside it."
+    ),
     "narrowing": "out = clip(acc, -2**(out_width-1), 2**(out_width-1)-1): saturating, never truncating.",
     "hazard": (
         "Two consecutive micro-op executions of one GEMM/ALU instruction must not write the same acc row, "

@@ -37,7 +37,9 @@ from weft.sim.cocotb_tb.tb import PERIOD_NS, Testbench
 #: (it drops for at least a cycle between two instructions, so every high interval is one instruction)
 #: and its stall signal. Their high cycles are what the cycles, busy_* and stall_* counters count.
 WATCHED = {"run": ("running",), **{unit: (unit, "busy") for unit in UNIT_NAMES},
-           **{f"stall_{unit}": (unit, "stall") for unit in UNIT_NAMES}}
+           **{f"stall_{unit}": (unit, "stall") for unit in UNIT_NAMES},
+           # the compute unit's two pipes (spec "beside"): its instructions may overlap, each pipe's do not
+           "compute_gemm": ("compute", "busy_gemm"), "compute_alu": ("compute", "busy_alu")}
 
 
 class ActivityRecorder:

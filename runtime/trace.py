@@ -27,6 +27,7 @@ from weft.core.artifact import Artifact
 from weft.core.artifact_schema import ACCEL_SECTION
 from weft.core.files import write_atomic
 from weft.isa import semantics
+from weft.isa.constants import Opcode, Unit
 from weft.isa.encoding import decode_insns
 from weft.isa.program import insn_kind
 from weft.runtime.devices import DeviceError
@@ -83,7 +84,9 @@ def activity_rows(config: AcceleratorConfig, insns: np.ndarray, intervals: dict[
     ``run`` (the core's run flag: exactly one), ``<unit>`` (busy) and ``stall_<unit>`` per unit.
 
     Each unit runs its instructions in stream order and its busy register drops between two of them, so
-    the k-th busy interval of a unit is its k-th instruction. As in the timing model's rows, an
+    the k-th busy interval of a unit is its k-th instruction; the compute unit's two pipes (spec "beside")
+    each have their track (``compute_gemm``: GEMM, its loads and FINISH; ``compute_alu``), which its busy
+    is the union of. As in the timing model's rows, an
     instruction starts in the cycle its unit takes it (one cycle before busy rises), ends when busy falls,
     and is ready when the stall that ended as it was taken began (else when it started). So ``end - start
     - 1`` summed over a unit is its busy counter, and ``start - ready`` its stall counter, to the cycle.
@@ -95,16 +98,21 @@ def activity_rows(config: AcceleratorConfig, insns: np.ndarray, intervals: dict[
     units = semantics.units(insns)
     rows = np.zeros(len(insns), dtype=TRACE_DTYPE)
     for u, unit in enumerate(semantics.UNIT_NAMES):
-        mine = np.flatnonzero(units == u)
-        busy = intervals[unit]
-        if len(busy) != len(mine):
-            raise DeviceError(f"the RTL's {unit} unit was busy {len(busy)} times for {len(mine)} instructions "
-                              "of its stream (the run stopped early?)")
         stall_end = {fall: rise for rise, fall in _merged(intervals[f"stall_{unit}"])}
-        for i, (rise, fall) in zip(mine.tolist(), busy, strict=True):
-            start = rise - 1
-            ready = stall_end.get(start, start)
-            rows[i] = (i, u, INSN_KINDS.index(_kind(insns[i])), ready - origin, start - origin, fall - origin)
+        mine = np.flatnonzero(units == u)
+        tracks = [(unit, mine)]
+        if u == Unit.COMPUTE and "compute_alu" in intervals:  # its two pipes, each one at a time
+            alu = insns["opcode"][mine] == Opcode.ALU
+            tracks = [("compute_gemm", mine[~alu]), ("compute_alu", mine[alu])]
+        for track, members in tracks:
+            busy = intervals[track]
+            if len(busy) != len(members):
+                raise DeviceError(f"the RTL's {track.replace('_', ' ')} unit was busy {len(busy)} times for "
+                                  f"{len(members)} instructions of its stream (the run stopped early?)")
+            for i, (rise, fall) in zip(members.tolist(), busy, strict=True):
+                start = rise - 1
+                ready = stall_end.get(start, start)
+                rows[i] = (i, u, INSN_KINDS.index(_kind(insns[i])), ready - origin, start - origin, fall - origin)
     return rows, end - origin
 
 

@@ -107,8 +107,9 @@ _AXI = ("araddr", "arlen", "arsize", "arburst", "arid", "arvalid", "arready", "r
 
 #: The ports weft_sim adds to weft_top's (less m_axi): direction and width.
 _EXTRA = {"dram_hold": ("input", 1), "dram_read_bursts": ("output", 32), "dram_write_bursts": ("output", 32)}
-#: What the RTL device's trace recorder watches below the core: its run flag, each unit's busy and stall.
-_TRACED = ("running", "busy", "stall")
+#: What the RTL device's trace recorder watches below the core: its run flag, each unit's busy and stall,
+#: and the busy of each of the compute unit's pipes.
+_TRACED = ("running", "busy", "stall", "busy_gemm", "busy_alu")
 
 
 def _ports(top: str) -> dict[str, tuple[str, int]]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from weft.isa.arith import loop_indices, pack
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode
-from weft.isa.encoding import INSN_DTYPE, encode_uops
+from weft.isa.encoding import INSN_DTYPE, encode_uops, layout_of
 from weft.isa.program import uops_from
 from weft.isa.semantics import named_row_bytes
 from weft.sim.dram import Dram
@@ -66,6 +66,7 @@ class _Gen:
         self.c, self.rng, self.max_iter, self.max_uops = c, rng, max_iter, max_uops
         self.rb = named_row_bytes(c)
         self.half = {"inp": c.inp_rows // 2, "wgt": c.wgt_rows // 2, "acc": c.acc_rows // 2}
+        self.uop_next = 0  # the next free row of the current block's half of the uop buffer
         self.image = _Image()
         # Source data in DRAM: an input "image", weights, accumulators (small and full-range values),
         # narrow accumulators.
@@ -169,14 +170,26 @@ class _Gen:
             fields.update(wgt_factor_out=wfo, wgt_factor_in=wfi)
         return uops, fields
 
-    def with_uops(self, uops: np.ndarray, op: dict[str, int]) -> list[dict[str, int]]:
-        """LOAD UOP of a fresh uop table, then `op` running it."""
+    def with_uops(self, uops: np.ndarray, op: dict[str, int], half: int) -> list[dict[str, int]]:
+        """LOAD UOP of a fresh uop table, then `op` running it: the table lies in half `half` of the uop
+        buffer, after the tables of the block's earlier ops (so that a block's loads may all come first), or
+        anywhere once the half is full. The op remembers its half (``_half``)."""
         count = len(uops)
-        base = self.randint(0, self.c.uop_rows - count)
+        room = self.c.uop_rows // 2
+        if self.uop_next + count <= room:
+            base = half * room + self.uop_next
+            self.uop_next += count
+        else:
+            base = self.randint(0, self.c.uop_rows - count)
+            self.uop_next = room + 1  # the block's tables may overlap now: its loads stay beside their ops
         dram = self.image.add(np.frombuffer(encode_uops(self.c, uops), np.uint8), self.rb["uop"])
         load = dict(opcode=Opcode.LOAD, mem_id=MemId.UOP, sram_base=base, dram_base=dram, y_size=1,
                     x_size=count, x_stride=count)
-        return [load, dict(op, uop_bgn=base, uop_end=base + count)]
+        return [load, dict(op, uop_bgn=base, uop_end=base + count, _half=half)]
+
+    def fits_half(self, compute: list[dict[str, int]]) -> bool:
+        """Whether a block's micro-op tables all lie, apart, in its half of the uop buffer."""
+        return sum(r["x_size"] for r in compute if _is_uop_load(r)) <= self.c.uop_rows // 2
 
     def compute_op(self, half: int) -> list[dict[str, int]]:
         roll = self.rng.random()
@@ -184,7 +197,7 @@ class _Gen:
             uops, fields = self.loop(half, gemm=True, use_imm=False)
             reset = int(self.rng.random() < 0.25)
             overwrite = int(not reset and self.rng.random() < 0.25)
-            return self.with_uops(uops, dict(opcode=Opcode.GEMM, reset=reset, overwrite=overwrite, **fields))
+            return self.with_uops(uops, dict(opcode=Opcode.GEMM, reset=reset, overwrite=overwrite, **fields), half)
         if roll < 0.8:
             use_imm = self.rng.random() < 0.5
             alu = AluOp(self.randint(0, len(AluOp) - 1))
@@ -197,10 +210,40 @@ class _Gen:
             src_inp = not use_imm and self.rng.random() < 0.3
             uops, fields = self.loop(half, gemm=False, use_imm=use_imm, src_inp=src_inp)
             return self.with_uops(uops, dict(opcode=Opcode.ALU, alu_op=alu, use_imm=int(use_imm), imm=imm,
-                                             src_inp=int(src_inp), **fields))
+                                             src_inp=int(src_inp), **fields), half)
         if roll < 0.9:
             return [self.load_2d(MemId.ACC, "acc", half, pad=True)]
         return [self.load_2d(MemId.ACC_NARROW, "acc_narrow", half, pad=True)]
+
+
+def _is_uop_load(row: dict[str, int]) -> bool:
+    """A LOAD UOP that moves a table (not a no-op)."""
+    return row["opcode"] == Opcode.LOAD and row.get("mem_id") == MemId.UOP and row.get("x_size", 0) > 0
+
+
+def _set_beside(rows: list[dict[str, int]], rng: np.random.Generator, config: AcceleratorConfig) -> None:
+    """Let most GEMM/ALU ops that may run beside the other pipe's running op (spec "beside": on the other
+    half of the accumulator, neither an ALU reading inp) do so, where the format has the bit; the compute
+    unit's loads and FINISH wait for both pipes."""
+    layout = layout_of(config).formats
+    formats = {Opcode.GEMM: layout["gemm"], Opcode.ALU: layout["alu"]}
+    running: dict[int, tuple[int, bool]] = {}  # opcode -> (half, reads inp) of the op that may still run
+    for row in rows:
+        op = row["opcode"]
+        if (op == Opcode.LOAD and row.get("mem_id") in (MemId.UOP, MemId.ACC, MemId.ACC_NARROW)) \
+                or op == Opcode.FINISH:
+            running.clear()
+        if op not in (Opcode.GEMM, Opcode.ALU):
+            continue
+        half = row.pop("_half")
+        reads_inp = op == Opcode.ALU and bool(row.get("src_inp")) and not row.get("use_imm")
+        other = running.get(Opcode.ALU if op == Opcode.GEMM else Opcode.GEMM)
+        if formats[op].has("beside") and other is not None and other[0] != half and not (reads_inp or other[1]) \
+                and rng.random() < 0.8:
+            row["beside"] = 1
+        else:
+            running.clear()
+        running[op] = (half, reads_inp)
 
 
 def _flag(rows: list[dict[str, int]], index: int, *flags: str) -> None:
@@ -233,6 +276,7 @@ def random_program(config: AcceleratorConfig, seed: int, n_insns: int = 200, *, 
         half = len(blocks) % 2
         loads = [gen.load_2d(MemId.INP, "inp", half, pad=True) if rng.random() < 0.6
                  else gen.load_2d(MemId.WGT, "wgt", half, pad=False) for _ in range(gen.randint(1, 3))]
+        gen.uop_next = 0
         compute = [row for _ in range(gen.randint(1, 4)) for row in gen.compute_op(half)]
         stores = [gen.store(half) for _ in range(gen.randint(1, 2))]
         for part, nop in ((loads, (Opcode.LOAD, MemId.INP)), (compute, (Opcode.LOAD, MemId.UOP)),
@@ -243,6 +287,14 @@ def random_program(config: AcceleratorConfig, seed: int, n_insns: int = 200, *, 
         total += len(loads) + len(compute) + len(stores)
 
     n = len(blocks)
+    # A pair of blocks loads the micro-ops of both first, when each block's tables fit its half of the uop
+    # buffer: the second block's ops then follow the first's with nothing between, so they may run beside.
+    for k in range(0, n - 1, 2):
+        first, second = blocks[k][1], blocks[k + 1][1]
+        if gen.fits_half(first) and gen.fits_half(second):
+            blocks[k][1][:] = ([r for r in first if _is_uop_load(r)] + [r for r in second if _is_uop_load(r)]
+                               + [r for r in first if not _is_uop_load(r)])
+            second[:] = [r for r in second if not _is_uop_load(r)]
     for k, (loads, compute, stores) in enumerate(blocks):
         if k >= 2:
             _flag(loads, 0, "pop_next")
@@ -264,6 +316,7 @@ def random_program(config: AcceleratorConfig, seed: int, n_insns: int = 200, *, 
         rows += blocks[k][1] + blocks[k][2]
     rows += [dict(opcode=Opcode.LOAD, mem_id=MemId.UOP, pop_next=1) for _ in range(min(n, 2))]
     rows.append(dict(opcode=Opcode.FINISH))
+    _set_beside(rows, rng, config)
 
     insns = np.zeros(len(rows), dtype=INSN_DTYPE)
     for i, row in enumerate(rows):

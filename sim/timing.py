@@ -394,8 +394,23 @@ class _Run:
     def _unit(self, u: int) -> Generator:
         free = 0.0
         depth = self.c.token_queue_depth
+        # The compute unit's two pipes (spec "beside"): GEMM in one, ALU in the other, other instructions
+        # (its loads, FINISH) in the first. An instruction starts a cycle after the one before it at the
+        # earliest, when both pipes are free or, an ALU with beside set, its own. It pushes when it retires:
+        # when done, but a cycle after the other pipe's older instruction retired.
+        pipe_free = {"gemm": 0.0, "alu": 0.0}
+        retired = {"gemm": -1.0, "alu": -1.0}
+        last_start = -1.0
+        covered = 0.0  # the unit counted busy up to here
         for j, i in enumerate(self.streams[u]):
             self.waiting[u] = f"instruction {i} waits for fetch"
+            pipe, beside = "", False
+            if u == Unit.COMPUTE:
+                op = self.rows[i][_F["opcode"]]
+                pipe = "gemm" if op == Opcode.GEMM else "alu" if op == Opcode.ALU else ""
+                beside = bool(pipe) and bool(self.rows[i][_F["beside"]])
+                free = max(pipe_free.values()) if not beside else pipe_free[pipe]
+                free = max(free, last_start + 1)
             ready = max(free, (yield self.dispatched[i]) + self.a.fifo_latency)
             t = ready
             for q, k in self.pops[i]:
@@ -412,12 +427,22 @@ class _Run:
             for q, k in self.pops[i]:
                 self.k.fire(self.popped[q][k], s)
             done = yield from self._execute(i, s)
+            retire = done
+            if u == Unit.COMPUTE:
+                last_start = s
+                slot = pipe or "gemm"
+                other = "alu" if slot == "gemm" else "gemm"
+                if beside and retired[other] >= s:  # the other pipe's instruction is older and still runs
+                    retire = max(done, retired[other] + 1)
+                retired[slot], pipe_free[slot] = retire, retire + 1
             for q, k in self.pushes[i]:
-                self.k.fire(self.pushed[q][k], done)
-            self.counters[f"busy_{UNIT_NAMES[u]}"] += done - s
+                self.k.fire(self.pushed[q][k], retire)
+            # busy from the cycle after the start to the retire: the compute unit's pipes count once together
+            self.counters[f"busy_{UNIT_NAMES[u]}"] += max(0.0, retire - max(s, covered))
+            covered = max(covered, retire)
             self.counters[f"stall_{UNIT_NAMES[u]}"] += s - ready
-            self.trace[i] = (i, u, _KIND_CODE[self._kind(i)], ready, s, done + 1)
-            free = done + 1
+            self.trace[i] = (i, u, _KIND_CODE[self._kind(i)], ready, s, retire + 1)
+            free = retire + 1
         self.done_units[u] = True
 
     def _kind(self, i: int) -> str:

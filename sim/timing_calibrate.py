@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from weft.isa import MemId, ProgramBuilder, encode_uops, uops_from
-from weft.isa.encoding import encode_insns
+from weft.isa.encoding import encode_insns, layout_of
 from weft.isa.semantics import row_bytes
 from weft.sim.bench import conv_workload
 from weft.sim.cosim import check_job, job_from_program, run_jobs
@@ -123,6 +123,20 @@ def _directed(config: AcceleratorConfig) -> dict[str, Callable[[ProgramBuilder, 
             p.finish()
         return build
 
+    def beside(p: ProgramBuilder, d: Dram) -> None:
+        """A GEMM, an ALU instruction beside it, a GEMM beside that (spec "beside"): the two halves of the
+        accumulator, where the formats have the bit."""
+        half = c.acc_rows // 2
+        addr = d.alloc(8 * uop_rb, align=64)
+        d.write(addr, np.frombuffer(encode_uops(c, uops_from([(k, k, k) for k in range(4)]
+                                                              + [(half + k, 0, 0) for k in range(4)])), np.uint8))
+        p.load(MemId.UOP, 0, addr // uop_rb, 1, 8)
+        can = {name: layout_of(c).formats[name].has("beside") for name in ("gemm", "alu")}
+        p.gemm(0, 4, 3, 2, dst=(8, 4), reset=True)
+        p.alu("add", 4, 8, 2, 2, dst=(8, 4), imm=1, beside=can["alu"])
+        p.gemm(0, 4, 3, 2, dst=(8, 4), src=(1, 0), wgt=(1, 0), beside=can["gemm"])
+        p.finish()
+
     def load(mem: MemId, y: int, x: int, stride: int, pad: tuple[int, int, int, int] = (0, 0, 0, 0)
              ) -> Callable[[ProgramBuilder, Dram], None]:
         def build(p: ProgramBuilder, d: Dram) -> None:
@@ -148,6 +162,7 @@ def _directed(config: AcceleratorConfig) -> dict[str, Callable[[ProgramBuilder, 
         "gemm 4 uops x3x2": loop("gemm", 4, 3, 2),
         "gemm reset 4 uops x3x2": loop("gemm", 4, 3, 2, reset=True),
         "alu 4 uops x3x2": loop("alu", 4, 3, 2),
+        "gemm, alu beside, gemm beside": beside,
         "load inp 1x1": load(MemId.INP, 1, 1, 1),
         "load inp 4x8": load(MemId.INP, 4, 8, 8),
         "load inp 4x8 padded": load(MemId.INP, 4, 8, 16, (1, 1, 2, 2)),

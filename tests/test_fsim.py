@@ -17,7 +17,7 @@ from weft.config import PRESETS, AcceleratorConfig
 from weft.isa import AluOp, ProgramBuilder, arith, encode_insns, encode_uops, uops_from
 from weft.isa.arith import pack, unpack, wrap
 from weft.sim.bench import bench_fsim, conv_workload
-from weft.sim.fsim import Dram, FunctionalSimulator, insn_region, run_program
+from weft.sim.fsim import Dram, FunctionalSimulator, SimError, insn_region, run_program
 
 ACC16 = AcceleratorConfig(name="acc16", acc_width=16)
 OUT4 = AcceleratorConfig(name="out4", out_width=4)
@@ -222,6 +222,27 @@ def test_alu_operand_from_inp_is_sign_extended_lane_by_lane(name):
     lanes = a.reshape(m, c.batch, c.block_in)[:, :, np.arange(c.block_out) % c.block_in].reshape(m, -1)
     assert np.array_equal(sim.acc[:m], np.maximum(acc0[:m], lanes))
     assert np.array_equal(sim.acc[m:2 * m], lanes)
+
+
+@pytest.mark.parametrize("other_half", [True, False])
+def test_an_alu_beside_a_gemm_must_work_on_the_other_half(other_half):
+    """Spec "beside": the ALU instruction that may start while the GEMM before it runs touches only the other
+    half of the accumulator; on the same half it is an error naming both instructions."""
+    c = PRESETS["default"]
+    half = c.acc_rows // 2
+    h = Harness(c)
+    rows = [(k, 0, 0) for k in range(4)]
+    uops = h.put_uops(rows + [((half if other_half else 0) + 8 + k, 0, 0) for k in range(4)])
+    h.p.load("uop", 0, uops, 1, 8)
+    h.p.gemm(0, 4, reset=True)
+    h.p.alu("add", 4, 8, imm=3, beside=True)
+    if other_half:
+        sim, _ = h.run()
+        assert np.all(sim.acc[half + 8:half + 12] == 3)
+    else:
+        with pytest.raises(SimError, match=r"instruction 2 .*runs beside instruction 1, but both touch acc rows "
+                                           r"in the lower half"):
+            h.run()
 
 
 def gemm_reference(acc: np.ndarray, inp: np.ndarray, wgt: np.ndarray, dst, src, wsel, c) -> np.ndarray:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weft.config import PRESETS, AcceleratorConfig
-from weft.isa import AluOp, MemId, Opcode, decode_uops, encode_insns
+from weft.isa import AluOp, MemId, Opcode, decode_uops, encode_insns, layout_of
 from weft.isa.semantics import FLAG_QUEUE, QUEUES, row_bytes, unit_of
 from weft.sim.fsim import FunctionalSimulator, insn_region
 from weft.sim.randprog import random_program
@@ -124,7 +124,13 @@ class ReferenceSim:
         width = self.c.acc_width
         for d, s, _ in self.executions(r):
             a = self.acc[d]
-            b = np.full_like(a, int(r["imm"])) if r["use_imm"] else self.acc[s].copy()
+            if r["use_imm"]:
+                b = np.full_like(a, int(r["imm"]))
+            elif r["src_inp"]:  # lane o of a batch row reads inp lane o mod block_in
+                c = self.c
+                b = self.inp[s].reshape(c.batch, c.block_in)[:, np.arange(c.block_out) % c.block_in].reshape(-1)
+            else:
+                b = self.acc[s].copy()
             op = AluOp(int(r["alu_op"]))
             if op == AluOp.MIN:
                 result = np.minimum(a, b)
@@ -243,6 +249,9 @@ def test_random_program_is_deterministic_and_varied():
     alu = insns[op == Opcode.ALU]
     assert set(alu["alu_op"].tolist()) == {int(a) for a in AluOp}
     assert set(alu["use_imm"].tolist()) == {0, 1}
+    assert set(alu["src_inp"].tolist()) == {0, 1}  # operands from inp
+    assert np.any((op == Opcode.ALU) & (insns["beside"] == 1))  # ALU ops beside a running GEMM, and the converse
+    assert np.any((op == Opcode.GEMM) & (insns["beside"] == 1)) or not layout_of(c).formats["gemm"].has("beside")
     assert set(insns[op == Opcode.GEMM]["reset"].tolist()) == {0, 1}
     padded = insns["y_pad_0"] + insns["y_pad_1"] + insns["x_pad_0"] + insns["x_pad_1"] > 0
     assert np.any(padded & loads & (mem == MemId.INP)) and np.any(padded & loads & (mem == MemId.ACC))

@@ -30,7 +30,7 @@ from weft.compiler.backend.program import Stream
 from weft.compiler.backend.schedule import LayerGeom, Schedule, copies_by_gemm, ranked
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
-from weft.compiler.backend.vthread import inject_sync
+from weft.compiler.backend.vthread import inject_sync, mark_beside
 from weft.compiler.partition import send_to_host
 from weft.core.artifact_schema import ACCEL_SECTION, ACCEL_VERSION
 from weft.core.errors import CompileError
@@ -356,6 +356,7 @@ def _program_cycles(stream: Stream, c: AcceleratorConfig) -> int:
     program = stream.program(0)
     program.insns = [replace(i, fields=dict(i.fields)) for i in program.insns]  # inject_sync sets their flags
     inject_sync(program.insns, c)
+    mark_beside(program.insns, c)
     return int(TimingModel(c).simulate(program.array()).cycles)
 
 
@@ -388,6 +389,7 @@ def _place_program(name: str, op: str, stream: Stream, c: AcceleratorConfig, pla
     uop_addr = plan.constant(f"uop:{name}", uop_words, share=True)
     program = stream.program(plan.element(uop_addr, "uop"))
     inject_sync(program.insns, c)
+    mark_beside(program.insns, c)
     insns = program.array()
     figures = check.check_stream(name, insns, uops, c)
     try:

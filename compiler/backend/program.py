@@ -35,6 +35,8 @@ class Insn:
     writes: tuple[Range, ...] = ()
     #: What the instruction does in the layer (for error messages and listings).
     note: str = ""
+    #: The accumulator rows a GEMM or ALU instruction touches (dst, and an ALU's acc src): their hull.
+    acc: tuple[int, int] = (0, 0)
 
 
 def _hull(base: np.ndarray, kernel: Kernel, which: str) -> tuple[int, int]:
@@ -109,7 +111,7 @@ class Stream:
                           wgt_factor_out=kernel.wgt_factor[0], wgt_factor_in=kernel.wgt_factor[1])
             reads = (("inp", *_hull(kernel.uops["src"], kernel, "src")),
                      ("wgt", *_hull(kernel.uops["wgt"], kernel, "wgt")))
-        return self._add(Insn(fields, Unit.COMPUTE, reads=reads, writes=writes, note=note))
+        return self._add(Insn(fields, Unit.COMPUTE, reads=reads, writes=writes, note=note, acc=writes[0][1:]))
 
     def alu(self, op: AluOp, kernel: Kernel, imm: int | None = None, note: str = "", src_inp: bool = False) -> int:
         """acc[dst] = op(acc[dst], imm if given, else inp[src] with `src_inp`, else acc[src])."""
@@ -119,12 +121,16 @@ class Stream:
                       iter_in=kernel.iter_in, dst_factor_out=kernel.dst_factor[0],
                       dst_factor_in=kernel.dst_factor[1], src_inp=int(src_inp and imm is None))
         reads: tuple[Range, ...] = ()
+        writes = (("out", *_hull(kernel.uops["dst"], kernel, "dst")),)
+        acc = writes[0][1:]
         if imm is None:
             fields.update(src_factor_out=kernel.src_factor[0], src_factor_in=kernel.src_factor[1])
+            src = _hull(kernel.uops["src"], kernel, "src")
             if src_inp:
-                reads = (("inp", *_hull(kernel.uops["src"], kernel, "src")),)
-        writes = (("out", *_hull(kernel.uops["dst"], kernel, "dst")),)
-        return self._add(Insn(fields, Unit.COMPUTE, reads=reads, writes=writes, note=note))
+                reads = (("inp", *src),)
+            else:
+                acc = (min(acc[0], src[0]), max(acc[1], src[1]))
+        return self._add(Insn(fields, Unit.COMPUTE, reads=reads, writes=writes, note=note, acc=acc))
 
     def program(self, uop_dram_row: int) -> Stream:
         """The runnable program: this stream's micro-op block loaded first (from DRAM row `uop_dram_row`

@@ -25,11 +25,11 @@ import numpy as np
 
 from weft.compiler.backend import alu
 from weft.compiler.backend.dma import Transfer, box_transfers, merge
-from weft.compiler.backend.program import Stream
+from weft.compiler.backend.program import Insn, Stream
 from weft.compiler.backend.schedule import LayerGeom, Schedule, usage
 from weft.compiler.backend.te import Box, Compute, Kernel, Nest, split, tile_box
 from weft.compiler.backend.vthread import interleave
-from weft.isa.constants import AluOp, MemId
+from weft.isa.constants import AluOp, MemId, Opcode
 from weft.isa.encoding import UOP_DTYPE
 
 if TYPE_CHECKING:
@@ -65,6 +65,12 @@ class Regions:
     vec: int
     spare: int
     win: int
+
+
+def _before_gemms(stage: list[Insn], epilogue: list[Insn]) -> list[Insn]:
+    """The other thread's `stage` with `epilogue` before its first GEMM (after it when it has none)."""
+    cut = next((k for k, x in enumerate(stage) if x.fields.get("opcode") == Opcode.GEMM), len(stage))
+    return [*stage[:cut], *epilogue, *stage[cut:]]
 
 
 class Lowering:
@@ -180,12 +186,31 @@ class Lowering:
             items = [[("stage", {**point, **step}, j, h)] for j, step in enumerate(steps)]
             items[-1].append(("epilogue", point, 0, h))
             per_thread[h] += items
+        # The compute unit runs a GEMM beside an ALU instruction (and the converse) when they work on
+        # different halves of the accumulator (spec "beside", vthread.mark_beside), as the two threads' tiles
+        # do: a tile's epilogue goes after the start of the other thread's next stage (its loads and the start
+        # of its tile: everything before its first GEMM), so that the stage's GEMMs follow the epilogue
+        # directly and run beside it, and its start beside our GEMMs.
+        held: list[Insn] = []  # an epilogue waiting for the other thread's next stage
+        held_by = -1
         for item in interleave(per_thread):
             for what, point, j, h in item:
                 if what == "stage":
+                    if held and held_by == h:  # (the same thread's next stage overwrites the tile: after it)
+                        stream.insns += held
+                        held = []
+                    mark = len(stream.insns)
                     self.emit_stage(stream, point, j, h)
+                    if held:
+                        stream.insns[mark:] = _before_gemms(stream.insns[mark:], held)
+                        held = []
                 else:
+                    start = len(stream.insns)
                     self.emit_epilogue(stream, point, h)
+                    if self.v > 1:
+                        held, held_by = stream.insns[start:], h
+                        del stream.insns[start:]
+        stream.insns += held
         return stream
 
     # ---- shared emitters -----------------------------------------------------------------------------
