@@ -307,6 +307,13 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     if isinstance(found, str):
         raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
     sched, lowering, stream = found
+    if sched.vthreads > 1 and given is None:
+        # The epilogues beside the other thread's GEMMs, or each with its stage: whichever runs faster.
+        kept = lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps,
+                            {"nonnegative": nonneg, "hold_epilogue": False})
+        kept_stream = kept.lower()
+        if kept_stream.uop_count <= c.uop_rows and _program_cycles(kept_stream, c) < _program_cycles(stream, c):
+            lowering, stream = kept, kept_stream
     placed = _place_program(node.name, node.op, stream, c, plan)
     return {
         "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),

@@ -190,7 +190,9 @@ class Lowering:
         # different halves of the accumulator (spec "beside", vthread.mark_beside), as the two threads' tiles
         # do: a tile's epilogue goes after the start of the other thread's next stage (its loads and the start
         # of its tile: everything before its first GEMM), so that the stage's GEMMs follow the epilogue
-        # directly and run beside it, and its start beside our GEMMs.
+        # directly and run beside it, and its start beside our GEMMs. (Where the stores bound the layer, the
+        # next tile's start waits for the store before it, and the other thread's epilogue behind that start
+        # in the ALU pipe waits too: option hold_epilogue=False keeps each epilogue with its stage.)
         held: list[Insn] = []  # an epilogue waiting for the other thread's next stage
         held_by = -1
         for item in interleave(per_thread):
@@ -207,7 +209,7 @@ class Lowering:
                 else:
                     start = len(stream.insns)
                     self.emit_epilogue(stream, point, h)
-                    if self.v > 1:
+                    if self.v > 1 and self.options.get("hold_epilogue", True):
                         held, held_by = stream.insns[start:], h
                         del stream.insns[start:]
         stream.insns += held
