@@ -198,12 +198,7 @@ class ComputeUnit(UnitBase):
         for name, is_kind in (("gemm", head.opcode == Opcode.GEMM), ("alu", h_alu)):
             if self.layout.formats[name].has("beside"):  # (where the format has room for it)
                 beside = beside | (is_kind & self.view(self.cmd.payload.insn, name).beside)
-        ok = Signal()
-        terms = []
-        for flag, queue in self.flags.items():
-            status = "has_token" if flag.startswith("pop") else "has_room"
-            terms.append(~getattr(head, flag) | getattr(self, f"{queue}_{status}"))
-        m.d.comb += ok.eq(Cat(*terms).all())
+        ok = self.tokens_ready(m, head)
         busy_g, busy_a = Signal(), Signal()
         free = Mux(h_alu, ~busy_a & (beside | ~busy_g), ~busy_g & (beside | ~busy_a))
         waiting = self.cmd.valid & ~self.halt & free

@@ -85,18 +85,23 @@ class UnitBase(wiring.Component):
         """`insn` seen through one instruction format of the ISA."""
         return data.View(self.layout.formats[format_name].as_struct_layout(), insn)
 
-    def gate(self, m: Module, done: Signal) -> tuple[Signal, Signal, Signal]:
-        """The instruction register, its index, and the one-cycle start pulse.
-
-        `done` (comb, from the subclass) ends the instruction: the pushes happen in that cycle.
-        """
-        head = self.view(self.cmd.payload.insn, "finish")
+    def tokens_ready(self, m: Module, head: data.View) -> Signal:
+        """Whether every queue the instruction `head` pops holds a token and every queue it pushes has room."""
         ok = Signal()
         terms = []
         for flag, queue in self.flags.items():
             status = "has_token" if flag.startswith("pop") else "has_room"
             terms.append(~getattr(head, flag) | getattr(self, f"{queue}_{status}"))
         m.d.comb += ok.eq(Cat(*terms).all())
+        return ok
+
+    def gate(self, m: Module, done: Signal) -> tuple[Signal, Signal, Signal]:
+        """The instruction register, its index, and the one-cycle start pulse.
+
+        `done` (comb, from the subclass) ends the instruction: the pushes happen in that cycle.
+        """
+        head = self.view(self.cmd.payload.insn, "finish")
+        ok = self.tokens_ready(m, head)
         insn = Signal(INSN_BITS)
         index = Signal.like(self.cmd.payload.index)
         start = Signal()
