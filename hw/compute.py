@@ -1,7 +1,14 @@
-"""The compute unit: micro-op and accumulator loads, the GEMM/ALU loop pipeline, FINISH.
+"""The compute unit: micro-op and accumulator loads, the GEMM and ALU loop pipelines, FINISH.
 
-It owns the micro-op buffer and the accumulator. A GEMM or ALU instruction is the two-level loop of the
-spec (``for i < iter_out, j < iter_in, k in [uop_bgn, uop_end)``); the loop generator issues one micro-op
+It owns the micro-op buffer and the accumulator, and runs two copies of the pipeline below (spec "beside"):
+GEMM instructions (and the unit's loads and FINISH) in one, with the GEMM core, ALU instructions in the
+other, with the ALU lanes. It issues in stream order; an instruction waits for both pipes to be idle unless
+it has ``beside`` set, and retires (pushes its tokens) after the older instruction beside it. The
+accumulator (and the out buffer, in the core) is two banks, its halves, each with one read and one write
+port: an instruction beside another touches only the other half, so the pipes never share a port. Each pipe
+has its own micro-op read port. Within a pipe ("the port" below is the port of the bank it uses), a GEMM
+or ALU instruction is the two-level loop of the spec (``for i < iter_out, j < iter_in, k in [uop_bgn,
+uop_end)``); the loop generator issues one micro-op
 execution per cycle into a pipeline that never stalls, except an ALU micro-op that reads acc[src] through
 the port: it issues :data:`~weft.hw.structure.ALU_SRC_INTERVAL` (2) cycles after the one before it,
 because the accumulator has a single read port (a second one makes Yosys duplicate the whole buffer) and
