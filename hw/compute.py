@@ -62,7 +62,7 @@ from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS, holds_src_rows
 from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import INSN_BITS, MemId, Opcode, Unit
-from weft.isa.semantics import row_bytes
+from weft.isa.semantics import acc_bank_rows, row_bytes
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -255,10 +255,11 @@ class ComputeUnit(UnitBase):
 
     def _banks(self, m: Module, g: _Buffers, a: _Buffers) -> None:
         """The accumulator as two banks, its lower and upper half, each with one read and one write port: a
-        pipe's access goes to the bank of its row; the GEMM pipe's wins a bank both use (which only a
-        program breaking the "beside" rule does). Each bank's read port sees its write port's data."""
+        pipe's access goes to the bank of its row; where both use one bank (which only a program breaking the
+        "beside" rule does) the GEMM pipe's read and the ALU pipe's write win. Each bank's read port sees its
+        write port's data."""
         c = self.config
-        half = c.acc_rows // 2
+        half = acc_bank_rows(c)
         banks = []
         for b in range(2):
             mem = memory.Memory(shape=c.acc_row_bits, depth=c.acc_rows - half if b else half, init=[])

@@ -30,7 +30,7 @@ from weft.hw.regs import COUNTERS, ErrorCode, addr_bits, register_map, register_
 from weft.hw.store import StoreUnit
 from weft.hw.unit import TokenQueue, UnitBase
 from weft.isa.constants import Unit
-from weft.isa.semantics import QUEUES
+from weft.isa.semantics import QUEUES, acc_bank_rows
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -146,7 +146,7 @@ class Core(wiring.Component):
                          rdata.eq(rp.data)]
         # The out buffer in two banks, the accumulator's halves, each written by the compute unit's pipe
         # that owns it (ComputeUnit._banks) and read by the store unit.
-        half = c.out_rows // 2
+        half = acc_bank_rows(c)  # out rows are acc rows
         upper = store.out_addr >= half
         reads = []
         for b in range(2):

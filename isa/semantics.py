@@ -27,8 +27,9 @@ from weft.isa.program import DEP_FLAGS
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES", "Check",
-           "QueueSpec", "first_illegal", "legality_checks", "named_row_bytes", "row_bytes", "unit_of", "units"]
+__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES", "BesideRule",
+           "Check", "QueueSpec", "acc_bank_rows", "acc_halves", "first_illegal", "legality_checks", "named_row_bytes",
+           "row_bytes", "unit_of", "units"]
 
 #: Unit names, by Unit value: "load", "compute", "store".
 UNIT_NAMES = tuple(unit.name.lower() for unit in Unit)
@@ -162,3 +163,55 @@ def first_illegal(checks: list[Check]) -> tuple[int, str] | None:
         return None
     i, k = min(firsts)
     return i, checks[k][1](i)
+
+
+def acc_bank_rows(config: AcceleratorConfig) -> int:
+    """Rows of the accumulator's lower half (bank 0; the upper half is bank 1): the halves of spec "beside"."""
+    return config.acc_rows // 2
+
+
+def acc_halves(config: AcceleratorConfig, lo: int, hi: int) -> frozenset[int]:
+    """The halves (0 lower, 1 upper) that accumulator rows [lo, hi) touch."""
+    half = acc_bank_rows(config)
+    return frozenset(h for h, inside in ((0, lo < half), (1, hi > half)) if inside and hi > lo)
+
+
+class BesideRule:
+    """Spec "beside" as a compute stream goes by: the last instruction of each pipe (GEMM, ALU) that may
+    still run. The functional simulator checks an instruction's ``beside`` with it; the code generator and
+    the random programs set the bit where it allows. Feed every compute-unit instruction in order:
+    :meth:`barrier` for its loads and FINISH (they wait for both pipes), :meth:`started` for GEMM and ALU."""
+
+    def __init__(self) -> None:
+        #: opcode -> (stream index, accumulator halves, whether it reads inp) of what may still run
+        self.running: dict[int, tuple[int, frozenset[int], bool]] = {}
+
+    def barrier(self) -> None:
+        self.running.clear()
+
+    def conflict(self, opcode: int, halves: frozenset[int], reads_inp: bool) -> str | None:
+        """Why instruction `opcode`, touching `halves` (reading inp: `reads_inp`, an ALU operand) may not
+        start beside the other pipe's running instruction, or None when it may (or nothing runs there)."""
+        other = self.running.get(Opcode.ALU if opcode == Opcode.GEMM else Opcode.GEMM)
+        if other is None:
+            return None
+        index, theirs, their_inp = other
+        shared = sorted(halves & theirs)
+        if shared:
+            return (f"runs beside instruction {index}, but both touch acc rows in the "
+                    f"{('lower', 'upper')[shared[0]]} half")
+        if reads_inp or their_inp:
+            return f"runs beside instruction {index}, but {'it' if reads_inp else 'that one'} takes its ALU operand " \
+                   "from inp"
+        return None
+
+    def may_start(self, opcode: int, halves: frozenset[int], reads_inp: bool) -> bool:
+        """Whether setting ``beside`` would gain anything and keep the rule: the other pipe runs something."""
+        other = Opcode.ALU if opcode == Opcode.GEMM else Opcode.GEMM
+        return bool(halves) and other in self.running and self.conflict(opcode, halves, reads_inp) is None
+
+    def started(self, index: int, opcode: int, halves: frozenset[int], reads_inp: bool, beside: bool) -> None:
+        """Record instruction `index` starting; without ``beside`` it waited for every earlier one."""
+        if not beside:
+            self.running.clear()
+        self.running[opcode] = (index, halves, reads_inp)

@@ -316,7 +316,7 @@ class FunctionalSimulator:
             r = rows[i]
             opcode = r[_F["opcode"]]
             if u == COMPUTE and opcode not in (Opcode.GEMM, Opcode.ALU):
-                self._running.clear()  # a LOAD or FINISH of the compute unit waits for both pipes
+                self._beside_rule.barrier()  # a LOAD or FINISH of the compute unit waits for both pipes
             if opcode == Opcode.FINISH:
                 self._check_finish(i, clock, pos, lengths)
                 stats["insns"]["finish"] += 1
@@ -389,33 +389,22 @@ class FunctionalSimulator:
             "wgt": (np.zeros(c.wgt_rows, np.int64), np.zeros(c.wgt_rows, np.int64)),
             "out": (np.zeros(c.out_rows, np.int64), np.zeros(c.out_rows, np.int64)),
         }
-        #: Per compute pipe ("gemm", "alu"): the last instruction that may still run when the next one
-        #: starts (spec "beside"), as (index, the accumulator halves it touches, whether it reads inp).
-        self._running: dict[str, tuple[int, set[int], bool]] = {}
+        self._beside_rule = semantics.BesideRule()
 
     def _error(self, i: int, message: str, cls: type[SimError] = SimError) -> SimError:
         return cls(f"instruction {i} ({format_insn(self._insns[i])}): {message}", i)
 
-    def _beside(self, i: int, r: list[int], pipe: str, rows: tuple[np.ndarray, ...], reads_inp: bool) -> None:
-        """The two pipes' rule (spec "beside"): an instruction that may start while the other pipe's last one
-        still runs touches only the other half of the accumulator, and neither reads inp."""
-        half = self.config.acc_rows // 2
-        halves = {int(h) for x in rows if x.size for h in np.unique(x >= half)}
-        if r[_F["beside"]]:
-            prior = self._running.get("alu" if pipe == "gemm" else "gemm")
-            if prior is not None:
-                j, theirs, their_inp = prior
-                shared = sorted(halves & theirs)
-                if shared:
-                    name = ("lower", "upper")[shared[0]]
-                    raise self._error(i, f"runs beside instruction {j}, but both touch acc rows in the {name} half "
-                                         f"(rows {'>=' if shared[0] else '<'} {half})")
-                if reads_inp or their_inp:
-                    raise self._error(i, f"runs beside instruction {j}, but "
-                                         f"{'it' if reads_inp else 'that one'} takes its ALU operand from inp")
-        else:  # it waits for every earlier instruction
-            self._running.clear()
-        self._running[pipe] = (i, halves, reads_inp)
+    def _beside(self, i: int, r: list[int], opcode: int, rows: tuple[np.ndarray, ...], reads_inp: bool) -> None:
+        """Spec "beside" (:class:`weft.isa.semantics.BesideRule`): an instruction that may start while the
+        other pipe's last one still runs touches only the other half of the accumulator, and neither reads inp."""
+        halves = frozenset().union(*(semantics.acc_halves(self.config, int(x.min()), int(x.max()) + 1)
+                                     for x in rows if x.size))
+        beside = bool(r[_F["beside"]])
+        if beside:
+            why = self._beside_rule.conflict(opcode, halves, reads_inp)
+            if why is not None:
+                raise self._error(i, why)
+        self._beside_rule.started(i, opcode, halves, reads_inp, beside)
 
     def _execute(self, i: int, r: list[int], opcode: int, clock: list[int], dram: Dram, stats: dict) -> None:
         if opcode == Opcode.GEMM:
@@ -557,7 +546,7 @@ class FunctionalSimulator:
     def _gemm(self, i: int, r: list[int], clock: list[int], stats: dict) -> None:
         c = self.config
         dst = self._dst(i, r, "gemm", stats)
-        self._beside(i, r, "gemm", (dst,), False)
+        self._beside(i, r, Opcode.GEMM, (dst,), False)
         if not dst.size:
             return
         self._hazards(i, r, dst, None)
@@ -588,7 +577,7 @@ class FunctionalSimulator:
         c = self.config
         dst = self._dst(i, r, "alu", stats)
         if not dst.size:
-            self._beside(i, r, "alu", (), bool(r[_F["src_inp"]] and not r[_F["use_imm"]]))
+            self._beside(i, r, Opcode.ALU, (), bool(r[_F["src_inp"]] and not r[_F["use_imm"]]))
             return
         operand: int | np.ndarray = r[_F["imm"]]
         src = None
@@ -600,7 +589,7 @@ class FunctionalSimulator:
             operand = self._inp[rows_in][:, self._inp_lanes].astype(np.int64)
         else:
             src = self._loop(i, r, 1, "src", c.acc_rows, "acc")
-        self._beside(i, r, "alu", (dst,) if src is None else (dst, src),
+        self._beside(i, r, Opcode.ALU, (dst,) if src is None else (dst, src),
                      bool(r[_F["src_inp"]] and not r[_F["use_imm"]]))
         self._hazards(i, r, dst, src)
         if self.check_races:  # before anything changes, so a failing run stops at the instruction's start

@@ -32,7 +32,7 @@ from weft.isa.arith import loop_indices, pack
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode
 from weft.isa.encoding import INSN_DTYPE, encode_uops, layout_of
 from weft.isa.program import uops_from
-from weft.isa.semantics import named_row_bytes
+from weft.isa.semantics import BesideRule, named_row_bytes
 from weft.sim.dram import Dram
 
 if TYPE_CHECKING:
@@ -222,28 +222,25 @@ def _is_uop_load(row: dict[str, int]) -> bool:
 
 
 def _set_beside(rows: list[dict[str, int]], rng: np.random.Generator, config: AcceleratorConfig) -> None:
-    """Let most GEMM/ALU ops that may run beside the other pipe's running op (spec "beside": on the other
-    half of the accumulator, neither an ALU reading inp) do so, where the format has the bit; the compute
-    unit's loads and FINISH wait for both pipes."""
-    layout = layout_of(config).formats
-    formats = {Opcode.GEMM: layout["gemm"], Opcode.ALU: layout["alu"]}
-    running: dict[int, tuple[int, bool]] = {}  # opcode -> (half, reads inp) of the op that may still run
-    for row in rows:
+    """Let most GEMM/ALU ops that may run beside the other pipe's running op (spec "beside",
+    :class:`weft.isa.semantics.BesideRule`: on the other half of the accumulator, neither an ALU reading inp)
+    do so, where the format has the bit; the compute unit's loads and FINISH wait for both pipes."""
+    formats = layout_of(config).formats
+    rule = BesideRule()
+    for k, row in enumerate(rows):
         op = row["opcode"]
         if (op == Opcode.LOAD and row.get("mem_id") in (MemId.UOP, MemId.ACC, MemId.ACC_NARROW)) \
                 or op == Opcode.FINISH:
-            running.clear()
+            rule.barrier()
         if op not in (Opcode.GEMM, Opcode.ALU):
             continue
-        half = row.pop("_half")
+        halves = frozenset({row.pop("_half")})
         reads_inp = op == Opcode.ALU and bool(row.get("src_inp")) and not row.get("use_imm")
-        other = running.get(Opcode.ALU if op == Opcode.GEMM else Opcode.GEMM)
-        if formats[op].has("beside") and other is not None and other[0] != half and not (reads_inp or other[1]) \
-                and rng.random() < 0.8:
+        beside = formats["gemm" if op == Opcode.GEMM else "alu"].has("beside") \
+            and rule.may_start(op, halves, reads_inp) and rng.random() < 0.8
+        if beside:
             row["beside"] = 1
-        else:
-            running.clear()
-        running[op] = (half, reads_inp)
+        rule.started(k, op, halves, reads_inp, beside)
 
 
 def _flag(rows: list[dict[str, int]], index: int, *flags: str) -> None:

@@ -299,18 +299,18 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
         vec_addr = plan.constant(f"vec:{node.name}", memory.vector_bytes(vectors, c), share=True)
         addrs["vec"] = plan.element(vec_addr, "acc")
     lowering_cls = _LOWERING[kind]
+
+    def lower_with(sched: Schedule, hold_epilogue: bool = True) -> Lowering:
+        return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {"hold_epilogue": hold_epilogue})
+
     choices = SCHEDULE_CHOICES if given is None and kind == "conv" and _block_products(geom) >= TIMED_PRODUCTS else 1
-    found = _fastest_fitting(
-        _schedule_for(node, geom, c, given, latency_hiding), c,
-        lambda sched: lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {"nonnegative": nonneg}),
-        choices)
+    found = _fastest_fitting(_schedule_for(node, geom, c, given, latency_hiding), c, lower_with, choices)
     if isinstance(found, str):
         raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
     sched, lowering, stream = found
     if sched.vthreads > 1 and given is None:
         # The epilogues beside the other thread's GEMMs, or each with its stage: whichever runs faster.
-        kept = lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps,
-                            {"nonnegative": nonneg, "hold_epilogue": False})
+        kept = lower_with(sched, hold_epilogue=False)
         kept_stream = kept.lower()
         if kept_stream.uop_count <= c.uop_rows and _program_cycles(kept_stream, c) < _program_cycles(stream, c):
             lowering, stream = kept, kept_stream

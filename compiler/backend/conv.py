@@ -25,7 +25,7 @@ from weft.compiler.backend import alu
 from weft.compiler.backend.program import Stream
 from weft.compiler.backend.schedule import every_other_row, shared_tiles
 from weft.compiler.backend.te import Access as A
-from weft.compiler.backend.te import Axis, Box, Compute, Expr, Nest, tile_box
+from weft.compiler.backend.te import Axis, Box, Compute, Nest, tile_box
 from weft.compiler.backend.te import var as v
 from weft.compiler.backend.tiles import Lowering
 from weft.isa.constants import AluOp, MemId
@@ -37,14 +37,7 @@ def _reduction_part(nest: Nest, part: str) -> Nest:
     """The executions of a tile body whose one multi-valued reduction axis is at its first value ("first"),
     or at the others ("rest")."""
     (axis,) = [a for a in nest.axes if a.reduce and a.extent > 1]
-    if part == "first":
-        axes = tuple(Axis(a.name, 1, a.reduce) if a is axis else a for a in nest.axes)
-        return Nest(axes, nest.dst, nest.src, nest.wgt)
-    shifted = Expr(((axis.name, 1),), 1)
-    axes = tuple(Axis(a.name, a.extent - 1, a.reduce) if a is axis else a for a in nest.axes)
-    return Nest(axes, nest.dst.substitute(axis.name, shifted),
-                None if nest.src is None else nest.src.substitute(axis.name, shifted),
-                None if nest.wgt is None else nest.wgt.substitute(axis.name, shifted))
+    return nest.restrict({axis.name: (0, 1) if part == "first" else (1, axis.extent)})
 
 
 class ConvLowering(Lowering):

@@ -36,18 +36,6 @@ from weft.isa.constants import AluOp, MemId
 __all__ = ["EltwiseLowering", "PoolLowering", "windows_all_real"]
 
 
-def _taps(nest: Nest, ranges: dict[str, tuple[int, int]]) -> Nest:
-    """The executions of `nest` whose axes named in `ranges` lie in their [lo, hi)."""
-    axes, dst, src = list(nest.axes), nest.dst, nest.src
-    for name, (lo, hi) in ranges.items():
-        axes = [Axis(a.name, hi - lo, a.reduce) if a.name == name else a for a in axes]
-        if lo:
-            shifted = Expr(((name, 1),), lo)
-            dst = dst.substitute(name, shifted)
-            src = None if src is None else src.substitute(name, shifted)
-    return Nest(tuple(axes), dst, src, nest.wgt)
-
-
 class PoolLowering(Lowering):
     kind = "pool"
 
@@ -155,7 +143,7 @@ class PoolLowering(Lowering):
         for alu_op, ky, kx, note in parts:
             if ky[1] > ky[0] and kx[1] > kx[0]:
                 k = self.kernel(("taps", h, ky, kx), lambda ky=ky, kx=kx: alu.fold_body(
-                    _taps(whole, {"ky": ky, "kx": kx}), self.config))
+                    whole.restrict({"ky": ky, "kx": kx}), self.config))
                 stream.alu(alu_op, k, note=note, src_inp=True)
 
     def reduce_window_rows(self, stream: Stream, h: int) -> None:

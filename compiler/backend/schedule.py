@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS, UNPACK_DEPTH
+from weft.isa.encoding import layout_of
 from weft.isa.semantics import named_row_bytes
 from weft.sim.dram_timing import DramTiming
 
@@ -173,8 +174,10 @@ def pool_reads_inp(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> bool
     port): where it needs no offset domain, its tile has several rows (a one-row tile alternates with a spare
     row) and inp rows fit the ALU's source fields."""
     rows = s.tile_n * s.tile_h * s.tile_w * s.tile_oc * g.ro
+    layout = layout_of(config)
+    src_bits = min(layout.formats["alu"].field("src_factor_out").width, layout.uop.field("src").width)
     return (g.kind in ("maxpool", "avgpool") and copies_by_gemm(g, config) and not pools_offset(g) and rows > 1
-            and config.inp_index_bits <= config.acc_index_bits)
+            and config.inp_index_bits <= src_bits)
 
 
 def every_other_row(g: LayerGeom) -> bool:

@@ -209,6 +209,19 @@ class Nest:
     def executions(self) -> int:
         return int(np.prod([a.extent for a in self.axes], dtype=np.int64))
 
+    def restrict(self, ranges: dict[str, tuple[int, int]]) -> Nest:
+        """The executions whose axes named in `ranges` lie in their ``[lo, hi)`` (the axis then counts from
+        lo: its operands shift by it)."""
+        axes, dst, src, wgt = list(self.axes), self.dst, self.src, self.wgt
+        for name, (lo, hi) in ranges.items():
+            axes = [Axis(a.name, hi - lo, a.reduce) if a.name == name else a for a in axes]
+            if lo:
+                shifted = Expr(((name, 1),), lo)
+                dst = dst.substitute(name, shifted)
+                src = None if src is None else src.substitute(name, shifted)
+                wgt = None if wgt is None else wgt.substitute(name, shifted)
+        return Nest(tuple(axes), dst, src, wgt)
+
 
 @dataclass(frozen=True)
 class Kernel:

@@ -28,7 +28,7 @@ import numpy as np
 from weft.compiler.backend.program import Insn
 from weft.isa.constants import Opcode, Unit
 from weft.isa.encoding import layout_of
-from weft.isa.semantics import QUEUE_BETWEEN
+from weft.isa.semantics import QUEUE_BETWEEN, BesideRule, acc_halves
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -93,32 +93,26 @@ def inject_sync(insns: Sequence[Insn], config: AcceleratorConfig) -> None:
 
 def mark_beside(insns: Sequence[Insn], config: AcceleratorConfig) -> int:
     """Set ``beside`` (in place) on every GEMM and ALU instruction that may start while the other compute
-    pipe's running instruction runs (spec "beside"), where its format has the bit: all the accumulator rows
-    of both in different halves (virtual threads own halves), neither an ALU reading inp. Returns how many
-    it set."""
-    half = config.acc_rows // 2
-    layout = layout_of(config).formats
-    formats = {Opcode.GEMM: layout["gemm"], Opcode.ALU: layout["alu"]}
-    running: dict[int, tuple[set[int], bool]] = {}  # opcode -> (halves, reads inp) of what may still run
+    pipe's running instruction runs (:class:`weft.isa.semantics.BesideRule`), where its format has the bit:
+    all the accumulator rows of both in different halves (virtual threads own halves), neither an ALU reading
+    inp. Returns how many it set."""
+    formats = layout_of(config).formats
+    rule = BesideRule()
     marked = 0
-    for insn in insns:
+    for k, insn in enumerate(insns):
         if insn.unit != Unit.COMPUTE:
             continue
         op = insn.fields.get("opcode")
         if op not in (Opcode.GEMM, Opcode.ALU):  # the compute unit's loads and FINISH wait for both pipes
-            running.clear()
+            rule.barrier()
             continue
-        lo, hi = insn.acc
-        halves = {h for h, inside in ((0, lo < half), (1, hi > half)) if inside and hi > lo}
+        halves = acc_halves(config, *insn.acc)
         reads_inp = op == Opcode.ALU and bool(insn.fields.get("src_inp")) and not insn.fields.get("use_imm")
-        other = running.get(Opcode.ALU if op == Opcode.GEMM else Opcode.GEMM)
-        if formats[op].has("beside") and other is not None and halves and not halves & other[0] \
-                and not (reads_inp or other[1]):
+        beside = formats["gemm" if op == Opcode.GEMM else "alu"].has("beside") and rule.may_start(op, halves, reads_inp)
+        if beside:
             insn.fields["beside"] = 1
             marked += 1
-        else:
-            running.clear()
-        running[op] = (halves, reads_inp)
+        rule.started(k, op, halves, reads_inp, beside)
     return marked
 
 
