@@ -16,6 +16,7 @@ right after the producer's program.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, replace
@@ -42,6 +43,7 @@ from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
 from weft.isa.semantics import QUEUES
 from weft.isa.spec import intrinsic
+from weft.sim.timing import TimingError, TimingModel
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -192,16 +194,14 @@ def value_addr(info: dict[str, Any], rows: int) -> int:
     raise ValueError(f"no DRAM buffer holds the value in rows of {rows} channels")
 
 
-def _schedule_for(node: Node, geom: LayerGeom, config: AcceleratorConfig, given: Any,
-                  latency_hiding: bool) -> list[Schedule]:
+def _schedule_for(node: Node, geom: LayerGeom, config: AcceleratorConfig, given: Any) -> list[Schedule]:
+    """The given schedule, or the candidates in the cost model's order."""
     try:
         if given is not None:
-            sched = given if isinstance(given, Schedule) else Schedule.from_dict(given)
-            return [sched if latency_hiding else sched.without_latency_hiding()]
-        candidates = ranked(geom, config)
+            return [given if isinstance(given, Schedule) else Schedule.from_dict(given)]
+        return ranked(geom, config)
     except (ValueError, TypeError) as err:
         raise BackendError(str(err), node=node.name, op=node.op) from None
-    return candidates if latency_hiding else [s.without_latency_hiding() for s in candidates]
 
 
 def generate(artifact: Artifact, *, latency_hiding: bool = True,
@@ -227,7 +227,7 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     const_base = plan.size
     nonneg = nonnegative_values(graph, c.acc_width)
     layers = []
-    timed: dict[tuple, dict[str, Any]] = {}  # a workload's timed choice (_fastest_fitting), for its repeats
+    timed: dict[tuple, dict[str, Any]] = {}  # a workload's timed choices (schedule, options), for its repeats
     for node in accel:
         given = schedules.get(node.name)
         workload = None
@@ -235,11 +235,12 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
             geom = asdict(layer_geometry(node, graph, c))
             workload = (tuple((k, str(v)) for k, v in sorted(geom.items()) if k != "name"), node.inputs[0] in nonneg)
         try:
-            meta = lower_layer(node, graph, c, plan, values, timed.get(workload) if workload else given,
-                               latency_hiding, node.inputs[0] in nonneg)
+            known = timed.get(workload) if workload else None
+            meta = lower_layer(node, graph, c, plan, values, known["schedule"] if known else given,
+                               latency_hiding, node.inputs[0] in nonneg, known["lowering"] if known else None)
             layers.append(meta)
             if workload is not None:
-                timed.setdefault(workload, meta["schedule"])
+                timed.setdefault(workload, meta)
         except BackendError as err:
             if given is not None:  # the schedule the caller chose is at fault, not the accelerator
                 raise
@@ -262,11 +263,13 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
 
 
 def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.DramPlan,
-                values: dict[str, dict[str, Any]], given: Any, latency_hiding: bool, nonneg: bool) -> dict[str, Any]:
+                values: dict[str, dict[str, Any]], given: Any, latency_hiding: bool, nonneg: bool,
+                options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Lower one accelerator layer into `plan` (its instruction stream, uops and constants) and return the
     layer's metadata. `values` maps value names to their DRAM placement; `given` is a schedule (or None for
-    the default); `nonneg` says the layer's input is proven >= 0. Used by :func:`generate` and by the
-    tuner's measurer, which lowers single layers with candidate schedules."""
+    the default); `nonneg` says the layer's input is proven >= 0; `options`: the lowering's (its meta's
+    ``lowering``; None: the defaults, or the fastest variants where the schedule is not given). Used by
+    :func:`generate` and by the tuner's measurer, which lowers single layers with candidate schedules."""
     geom = layer_geometry(node, graph, c)
     if nonneg and geom.kind == "maxpool":  # its zero padding cannot win (schedule.pools_offset)
         geom = replace(geom, input_nonnegative=True)
@@ -300,23 +303,27 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
         addrs["vec"] = plan.element(vec_addr, "acc")
     lowering_cls = _LOWERING[kind]
 
-    def lower_with(sched: Schedule, hold_epilogue: bool = True) -> Lowering:
-        return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {"hold_epilogue": hold_epilogue})
+    def lower_with(sched: Schedule, **changes: Any) -> Lowering:
+        return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps,
+                            {**DEFAULT_OPTIONS, **(options or {}), **changes})
 
-    choices = SCHEDULE_CHOICES if given is None and kind == "conv" and _block_products(geom) >= TIMED_PRODUCTS else 1
-    found = _fastest_fitting(_schedule_for(node, geom, c, given, latency_hiding), c, lower_with, choices)
+    choices = 1 if given is not None or kind != "conv" else \
+        SCHEDULE_CHOICES if _block_products(geom) >= TIMED_PRODUCTS else SMALL_SCHEDULE_CHOICES
+    found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices)
     if isinstance(found, str):
         raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
     sched, lowering, stream = found
-    if sched.vthreads > 1 and given is None:
-        # The epilogues beside the other thread's GEMMs, or each with its stage: whichever runs faster.
-        kept = lower_with(sched, hold_epilogue=False)
-        kept_stream = kept.lower()
-        if kept_stream.uop_count <= c.uop_rows and _program_cycles(kept_stream, c) < _program_cycles(stream, c):
-            lowering, stream = kept, kept_stream
+    if not latency_hiding:  # the same tiles, one thread (the schedules were timed with latency hiding)
+        found = _first_fitting([sched.without_latency_hiding()], c, lower_with)
+        if isinstance(found, str):
+            raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
+        sched, lowering, stream = found
+    elif given is None and options is None:
+        lowering, stream = _fastest_variant(lowering, stream, c, lambda **options: lower_with(sched, **options))
     placed = _place_program(node.name, node.op, stream, c, plan)
     return {
         "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),
+        "lowering": dict(lowering.options),
         "inputs": [x for x in node.inputs if x in values], "output": node.outputs[0],
         "insn_addr": placed["insn_addr"], "insn_count": placed["insn_count"], "insn_bytes": INSN_BYTES,
         "uop_addr": placed["uop_addr"], "uop_count": int(stream.uop_count), "tasks": len(lowering.tasks()),
@@ -328,9 +335,50 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
 #: A convolution of at least this many block products (GEMM executions: 2**16 is 16.8 M MACs on a 16x16
 #: core) has its first SCHEDULE_CHOICES fitting schedules, in the cost model's order, lowered and timed on
 #: the timing model, and the fastest kept: the cost model ranks well, but its first choice is within a few
-#: percent of the best only (a few tenths of a second a large layer; small layers keep the first).
+#: percent of the best only (a few tenths of a second a large layer). A smaller one has its first
+#: SMALL_SCHEDULE_CHOICES timed: its program is short (tens of milliseconds each), and the cost model ranks
+#: DRAM-bound layers worse (ResNet-18's 1x1/2 shortcuts: the fastest is its 7th choice, 30% faster than its
+#: first).
 TIMED_PRODUCTS = 1 << 16
 SCHEDULE_CHOICES = 3
+SMALL_SCHEDULE_CHOICES = 16
+
+
+#: The options of a layer's lowering (:class:`~weft.compiler.backend.tiles.Lowering`) unless chosen.
+DEFAULT_OPTIONS = {"hold_epilogue": True, "weight_pieces": 1, "tile_slots": 1}
+#: The program's first weights in this many pieces of output blocks, each with its own GEMM (option
+#: ``weight_pieces`` of the convolution lowering), where that runs faster.
+WEIGHT_PIECES = 4
+
+
+def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
+                     lower: Callable[..., Lowering]) -> tuple[Lowering, Stream]:
+    """The lowering options timed one after the other on the timing model, each kept where its program runs
+    faster and its micro-ops fit: the epilogues beside the other thread's GEMMs or each with its stage
+    (``hold_epilogue``), the first weights whole or in pieces (``weight_pieces``), one output tile a thread
+    or two (``tile_slots``)."""
+    options = dict(DEFAULT_OPTIONS)
+    cycles = None
+    variants = []
+    if lowering.s.vthreads > 1:
+        variants.append({"hold_epilogue": False})
+    if lowering.kind == "conv":
+        variants.append({"weight_pieces": WEIGHT_PIECES})
+        variants.append({"tile_slots": 2})
+    for change in variants:
+        try:
+            trial = lower(**{**options, **change})
+            trial_stream = trial.lower()
+        except ValueError:  # its tiles do not fit (a second output tile in the accumulator)
+            continue
+        if trial_stream.insns == stream.insns or trial_stream.uop_count > c.uop_rows:
+            continue  # the option changes nothing here, or its micro-ops do not fit
+        cycles = _program_cycles(stream, c, deadlock=math.inf) if cycles is None else cycles
+        trial_cycles = _program_cycles(trial_stream, c, deadlock=math.inf)
+        if trial_cycles < cycles:
+            lowering, stream, cycles = trial, trial_stream, trial_cycles
+            options.update(change)
+    return lowering, stream
 
 
 def _block_products(g: LayerGeom) -> int:
@@ -352,19 +400,24 @@ def _fastest_fitting(schedules: Iterable[Schedule], c: AcceleratorConfig, loweri
         found.append(got)
     if len(found) == 1:
         return found[0]
-    return min(found, key=lambda f: _program_cycles(f[2], c))
+    return min(found, key=lambda f: _program_cycles(f[2], c, deadlock=math.inf))
 
 
-def _program_cycles(stream: Stream, c: AcceleratorConfig) -> int:
+def _program_cycles(stream: Stream, c: AcceleratorConfig, deadlock: float | None = None) -> float:
     """Cycles of a lowered stream as a program (its micro-op load, tokens and FINISH) on the timing model;
-    the stream itself is left as it was."""
-    from weft.sim.timing import TimingModel
+    the stream itself is left as it was. Where the program deadlocks (its tokens outgrow the queues of a
+    small config): `deadlock`, or TimingError when that is None."""
 
     program = stream.program(0)
     program.insns = [replace(i, fields=dict(i.fields)) for i in program.insns]  # inject_sync sets their flags
     inject_sync(program.insns, c)
     mark_beside(program.insns, c)
-    return int(TimingModel(c).simulate(program.array()).cycles)
+    try:
+        return int(TimingModel(c).simulate(program.array()).cycles)
+    except TimingError:
+        if deadlock is None:
+            raise
+        return deadlock
 
 
 def _first_fitting(schedules: Iterable[Schedule], c: AcceleratorConfig, lowering: Callable[[Schedule], Lowering]

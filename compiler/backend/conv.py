@@ -18,6 +18,7 @@ blocks only (:mod:`weft.compiler.groups`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from functools import cached_property
 
@@ -102,7 +103,12 @@ class ConvLowering(Lowering):
         self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, inp_at, at_i, "input window",
                       strides=self.inp_strides)
         assert self.addrs.wgt is not None
-        self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
+        pieces = self.weight_pieces(wgt_box, point, at_w)
+        for lo, hi in pieces:
+            self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w,
+                          f"weights, output blocks {lo}-{hi - 1}", reuse=False, part=(lo * self.g.ro, hi * self.g.ro))
+        if not pieces:
+            self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
         if stage == 0:
             args = (stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
                     self.out_box.extent, r.inp + inp_box.rows)
@@ -124,13 +130,46 @@ class ConvLowering(Lowering):
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
             return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(inp_at), wgt_box.sram(wgt_at))
 
+        if pieces:  # a GEMM per piece of the weights, each waiting for its own load only
+            for lo, hi in pieces:
+                def part_nest(lo: int = lo, hi: int = hi) -> Nest:
+                    return nest().restrict({"oB.i": (lo, hi)})
+
+                self.emit_body(stream, part_nest, stage, thread, ("blocks", lo, hi),
+                               f", output blocks {lo}-{hi - 1}")
+            return
+        self.emit_body(stream, nest, stage, thread)
+
+    def emit_body(self, stream: Stream, nest: Callable[[], Nest], stage: int, thread: int, key: tuple = (),
+                  note: str = "") -> None:
+        """The tile body's GEMMs: the first reduction step overwriting the tile, then the rest, where the
+        tile starts from it; else one instruction (:meth:`body`)."""
         if stage == 0 and self.first_step_overwrites:
-            first, rest = (self.kernel((part, thread), lambda part=part: alu.fold_body(
+            first, rest = (self.kernel((part, thread, *key), lambda part=part: alu.fold_body(
                 _reduction_part(nest(), part), self.config)) for part in ("first", "rest"))
-            stream.gemm(first, overwrite=True, note="convolution tile, first step")
-            stream.gemm(rest, note="convolution tile")
+            stream.gemm(first, overwrite=True, note=f"convolution tile, first step{note}")
+            stream.gemm(rest, note=f"convolution tile{note}")
+            return
+        if key:
+            kernel = self.kernel(("body", thread, *key), lambda: alu.fold_body(nest(), self.config))
+            stream.gemm(kernel, note=f"convolution tile{note}")
             return
         self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
+
+    def weight_pieces(self, wgt_box: Box, point: dict[str, int], at: int) -> list[tuple[int, int]]:
+        """The program's first weights, in pieces of output blocks ``[lo, hi)`` of the tile (option
+        ``weight_pieces``), each loaded by its own DMA and multiplied by its own GEMM, so that the first GEMM
+        waits for its piece instead of the whole tile: every later stage's loads hide behind the GEMMs before
+        them, the first one's do not. Empty where the weights come whole: another piece count, a tile of
+        one output block, pieces of one row (their reduction is no single instruction), weights a thread
+        holds already, a grouped convolution."""
+        count = min(int(self.options.get("weight_pieces", 1)), self.s.tile_oc)
+        if (count < 2 or self.tile_rows < 2 * self.s.tile_oc or self.g.groups > 1
+                or any(r.get("wgt") is not None for r in self.resident)
+                or dict(wgt_box.inner[0].coef).get("oB.i") != self.g.ro):
+            return []
+        bounds = [self.s.tile_oc * k // count for k in range(count + 1)]
+        return list(itertools.pairwise(bounds))
 
     @cached_property
     def first_step_overwrites(self) -> bool:

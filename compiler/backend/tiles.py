@@ -109,7 +109,11 @@ class Lowering:
         self.copies_by_gemm = usage(geom, sched, config).copies
         #: The residual is added by the epilogue's GEMM from inp rows (no accumulator rows of its own).
         self.residual_by_gemm = bool(geom.residual_gemm and self.copies_by_gemm)
-        self._regions = [self._layout(h) for h in range(self.v)]
+        #: Output tiles per thread (option ``tile_slots``): with two, a thread's tasks alternate between two
+        #: tiles, so the start of its next tile need not wait for the store of the last one.
+        self.slots = int(self.options.get("tile_slots", 1))
+        self._regions = [[self._layout(h, slot) for slot in range(self.slots)] for h in range(self.v)]
+        self._slot = [0] * self.v
         self._kernels: dict[tuple, Kernel] = {}
         self.alternated = False
         self.validate()
@@ -133,7 +137,7 @@ class Lowering:
         raise NotImplementedError
 
     # ---- regions -----------------------------------------------------------------------------------------
-    def _layout(self, h: int) -> Regions:
+    def _layout(self, h: int, slot: int = 0) -> Regions:
         c, v = self.config, self.s.vthreads
         acc0 = h * (c.acc_rows // v)
         tile = acc0
@@ -142,6 +146,8 @@ class Lowering:
         spare = vec + len(self.vectors) * self.s.tile_oc * self.g.ro
         win = spare + (1 if self.single else 0)
         end = win + self.window_rows()
+        if slot:  # the second output tile, after the rest of the slice (which both tiles share)
+            tile, end = end + (slot - 1) * self.tile_rows, end + slot * self.tile_rows
         limit = acc0 + c.acc_rows // v
         if end > limit:
             raise ValueError(f"layer '{self.name}': the tile needs {end - acc0} accumulator rows, the thread has "
@@ -149,7 +155,8 @@ class Lowering:
         return Regions(h * (c.inp_rows // v), h * (c.wgt_rows // v), tile, res, vec, spare, win)
 
     def regions(self, h: int) -> Regions:
-        return self._regions[h]
+        """Thread `h`'s slices, with the output tile of its current task."""
+        return self._regions[h][self._slot[h]]
 
     def out_tile(self, h: int) -> alu.Tile:
         s, g = self.s, self.g
@@ -176,6 +183,8 @@ class Lowering:
         """The layer's program (without its micro-op loads and FINISH, which the code generator adds)."""
         stream = Stream(self.config)
         self.resident: list[dict[str, Any]] = [{} for _ in range(self.v)]
+        self._slot = [0] * self.v
+        started = [False] * self.v
         # A task's last stage and its epilogue are one item of the round robin: the other thread's next stage
         # then runs between a tile's epilogue (its store) and the next write to the tile's rows, which waits
         # for that store (was: the two threads' epilogues back to back, so the next tile waited on the store).
@@ -198,6 +207,9 @@ class Lowering:
         for item in interleave(per_thread):
             for what, point, j, h in item:
                 if what == "stage":
+                    if j == 0:  # a new task of thread h: its tile is the next slot
+                        self._slot[h] = (self._slot[h] + started[h]) % self.slots
+                        started[h] = True
                     if held and held_by == h:  # (the same thread's next stage overwrites the tile: after it)
                         stream.insns += held
                         held = []
@@ -217,21 +229,29 @@ class Lowering:
 
     # ---- shared emitters -----------------------------------------------------------------------------
     def kernel(self, key: tuple, build: Any) -> Kernel:
+        """The kernel `key` names, built once per choice of the threads' output tiles (its rows may be theirs)."""
+        key = (*key, tuple(self._slot))
         if key not in self._kernels:
             self._kernels[key] = build()
         return self._kernels[key]
 
     def load_box(self, stream: Stream, key: str, mem: MemId, dram_base: int, box: Box, point: dict[str, int],
                  sram: int, thread: int, note: str, reuse: bool = True,
-                 strides: tuple[int, ...] | None = None) -> None:
+                 strides: tuple[int, ...] | None = None, part: tuple[int, int] | None = None) -> None:
         """Load a box unless the thread's slice already holds it (`reuse`); `strides`: of a strided view
-        (:func:`~weft.compiler.backend.dma.box_transfers`)."""
+        (:func:`~weft.compiler.backend.dma.box_transfers`); `part`: only the box's first-dimension indices
+        ``[lo, hi)``, to where the whole box puts them."""
         origin = box.origin_at(point)
         if reuse and self.resident[thread].get(key) == origin:
             return
         self.resident[thread][key] = origin
+        extent = box.extent
+        if part is not None:
+            lo, hi = part
+            origin, extent = (origin[0] + lo, *origin[1:]), (hi - lo, *extent[1:])
+            sram += lo * box.strides()[0]
         shape = self.compute.shapes[box.tensor]
-        moves = merge(self.config, box_transfers(self.config, mem, shape, dram_base, origin, box.extent, sram,
+        moves = merge(self.config, box_transfers(self.config, mem, shape, dram_base, origin, extent, sram,
                                                  strides))
         for t in moves:
             stream.transfer(t, note=note)
