@@ -12,7 +12,7 @@ Imports numpy and light weft modules only: the board runtime uses it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -107,6 +107,13 @@ def _summed(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
+def _dense(g: Mapping[str, Any]) -> bool:
+    """Whether a layer's geometry is a dense layer's: a convolution whose kernel covers its whole input (one
+    output pixel, each a dot product of the whole image), bound by its weights' DRAM traffic."""
+    return g.get("kind") == "conv" and g.get("ho") == g.get("wo") == 1 and (g.get("kh"), g.get("kw")) == \
+        (g.get("h"), g.get("w")) and not any(g.get("pads") or ())
+
+
 class ProgramRunner(Protocol):
     """Runs the program at `insn_addr` of `dram` to its FINISH, updating `dram`; returns its statistics:
     ``insns`` (by kind), ``insn_count``, ``bytes`` (by kind), ``macs``, ``alu_ops``, and ``cycles`` (None
@@ -169,7 +176,7 @@ class DramRunner:
             cycles = self.cycles(layer)
         return {"insns": stats["insns"], "insn_count": stats["insn_count"], "bytes": stats["bytes"],
                 "accel_macs": stats["macs"], "alu_ops": stats["alu_ops"], "cycles": cycles,
-                "schedule": layer["schedule"]}
+                "schedule": layer["schedule"], "dense": _dense(layer.get("geometry") or {})}
 
     def host_fields(self) -> dict[str, Any]:
         # The host's work: no accelerator instructions, DRAM traffic or cycles.

@@ -34,7 +34,7 @@ __all__ = ["add_report_arguments", "compare", "format_comparison", "layer_table"
            "summary"]
 
 COLUMNS = ("layer", "op", "target", "cycles", "ideal_cycles", "gap", "macs", "macs_per_cycle", "utilization",
-           "array_utilization", "bytes", "intensity", "bound", "dram_cycles", "dram_share", "why")
+           "array_utilization", "bytes", "intensity", "bound", "dram_cycles", "dram_share", "dense", "why")
 #: The DMA traffic a layer writes to DRAM (every other kind is read).
 WRITTEN = frozenset({"out"})
 
@@ -58,6 +58,7 @@ def layer_table(stats: Mapping[str, Any], config: Any, host_reasons: Mapping[str
     for layer in stats["layers"]:
         row: dict[str, Any] = {"layer": layer["name"], "op": layer["op"], "target": layer["target"],
                                "cycles": layer.get("cycles"), "macs": int(layer["macs"]),
+                               "dense": bool(layer.get("dense")) if layer["target"] == "accel" else None,
                                "why": (host_reasons or {}).get(layer["name"]) if layer["target"] != "accel" else None}
         moved = {k: int(v) for k, v in (layer.get("bytes") or {}).items()}
         row["bytes"] = sum(moved.values()) if layer["target"] == "accel" else None
@@ -88,9 +89,13 @@ def layer_table(stats: Mapping[str, Any], config: Any, host_reasons: Mapping[str
 def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Totals of a table: accelerator cycles, their ideal and gap, the roofline's bound (no layer faster than
     its compute ideal or its DRAM traffic), and the mean utilization of the convolutions (each layer counts
-    once, whatever its size) with and without the first one, whose few input channels make it a case apart."""
+    once, whatever its size) with and without the first one, whose few input channels make it a case apart,
+    and without the first one nor the dense layers (a dense layer, lowered as a convolution whose kernel
+    covers its image, uses each weight once: its DRAM traffic bounds it, a few percent of the peak)."""
     accel = [r for r in rows if r.get("cycles")]
-    convs = [r["utilization"] for r in accel if r["op"] == "qconv2d" and r.get("utilization") is not None]
+    conv_rows = [r for r in accel if r["op"] == "qconv2d" and r.get("utilization") is not None]
+    convs = [r["utilization"] for r in conv_rows]
+    spatial = [r["utilization"] for r in conv_rows[1:] if not r.get("dense")]
     cycles = sum(int(r["cycles"]) for r in accel)
     ideal = sum(int(r.get("ideal_cycles") or 0) for r in accel)
     # The roofline's bound: no schedule beats a layer's compute ideal nor its DRAM traffic at the bus's rate.
@@ -99,7 +104,9 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "roofline_utilization": ideal / roof if roof else None,
             "utilization": ideal / cycles if cycles else None,
             "mean_conv_utilization": sum(convs) / len(convs) if convs else None,
-            "mean_conv_utilization_after_first": sum(convs[1:]) / len(convs[1:]) if len(convs) > 1 else None}
+            "mean_conv_utilization_after_first": sum(convs[1:]) / len(convs[1:]) if len(convs) > 1 else None,
+            "spatial_convs_after_first": len(spatial),
+            "mean_spatial_conv_utilization_after_first": sum(spatial) / len(spatial) if spatial else None}
 
 
 def compare(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -213,7 +220,8 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"ideal (useful MACs at {config.macs_per_cycle} per cycle): {tot['ideal_cycles']:,} cycles; gap "
               f"{tot['gap']:,} cycles; utilization {_pct(tot['utilization'])}; mean over convolutions "
               f"{_pct(tot['mean_conv_utilization'])} ({_pct(tot['mean_conv_utilization_after_first'])} without the "
-              "first)")
+              f"first; {_pct(tot['mean_spatial_conv_utilization_after_first'])} over the "
+              f"{tot['spatial_convs_after_first']} after it that are not dense layers)")
         print(f"roofline bound (each layer at the larger of its ideal and its dram_cycles): "
               f"{tot['roofline_cycles']:,} cycles, {_pct(tot['roofline_utilization'])} of the GEMM peak")
     if args.baseline:

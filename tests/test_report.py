@@ -63,6 +63,20 @@ def test_summary_bounds_the_cycles_by_the_roofline(run):
     assert tot["ideal_cycles"] <= tot["roofline_cycles"] <= tot["cycles"]
 
 
+def test_summary_leaves_dense_layers_out_of_the_spatial_mean(run):
+    art, stats = run
+    rows = layer_table(stats, art.config)
+    convs = [r for r in rows if r["op"] == "qconv2d" and r["cycles"]]
+    assert convs and all(r["dense"] for r in convs)  # an MLP: every layer is a dense one
+    tot = summary(rows)
+    assert tot["spatial_convs_after_first"] == 0 and tot["mean_spatial_conv_utilization_after_first"] is None
+    spatial = [{**r, "dense": False} for r in rows]
+    tot = summary(spatial)
+    after = [r["utilization"] for r in convs[1:]]
+    assert tot["spatial_convs_after_first"] == len(after)
+    assert tot["mean_spatial_conv_utilization_after_first"] == pytest.approx(sum(after) / len(after))
+
+
 def test_dram_cycles_follow_the_timing_the_cycles_were_counted_with(run):
     from weft.sim.dram_timing import TIMINGS
 

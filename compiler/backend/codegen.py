@@ -307,9 +307,10 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
         return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps,
                             {**DEFAULT_OPTIONS, **(options or {}), **changes})
 
-    choices = 1 if given is not None or kind != "conv" else \
-        SCHEDULE_CHOICES if _block_products(geom) >= TIMED_PRODUCTS else SMALL_SCHEDULE_CHOICES
-    found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices)
+    small = _block_products(geom) < TIMED_PRODUCTS
+    choices = 1 if given is not None or kind != "conv" else SMALL_SCHEDULE_CHOICES if small else SCHEDULE_CHOICES
+    found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices,
+                             SMALL_INSNS_RATIO if small else None)
     if isinstance(found, str):
         raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
     sched, lowering, stream = found
@@ -336,12 +337,15 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
 #: core) has its first SCHEDULE_CHOICES fitting schedules, in the cost model's order, lowered and timed on
 #: the timing model, and the fastest kept: the cost model ranks well, but its first choice is within a few
 #: percent of the best only (a few tenths of a second a large layer). A smaller one has its first
-#: SMALL_SCHEDULE_CHOICES timed: its program is short (tens of milliseconds each), and the cost model ranks
-#: DRAM-bound layers worse (ResNet-18's 1x1/2 shortcuts: the fastest is its 7th choice, 30% faster than its
-#: first).
+#: SMALL_SCHEDULE_CHOICES timed, but not those whose programs have more than SMALL_INSNS_RATIO times the
+#: first one's instructions (small tiles: the slowest to time, and rarely faster): its program is short
+#: (tens of milliseconds each), and the cost model ranks DRAM-bound layers worse (ResNet-18's 1x1/2
+#: shortcuts: the fastest is its 7th choice, 30% faster than its first; ShuffleNet 3.32 -> 3.17 M cycles,
+#: its compile 2.9 -> 14 s).
 TIMED_PRODUCTS = 1 << 16
 SCHEDULE_CHOICES = 3
 SMALL_SCHEDULE_CHOICES = 16
+SMALL_INSNS_RATIO = 2
 
 
 #: The options of a layer's lowering (:class:`~weft.compiler.backend.tiles.Lowering`) unless chosen.
@@ -386,9 +390,10 @@ def _block_products(g: LayerGeom) -> int:
 
 
 def _fastest_fitting(schedules: Iterable[Schedule], c: AcceleratorConfig, lowering: Callable[[Schedule], Lowering],
-                     choices: int) -> tuple[Schedule, Lowering, Stream] | str:
+                     choices: int, insns_ratio: float | None = None) -> tuple[Schedule, Lowering, Stream] | str:
     """Of the first `choices` schedules that fit (:func:`_first_fitting`), the one whose program the timing
-    model runs in the fewest cycles (the first on a tie); why none fits, where none does."""
+    model runs in the fewest cycles (the first on a tie), leaving out programs of more than `insns_ratio`
+    times the first one's instructions; why none fits, where none does."""
     pending = iter(schedules)
     found: list[tuple[Schedule, Lowering, Stream]] = []
     while len(found) < choices:
@@ -398,6 +403,9 @@ def _fastest_fitting(schedules: Iterable[Schedule], c: AcceleratorConfig, loweri
                 return got
             break
         found.append(got)
+    if insns_ratio is not None:  # programs much longer than the first are not timed
+        limit = insns_ratio * len(found[0][2].insns)
+        found = [f for f in found if len(f[2].insns) <= limit]
     if len(found) == 1:
         return found[0]
     return min(found, key=lambda f: _program_cycles(f[2], c, deadlock=math.inf))
