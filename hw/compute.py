@@ -3,7 +3,8 @@
 It owns the micro-op buffer and the accumulator, and runs two copies of the pipeline below (spec "beside"):
 GEMM instructions (and the unit's loads and FINISH) in one, with the GEMM core, ALU instructions in the
 other, with the ALU lanes. It issues in stream order; an instruction waits for both pipes to be idle unless
-it has ``beside`` set, and retires (pushes its tokens) after the older instruction beside it. The
+it has ``beside`` set; one that pushes tokens retires (pushes them, frees its pipe) after the older
+instruction beside it, one that pushes none when done. The
 accumulator (and the out buffer, in the core) is two banks, its halves, each with one read and one write
 port: an instruction beside another touches only the other half, so the pipes never share a port. Each pipe
 has its own micro-op read port. Within a pipe ("the port" below is the port of the bank it uses), a GEMM
@@ -39,7 +40,9 @@ instruction drains the pipeline before it ends, so the next one (and the tokens 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from functools import reduce
 from typing import TYPE_CHECKING
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -197,7 +200,7 @@ class ComputeUnit(UnitBase):
         """In-order issue to the two pipes (spec "beside"): GEMM (and the unit's loads and FINISH, with both
         pipes idle) to the first, ALU to the second. The head starts when its tokens are there, its pipe is
         free and, unless it has beside set, the other pipe too. An instruction retires (pushes, frees its
-        pipe) when done, but not before the other pipe's older instruction has. Returns (instruction,
+        pipe) when done, but one that pushes not before the other pipe's older instruction has. Returns (instruction,
         index, start pulse, busy) of each pipe."""
         head = self.view(self.cmd.payload.insn, "finish")
         h_alu = head.opcode == Opcode.ALU
@@ -215,12 +218,17 @@ class ComputeUnit(UnitBase):
                      self.busy.eq(busy_g | busy_a), self.busy_gemm.eq(busy_g), self.busy_alu.eq(busy_a)]
         start_g, start_a = start & ~h_alu, start & h_alu
         young_g, young_a = Signal(), Signal()  # started while the other pipe's older instruction ran
-        retire_g = busy_g & done_g & ~(young_g & busy_a)
-        retire_a = busy_a & done_a & ~(young_a & busy_g)
+        insns = [Signal(INSN_BITS, name="insn_gemm"), Signal(INSN_BITS, name="insn_alu")]
+        current = [self.view(insns[0], "finish"), self.view(insns[1], "finish")]
+        # Only a push tells another unit that the instructions before it are done: a younger instruction
+        # without one retires (frees its pipe) when done, one with one not before the older one beside it.
+        pushes = [reduce(operator.or_, [getattr(x, flag) for flag in self.flags if flag.startswith("push")],
+                         Const(0)) for x in current]
+        retire_g = busy_g & done_g & ~(young_g & busy_a & pushes[0])
+        retire_a = busy_a & done_a & ~(young_a & busy_g & pushes[1])
         slots = []
-        for st, busy, young, retire, other_busy in ((start_g, busy_g, young_g, retire_g, busy_a),
-                                                    (start_a, busy_a, young_a, retire_a, busy_g)):
-            insn = Signal(INSN_BITS)
+        for insn, st, busy, young, retire, other_busy in ((insns[0], start_g, busy_g, young_g, retire_g, busy_a),
+                                                          (insns[1], start_a, busy_a, young_a, retire_a, busy_g)):
             index = Signal.like(self.cmd.payload.index)
             with m.If(st):
                 m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index), busy.eq(1),
@@ -232,7 +240,6 @@ class ComputeUnit(UnitBase):
             m.d.sync += young_g.eq(0)
         with m.If(retire_g):
             m.d.sync += young_a.eq(0)
-        current = [self.view(slots[0][0], "finish"), self.view(slots[1][0], "finish")]
         for flag, queue in self.flags.items():
             if flag.startswith("pop"):
                 m.d.comb += getattr(self, f"{queue}_pop").eq(start & getattr(head, flag))

@@ -396,8 +396,8 @@ class _Run:
         depth = self.c.token_queue_depth
         # The compute unit's two pipes (spec "beside"): GEMM in one, ALU in the other, other instructions
         # (its loads, FINISH) in the first. An instruction starts a cycle after the one before it at the
-        # earliest, when both pipes are free or, an ALU with beside set, its own. It pushes when it retires:
-        # when done, but a cycle after the other pipe's older instruction retired.
+        # earliest, when both pipes are free or, an ALU with beside set, its own. It retires (frees its pipe,
+        # pushes) when done, but one that pushes a cycle after the other pipe's older instruction retired.
         pipe_free = {"gemm": 0.0, "alu": 0.0}
         retired = {"gemm": -1.0, "alu": -1.0}
         last_start = -1.0
@@ -432,7 +432,7 @@ class _Run:
                 last_start = s
                 slot = pipe or "gemm"
                 other = "alu" if slot == "gemm" else "gemm"
-                if beside and retired[other] >= s:  # the other pipe's instruction is older and still runs
+                if beside and retired[other] >= s and self.pushes[i]:  # the other pipe's is older and runs
                     retire = max(done, retired[other] + 1)
                 retired[slot], pipe_free[slot] = retire, retire + 1
             for q, k in self.pushes[i]:

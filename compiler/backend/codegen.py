@@ -349,7 +349,8 @@ SMALL_INSNS_RATIO = 2
 
 
 #: The options of a layer's lowering (:class:`~weft.compiler.backend.tiles.Lowering`) unless chosen.
-DEFAULT_OPTIONS = {"hold_epilogue": True, "weight_pieces": 1, "tile_slots": 1}
+DEFAULT_OPTIONS = {"hold_epilogue": True, "epilogue_own_stage": False, "weight_pieces": 1, "tile_slots": 1,
+                   "residual_alu": False}
 #: The program's first weights in this many pieces of output blocks, each with its own GEMM (option
 #: ``weight_pieces`` of the convolution lowering), where that runs faster.
 WEIGHT_PIECES = 4
@@ -360,7 +361,7 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
     """The lowering options timed one after the other on the timing model, each kept where its program runs
     faster and its micro-ops fit: the epilogues beside the other thread's GEMMs or each with its stage
     (``hold_epilogue``), the first weights whole or in pieces (``weight_pieces``), one output tile a thread
-    or two (``tile_slots``)."""
+    or two (``tile_slots``), a residual added by the epilogue's GEMM or its ALU (``residual_alu``)."""
     options = dict(DEFAULT_OPTIONS)
     cycles = None
     variants = []
@@ -369,6 +370,9 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
     if lowering.kind == "conv":
         variants.append({"weight_pieces": WEIGHT_PIECES})
         variants.append({"tile_slots": 2})
+        variants.append({"tile_slots": 2, "epilogue_own_stage": True})
+        if lowering.residual_by_gemm:
+            variants.append({"tile_slots": 2, "epilogue_own_stage": True, "residual_alu": True})
     for change in variants:
         try:
             trial = lower(**{**options, **change})

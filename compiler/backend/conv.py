@@ -112,10 +112,14 @@ class ConvLowering(Lowering):
         if stage == 0:
             args = (stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
                     self.out_box.extent, r.inp + inp_box.rows)
+            # (option residual_alu) the tile's start before the copy, the GEMM pipe's first work of the stage,
+            # before which the other thread's epilogue goes (Lowering.lower): that epilogue on the ALU then
+            # runs beside the copy and the tile's GEMMs
+            copy_last = self.g.residual_gemm and not self.residual_by_gemm
             if self.residual_by_gemm:
                 # Loaded before the task's GEMMs, so the load hides behind them; the epilogue's GEMM adds it.
                 self.load_for_copy(*args, r.wgt + wgt_box.rows, thread, "residual tile")
-            elif self.g.residual and self.copies_by_gemm:
+            elif self.g.residual and self.copies_by_gemm and not copy_last:
                 # Before the task's GEMMs rather than in the epilogue: the loads that later overwrite the
                 # residual's rows then wait on the task's last GEMM, one token for both (each thread's
                 # outstanding tokens stay within the queue depth).
@@ -125,6 +129,8 @@ class ConvLowering(Lowering):
                 alu.start_from(stream, self.bias_start, self.out_tile(thread), r.vec, self.kernel, thread)
             elif not self.first_step_overwrites:  # else the body's first step overwrites the tile, below
                 self.reset(stream, thread)
+            if self.g.residual and self.copies_by_gemm and copy_last:
+                self.copy_in(*args, r.res, r.wgt + wgt_box.rows, thread, "residual tile")
 
         def nest() -> Nest:
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
@@ -188,9 +194,13 @@ class ConvLowering(Lowering):
         return None if self.single else alu.bias_start(self.steps)
 
     def epilogue_steps(self) -> tuple[tuple, int]:
+        steps = tuple(self.steps)
+        if self.g.residual_gemm and self.copies_by_gemm and not self.residual_by_gemm:
+            # (option residual_alu) the copy's identity matrix carries the residual's scale already
+            steps = tuple(("residual", ()) if kind == "residual" else (kind, op) for kind, op in steps)
         if self.bias_start is None:
-            return tuple(self.steps), 0
-        return tuple(self.steps[1:]), (1 if self.bias_start[0] == "add_vec" else 0)
+            return steps, 0
+        return steps[1:], (1 if self.bias_start[0] == "add_vec" else 0)
 
     def residual_gemm(self, h: int) -> Callable[[Stream, alu.Tile], None] | None:
         if not self.residual_by_gemm:

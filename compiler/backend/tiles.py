@@ -107,10 +107,14 @@ class Lowering:
         self.single = self.tile_rows == 1
         self.v = s.vthreads
         self.copies_by_gemm = usage(geom, sched, config).copies
-        #: The residual is added by the epilogue's GEMM from inp rows (no accumulator rows of its own).
-        self.residual_by_gemm = bool(geom.residual_gemm and self.copies_by_gemm)
+        #: The residual is added by the epilogue's GEMM from inp rows (no accumulator rows of its own), unless
+        #: option ``residual_alu``: the task's first stage copies it, scaled, into its own rows and the
+        #: epilogue's ALU adds it (beside the other thread's GEMMs, where the GEMM waits for the RQ before it).
+        self.residual_by_gemm = bool(geom.residual_gemm and self.copies_by_gemm
+                                     and not self.options.get("residual_alu"))
         #: Output tiles per thread (option ``tile_slots``): with two, a thread's tasks alternate between two
-        #: tiles, so the start of its next tile need not wait for the store of the last one.
+        #: tiles (each with its residual, vector and spare rows), so the start of its next tile need not wait
+        #: for the store of the last one.
         self.slots = int(self.options.get("tile_slots", 1))
         self._regions = [[self._layout(h, slot) for slot in range(self.slots)] for h in range(self.v)]
         self._slot = [0] * self.v
@@ -146,8 +150,9 @@ class Lowering:
         spare = vec + len(self.vectors) * self.s.tile_oc * self.g.ro
         win = spare + (1 if self.single else 0)
         end = win + self.window_rows()
-        if slot:  # the second output tile, after the rest of the slice (which both tiles share)
-            tile, end = end + (slot - 1) * self.tile_rows, end + slot * self.tile_rows
+        if slot:  # another tile with rows of its own for everything (its epilogue may run after the next start)
+            size = end - acc0
+            tile, res, vec, spare, win, end = (x + slot * size for x in (tile, res, vec, spare, win, end))
         limit = acc0 + c.acc_rows // v
         if end > limit:
             raise ValueError(f"layer '{self.name}': the tile needs {end - acc0} accumulator rows, the thread has "
@@ -201,9 +206,18 @@ class Lowering:
         # of its tile: everything before its first GEMM), so that the stage's GEMMs follow the epilogue
         # directly and run beside it, and its start beside our GEMMs. (Where the stores bound the layer, the
         # next tile's start waits for the store before it, and the other thread's epilogue behind that start
-        # in the ALU pipe waits too: option hold_epilogue=False keeps each epilogue with its stage.)
+        # in the ALU pipe waits too: option hold_epilogue=False keeps each epilogue with its stage.) An epilogue of
+        # several ALU instructions, or one with a GEMM (a residual's), holds the other thread's GEMMs until its
+        # last one issues (the issue is in order): with two output tiles a thread, option epilogue_own_stage
+        # puts it after the start of the same thread's next task instead (its tile's start in the other slot,
+        # beside the other thread's GEMMs like the epilogue), before that task's first GEMM.
         held: list[Insn] = []  # an epilogue waiting for the other thread's next stage
         held_by = -1
+        # (not where the epilogue's GEMM adds a residual from the thread's inp rows, which the next task's
+        # start loads again)
+        own = bool(self.options.get("epilogue_own_stage")) and self.v > 1 and self.slots > 1 \
+            and not self.residual_by_gemm
+        held_own: dict[int, list[Insn]] = {}  # (epilogue_own_stage) by thread
         for item in interleave(per_thread):
             for what, point, j, h in item:
                 if what == "stage":
@@ -215,16 +229,23 @@ class Lowering:
                         held = []
                     mark = len(stream.insns)
                     self.emit_stage(stream, point, j, h)
+                    if j == 0 and h in held_own:
+                        stream.insns[mark:] = _before_gemms(stream.insns[mark:], held_own.pop(h))
                     if held:
                         stream.insns[mark:] = _before_gemms(stream.insns[mark:], held)
                         held = []
                 else:
                     start = len(stream.insns)
                     self.emit_epilogue(stream, point, h)
-                    if self.v > 1 and self.options.get("hold_epilogue", True):
+                    if own:
+                        held_own[h] = stream.insns[start:]
+                        del stream.insns[start:]
+                    elif self.v > 1 and self.options.get("hold_epilogue", True):
                         held, held_by = stream.insns[start:], h
                         del stream.insns[start:]
         stream.insns += held
+        for rest in held_own.values():  # the last tasks' (in the order they were emitted)
+            stream.insns += rest
         return stream
 
     # ---- shared emitters -----------------------------------------------------------------------------
@@ -343,8 +364,9 @@ class Lowering:
         """The epilogue's vectors for the output-channel tile of `point`, unless the thread holds them."""
         g, s, r = self.g, self.s, self.regions(h)
         first_block = point.get("gS", 0) * g.ocb + point["oB.o"] * s.tile_oc
-        if self.vectors and self.resident[h].get("vec") != first_block:
-            self.resident[h]["vec"] = first_block
+        key = ("vec", self._slot[h])  # each output tile has its vector rows
+        if self.vectors and self.resident[h].get(key) != first_block:
+            self.resident[h][key] = first_block
             assert self.addrs.vec is not None
             shape = (len(self.vectors), g.ocb * g.groups * g.ro)
             origin = (0, first_block * g.ro)
