@@ -113,9 +113,11 @@ class Lowering:
         self.residual_by_gemm = bool(geom.residual_gemm and self.copies_by_gemm
                                      and not self.options.get("residual_alu"))
         #: Output tiles per thread (option ``tile_slots``): with two, a thread's tasks alternate between two
-        #: tiles (each with its residual, vector and spare rows), so the start of its next tile need not wait
-        #: for the store of the last one.
+        #: tiles, so the start of its next tile need not wait for the store of the last one.
         self.slots = int(self.options.get("tile_slots", 1))
+        #: Each tile has its own residual, vector and spare rows too: its epilogue may then run after the start
+        #: of the thread's next task (option epilogue_own_stage), which loads the next tile's.
+        self.own_rows = bool(self.options.get("epilogue_own_stage"))
         self._regions = [[self._layout(h, slot) for slot in range(self.slots)] for h in range(self.v)]
         self._slot = [0] * self.v
         self._kernels: dict[tuple, Kernel] = {}
@@ -150,9 +152,11 @@ class Lowering:
         spare = vec + len(self.vectors) * self.s.tile_oc * self.g.ro
         win = spare + (1 if self.single else 0)
         end = win + self.window_rows()
-        if slot:  # another tile with rows of its own for everything (its epilogue may run after the next start)
+        if slot and self.own_rows:  # another tile with rows of its own for everything
             size = end - acc0
             tile, res, vec, spare, win, end = (x + slot * size for x in (tile, res, vec, spare, win, end))
+        elif slot:  # another tile after the rest of the slice, which both tiles share
+            tile, end = end + (slot - 1) * self.tile_rows, end + slot * self.tile_rows
         limit = acc0 + c.acc_rows // v
         if end > limit:
             raise ValueError(f"layer '{self.name}': the tile needs {end - acc0} accumulator rows, the thread has "
@@ -364,7 +368,7 @@ class Lowering:
         """The epilogue's vectors for the output-channel tile of `point`, unless the thread holds them."""
         g, s, r = self.g, self.s, self.regions(h)
         first_block = point.get("gS", 0) * g.ocb + point["oB.o"] * s.tile_oc
-        key = ("vec", self._slot[h])  # each output tile has its vector rows
+        key = ("vec", self._slot[h] if self.own_rows else 0)  # (each output tile has its vector rows)
         if self.vectors and self.resident[h].get(key) != first_block:
             self.resident[h][key] = first_block
             assert self.addrs.vec is not None
