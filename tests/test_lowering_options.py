@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from weft.compiler.backend import codegen
+from weft.compiler.backend import tiles
 from weft.compiler.backend.schedule import Schedule
 from weft.core.accel_section import accel_section
 
@@ -44,10 +44,10 @@ def small_resnet():
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "+".join(f"{k}={v}" for k, v in o.items()))
 def test_each_lowering_option_forced_on_every_layer_is_bit_exact(small_resnet, options, monkeypatch):
     model, schedules = small_resnet
-    monkeypatch.setattr(codegen, "DEFAULT_OPTIONS", {**codegen.DEFAULT_OPTIONS, **options})
+    monkeypatch.setattr(tiles, "DEFAULT_OPTIONS", {**tiles.DEFAULT_OPTIONS, **options})
     art = _compile(model, "default", schedules=schedules)  # given schedules: no timed variants
     layers = art.sections["accel"].meta["layers"]
-    assert all(layer["lowering"] == codegen.DEFAULT_OPTIONS for layer in layers)
+    assert all(layer["lowering"] == tiles.DEFAULT_OPTIONS for layer in layers)
     assert any(layer["geometry"]["residual"] for layer in layers)
     assert_bit_exact(art, {"input": rand(1, 3, 32, 32, seed=4)})
 
@@ -55,7 +55,14 @@ def test_each_lowering_option_forced_on_every_layer_is_bit_exact(small_resnet, o
 def test_a_forced_option_changes_the_programs(small_resnet, monkeypatch):
     model, schedules = small_resnet
     plain = _compile(model, "default", schedules=schedules)
-    monkeypatch.setattr(codegen, "DEFAULT_OPTIONS", {**codegen.DEFAULT_OPTIONS, **OPTIONS[3]})
+    monkeypatch.setattr(tiles, "DEFAULT_OPTIONS", {**tiles.DEFAULT_OPTIONS, **OPTIONS[3]})
     forced = _compile(model, "default", schedules=schedules)
     a, b = (np.asarray(accel_section(x).const) for x in (plain, forced))
     assert a.shape != b.shape or not np.array_equal(a, b)
+
+
+def test_an_unknown_lowering_option_is_refused():
+    from weft.compiler.backend.conv import ConvLowering
+
+    with pytest.raises(TypeError, match="unknown lowering option 'tile_slot' \\(known: hold_epilogue"):
+        ConvLowering("conv", None, Schedule(), None, None, (), {"tile_slot": 2})  # type: ignore[arg-type]

@@ -268,7 +268,8 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     """Lower one accelerator layer into `plan` (its instruction stream, uops and constants) and return the
     layer's metadata. `values` maps value names to their DRAM placement; `given` is a schedule (or None for
     the default); `nonneg` says the layer's input is proven >= 0; `options`: the lowering's (its meta's
-    ``lowering``; None: the defaults, or the fastest variants where the schedule is not given). Used by
+    ``lowering``; None: :data:`~weft.compiler.backend.tiles.DEFAULT_OPTIONS`, or their fastest variants where
+    the schedule is not given). Used by
     :func:`generate` and by the tuner's measurer, which lowers single layers with candidate schedules."""
     geom = layer_geometry(node, graph, c)
     if nonneg and geom.kind == "maxpool":  # its zero padding cannot win (schedule.pools_offset)
@@ -304,22 +305,18 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     lowering_cls = _LOWERING[kind]
 
     def lower_with(sched: Schedule, **changes: Any) -> Lowering:
-        return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps,
-                            {**DEFAULT_OPTIONS, **(options or {}), **changes})
+        return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {**(options or {}), **changes})
 
     small = _block_products(geom) < TIMED_PRODUCTS
     choices = 1 if given is not None or kind != "conv" else SMALL_SCHEDULE_CHOICES if small else SCHEDULE_CHOICES
     found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices,
                              SMALL_INSNS_RATIO if small else None)
+    if not latency_hiding and not isinstance(found, str):  # the same tiles (timed with latency hiding), one thread
+        found = _first_fitting([found[0].without_latency_hiding()], c, lower_with)
     if isinstance(found, str):
         raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
     sched, lowering, stream = found
-    if not latency_hiding:  # the same tiles, one thread (the schedules were timed with latency hiding)
-        found = _first_fitting([sched.without_latency_hiding()], c, lower_with)
-        if isinstance(found, str):
-            raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
-        sched, lowering, stream = found
-    elif given is None and options is None:
+    if latency_hiding and given is None and options is None:
         lowering, stream = _fastest_variant(lowering, stream, c, lambda **options: lower_with(sched, **options))
     placed = _place_program(node.name, node.op, stream, c, plan)
     return {
@@ -348,9 +345,6 @@ SMALL_SCHEDULE_CHOICES = 16
 SMALL_INSNS_RATIO = 2
 
 
-#: The options of a layer's lowering (:class:`~weft.compiler.backend.tiles.Lowering`) unless chosen.
-DEFAULT_OPTIONS = {"hold_epilogue": True, "epilogue_own_stage": False, "weight_pieces": 1, "tile_slots": 1,
-                   "residual_alu": False}
 #: The program's first weights in this many pieces of output blocks, each with its own GEMM (option
 #: ``weight_pieces`` of the convolution lowering), where that runs faster.
 WEIGHT_PIECES = 4
@@ -362,7 +356,7 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
     faster and its micro-ops fit: the epilogues beside the other thread's GEMMs or each with its stage
     (``hold_epilogue``), the first weights whole or in pieces (``weight_pieces``), one output tile a thread
     or two (``tile_slots``), a residual added by the epilogue's GEMM or its ALU (``residual_alu``)."""
-    options = dict(DEFAULT_OPTIONS)
+    options = dict(lowering.options)
     cycles = None
     variants = []
     if lowering.s.vthreads > 1:

@@ -112,14 +112,10 @@ class ConvLowering(Lowering):
         if stage == 0:
             args = (stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
                     self.out_box.extent, r.inp + inp_box.rows)
-            # (option residual_alu) the tile's start before the copy, the GEMM pipe's first work of the stage,
-            # before which the other thread's epilogue goes (Lowering.lower): that epilogue on the ALU then
-            # runs beside the copy and the tile's GEMMs
-            copy_last = self.g.residual_gemm and not self.residual_by_gemm
             if self.residual_by_gemm:
                 # Loaded before the task's GEMMs, so the load hides behind them; the epilogue's GEMM adds it.
                 self.load_for_copy(*args, r.wgt + wgt_box.rows, thread, "residual tile")
-            elif self.g.residual and self.copies_by_gemm and not copy_last:
+            elif self.g.residual and self.copies_by_gemm and not self.residual_alu:
                 # Before the task's GEMMs rather than in the epilogue: the loads that later overwrite the
                 # residual's rows then wait on the task's last GEMM, one token for both (each thread's
                 # outstanding tokens stay within the queue depth).
@@ -129,7 +125,9 @@ class ConvLowering(Lowering):
                 alu.start_from(stream, self.bias_start, self.out_tile(thread), r.vec, self.kernel, thread)
             elif not self.first_step_overwrites:  # else the body's first step overwrites the tile, below
                 self.reset(stream, thread)
-            if self.g.residual and self.copies_by_gemm and copy_last:
+            if self.residual_alu:
+                # After the tile's start: the copy is the GEMM pipe's first work of the stage, before which the
+                # other thread's epilogue goes (Lowering.lower), so that epilogue runs beside it on the ALU.
                 self.copy_in(*args, r.res, r.wgt + wgt_box.rows, thread, "residual tile")
 
         def nest() -> Nest:
@@ -149,18 +147,14 @@ class ConvLowering(Lowering):
     def emit_body(self, stream: Stream, nest: Callable[[], Nest], stage: int, thread: int, key: tuple = (),
                   note: str = "") -> None:
         """The tile body's GEMMs: the first reduction step overwriting the tile, then the rest, where the
-        tile starts from it; else one instruction (:meth:`body`)."""
+        tile starts from it; else the body (:meth:`body`); `key` names its kernels (a piece of the tile)."""
         if stage == 0 and self.first_step_overwrites:
             first, rest = (self.kernel((part, thread, *key), lambda part=part: alu.fold_body(
                 _reduction_part(nest(), part), self.config)) for part in ("first", "rest"))
             stream.gemm(first, overwrite=True, note=f"convolution tile, first step{note}")
             stream.gemm(rest, note=f"convolution tile{note}")
             return
-        if key:
-            kernel = self.kernel(("body", thread, *key), lambda: alu.fold_body(nest(), self.config))
-            stream.gemm(kernel, note=f"convolution tile{note}")
-            return
-        self.body(stream, nest, thread, lambda k: stream.gemm(k, note="convolution tile"))
+        self.body(stream, nest, thread, lambda k: stream.gemm(k, note=f"convolution tile{note}"), key)
 
     def weight_pieces(self, wgt_box: Box, point: dict[str, int], at: int) -> list[tuple[int, int]]:
         """The program's first weights, in pieces of output blocks ``[lo, hi)`` of the tile (option
@@ -169,7 +163,7 @@ class ConvLowering(Lowering):
         them, the first one's do not. Empty where the weights come whole: another piece count, a tile of
         one output block, pieces of one row (their reduction is no single instruction), weights a thread
         holds already, a grouped convolution."""
-        count = min(int(self.options.get("weight_pieces", 1)), self.s.tile_oc)
+        count = min(int(self.options["weight_pieces"]), self.s.tile_oc)
         if (count < 2 or self.tile_rows < 2 * self.s.tile_oc or self.g.groups > 1
                 or any(r.get("wgt") is not None for r in self.resident)
                 or dict(wgt_box.inner[0].coef).get("oB.i") != self.g.ro):
@@ -195,8 +189,7 @@ class ConvLowering(Lowering):
 
     def epilogue_steps(self) -> tuple[tuple, int]:
         steps = tuple(self.steps)
-        if self.g.residual_gemm and self.copies_by_gemm and not self.residual_by_gemm:
-            # (option residual_alu) the copy's identity matrix carries the residual's scale already
+        if self.residual_alu:  # the copy's identity matrix carries the residual's scale already
             steps = tuple(("residual", ()) if kind == "residual" else (kind, op) for kind, op in steps)
         if self.bias_start is None:
             return steps, 0

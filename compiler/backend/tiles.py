@@ -36,7 +36,15 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.core.epilogue import Step
 
-__all__ = ["Addresses", "Lowering", "Regions"]
+__all__ = ["DEFAULT_OPTIONS", "Addresses", "Lowering", "Regions"]
+
+#: A lowering's options (the code generator times other values per layer, :func:`~weft.compiler.backend.
+#: codegen.lower_layer`): ``hold_epilogue`` (a tile's epilogue beside the other thread's next stage, else
+#: with its own), ``epilogue_own_stage`` (with two tiles a thread: beside the same thread's next task),
+#: ``weight_pieces`` (the first weights in this many loads, a GEMM each), ``tile_slots`` (output tiles a
+#: thread), ``residual_alu`` (a residual the GEMM could add is copied, scaled, and added by the ALU).
+DEFAULT_OPTIONS: dict[str, Any] = {"hold_epilogue": True, "epilogue_own_stage": False, "weight_pieces": 1,
+                                   "tile_slots": 1, "residual_alu": False}
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,10 @@ class Lowering:
                  addrs: Addresses, steps: tuple[Step, ...], options: dict[str, Any] | None = None):
         self.name, self.g, self.s, self.config, self.addrs = name, geom, sched, config, addrs
         self.steps = steps
-        self.options = dict(options or {})
+        unknown = sorted(set(options or {}) - set(DEFAULT_OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown lowering option '{unknown[0]}' (known: {', '.join(DEFAULT_OPTIONS)})")
+        self.options = {**DEFAULT_OPTIONS, **(options or {})}
         self.vectors = alu.vectors_of(steps)
         g, s = geom, sched
         c = self.declare()
@@ -107,17 +118,22 @@ class Lowering:
         self.single = self.tile_rows == 1
         self.v = s.vthreads
         self.copies_by_gemm = usage(geom, sched, config).copies
-        #: The residual is added by the epilogue's GEMM from inp rows (no accumulator rows of its own), unless
-        #: option ``residual_alu``: the task's first stage copies it, scaled, into its own rows and the
-        #: epilogue's ALU adds it (beside the other thread's GEMMs, where the GEMM waits for the RQ before it).
-        self.residual_by_gemm = bool(geom.residual_gemm and self.copies_by_gemm
-                                     and not self.options.get("residual_alu"))
+        #: A residual the GEMM can add with the scaled identity: option ``residual_alu`` has the task's first
+        #: stage copy it, scaled, into its own rows and the epilogue's ALU add it (beside the other thread's
+        #: GEMMs, where the GEMM waits for the RQ before the residual GEMM); else the epilogue's GEMM adds it
+        #: from inp rows (no accumulator rows of its own).
+        scalable = bool(geom.residual_gemm and self.copies_by_gemm)
+        self.residual_alu = scalable and bool(self.options["residual_alu"])
+        self.residual_by_gemm = scalable and not self.residual_alu
         #: Output tiles per thread (option ``tile_slots``): with two, a thread's tasks alternate between two
         #: tiles, so the start of its next tile need not wait for the store of the last one.
-        self.slots = int(self.options.get("tile_slots", 1))
-        #: Each tile has its own residual, vector and spare rows too: its epilogue may then run after the start
-        #: of the thread's next task (option epilogue_own_stage), which loads the next tile's.
-        self.own_rows = bool(self.options.get("epilogue_own_stage"))
+        self.slots = int(self.options["tile_slots"])
+        #: Option ``epilogue_own_stage``, where it applies (two threads, two tiles, no residual the epilogue
+        #: reads from the thread's inp rows, which the next task's start loads again): a tile's epilogue goes
+        #: after the start of the thread's next task, and each tile has its own residual, vector and spare
+        #: rows (the next task's start loads its own).
+        self.own_stage = bool(self.options["epilogue_own_stage"]) and self.v > 1 and self.slots > 1 \
+            and not self.residual_by_gemm
         self._regions = [[self._layout(h, slot) for slot in range(self.slots)] for h in range(self.v)]
         self._slot = [0] * self.v
         self._kernels: dict[tuple, Kernel] = {}
@@ -152,7 +168,7 @@ class Lowering:
         spare = vec + len(self.vectors) * self.s.tile_oc * self.g.ro
         win = spare + (1 if self.single else 0)
         end = win + self.window_rows()
-        if slot and self.own_rows:  # another tile with rows of its own for everything
+        if slot and self.own_stage:  # another tile with rows of its own for everything
             size = end - acc0
             tile, res, vec, spare, win, end = (x + slot * size for x in (tile, res, vec, spare, win, end))
         elif slot:  # another tile after the rest of the slice, which both tiles share
@@ -217,10 +233,6 @@ class Lowering:
         # beside the other thread's GEMMs like the epilogue), before that task's first GEMM.
         held: list[Insn] = []  # an epilogue waiting for the other thread's next stage
         held_by = -1
-        # (not where the epilogue's GEMM adds a residual from the thread's inp rows, which the next task's
-        # start loads again)
-        own = bool(self.options.get("epilogue_own_stage")) and self.v > 1 and self.slots > 1 \
-            and not self.residual_by_gemm
         held_own: dict[int, list[Insn]] = {}  # (epilogue_own_stage) by thread
         for item in interleave(per_thread):
             for what, point, j, h in item:
@@ -241,10 +253,10 @@ class Lowering:
                 else:
                     start = len(stream.insns)
                     self.emit_epilogue(stream, point, h)
-                    if own:
+                    if self.own_stage:
                         held_own[h] = stream.insns[start:]
                         del stream.insns[start:]
-                    elif self.v > 1 and self.options.get("hold_epilogue", True):
+                    elif self.v > 1 and self.options["hold_epilogue"]:
                         held, held_by = stream.insns[start:], h
                         del stream.insns[start:]
         stream.insns += held
@@ -294,16 +306,17 @@ class Lowering:
 
         stream.gemm(self.kernel(("reset", h), build), reset=True, note="reset the output tile")
 
-    def body(self, stream: Stream, nest: Callable[[], Nest], h: int, emit: Callable[[Kernel], object]) -> None:
-        """Emit a tile body (`nest` builds it when this thread has no kernel for it yet): one folded
+    def body(self, stream: Stream, nest: Callable[[], Nest], h: int, emit: Callable[[Kernel], object],
+             key: tuple = ()) -> None:
+        """Emit a tile body (`nest` builds it when this thread has no kernel `key` for it yet): one folded
         instruction; for a one-row tile, executions alternating between the row and its spare row (folded
         in by :meth:`combine` once the reduction is complete)."""
         r = self.regions(h)
         if self.single:
-            kernel = self.kernel(("body", h), lambda: alu.alternate(nest(), r.spare))
+            kernel = self.kernel(("body", h, *key), lambda: alu.alternate(nest(), r.spare))
             self.alternated = self.alternated or len(kernel.uops) > 1
         else:
-            kernel = self.kernel(("body", h), lambda: alu.fold_body(nest(), self.config))
+            kernel = self.kernel(("body", h, *key), lambda: alu.fold_body(nest(), self.config))
         emit(kernel)
 
     def combine(self, stream: Stream, h: int, op: AluOp) -> None:
@@ -368,7 +381,7 @@ class Lowering:
         """The epilogue's vectors for the output-channel tile of `point`, unless the thread holds them."""
         g, s, r = self.g, self.s, self.regions(h)
         first_block = point.get("gS", 0) * g.ocb + point["oB.o"] * s.tile_oc
-        key = ("vec", self._slot[h] if self.own_rows else 0)  # (each output tile has its vector rows)
+        key = ("vec", self._slot[h] if self.own_stage else 0)  # (each output tile has its vector rows)
         if self.vectors and self.resident[h].get(key) != first_block:
             self.resident[h][key] = first_block
             assert self.addrs.vec is not None
