@@ -58,6 +58,7 @@ from weft.hw.datapath import (
     alu_lane_last,
     elements,
     saturate_row,
+    select,
     sign_extend_row,
 )
 from weft.hw.dma import Load2D
@@ -450,12 +451,13 @@ class ComputeUnit(UnitBase):
                              held_at[n].eq(src_d)]
             with m.Elif(valid["f"] & (dst["f"] == held_at[n])):
                 m.d.sync += held[n].eq(new_f)
-        # (a chain of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
+        # (a tree of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
         # from time 0 on, where a combinational process whose inputs never change may never run)
-        operand, operand_at = held[0], held_at[0]
-        for n in range(1, SRC_ROWS):
-            operand = Mux(slots["x"] == n, held[n], operand)
-            operand_at = Mux(slots["x"] == n, held_at[n], operand_at)
+        operand = select(held, slots["x"])
+        # Whether X takes its operand from F, decided a cycle ahead: what Y holds then is what F writes in X's
+        # cycle, and the slot's row does not change between E and X (its next read waits until X is past).
+        operand_from_f = Signal()
+        m.d.sync += operand_from_f.eq(valid["y"] & (dst["y"] == select(held_at, slots["e"])))
         old_x = Signal(c.acc_row_bits)
         forward_x = Signal()  # X takes acc[dst] from F, which writes it then
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
@@ -477,7 +479,7 @@ class ComputeUnit(UnitBase):
         inp_d, inp_e, inp_x = (Signal(c.inp_row_bits, name=f"inp_{s}") for s in "dex")
         m.d.sync += [inp_d.eq(self.inp_data), inp_e.eq(inp_d), inp_x.eq(inp_e)]
         inp_lanes = elements(inp_x, c.inp_width)
-        src_row = elements(Mux(valid["f"] & (dst["f"] == operand_at), new_f, operand), w)
+        src_row = elements(Mux(operand_from_f, new_f, operand), w)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
         row_y = Signal(c.acc_row_bits)  # the ALU's row but for MUL and RQ

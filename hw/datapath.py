@@ -19,7 +19,7 @@ from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
 __all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "elements",
-           "saturate_row", "sign_extend_row"]
+           "saturate_row", "select", "sign_extend_row"]
 
 #: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
 DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
@@ -28,6 +28,18 @@ DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
 def elements(row: Value, width: int) -> list[Value]:
     """The signed elements of a row, in index order."""
     return [row.word_select(j, width).as_signed() for j in range(len(row) // width)]
+
+
+def select(values: list[Value], index: Value) -> Value:
+    """``values[index]`` as a balanced tree of 2:1 multiplexers on the index's bits, log2(len) deep where a
+    chain of compares would be len - 1 deep (an index past the end selects an element of the last pair).
+    Continuous assignments, like any :func:`Mux`: 4-state simulators evaluate them from time 0 on."""
+    level, bit = list(values), 0
+    while len(level) > 1:
+        level = [Mux(index[bit], level[k + 1], level[k]) if k + 1 < len(level) else level[k]
+                 for k in range(0, len(level), 2)]
+        bit += 1
+    return level[0]
 
 
 def _tree_levels(values: list[Value], levels: int) -> list[Value]:
@@ -154,10 +166,8 @@ def _alu_lane_but_mul(op: Value, a: Value, b: Value, width: int) -> Value:
         AluOp.SHR: shifted,
         AluOp.MOV: b[:width],
     }
-    expr = with_op[AluOp.MIN]
-    for code in (AluOp.MAX, AluOp.ADD, AluOp.SHR, AluOp.MOV):
-        expr = Mux(op == code, with_op[code], expr)
-    return expr
+    # Every other code (MUL's and RQ's, which alu_lane_last replaces, and the unused one) gives MIN's result.
+    return select([with_op.get(code, with_op[AluOp.MIN]) for code in range(1 << len(op))], op)
 
 
 class AluRow(wiring.Component):
