@@ -33,7 +33,7 @@ from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, unit_of
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["Fetch", "check_insn", "check_word", "error_code"]
+__all__ = ["Fetch", "check_insn", "check_word", "error_code", "sram_range"]
 
 
 
@@ -44,14 +44,21 @@ def _one_of(value: Value, members: list[int]) -> Value:
 def check_insn(m: Module, config: AcceleratorConfig, word: Value, is_last: Value
                ) -> tuple[Signal, Signal, Value]:
     """Combinational checks of one instruction word: (error code or 0, unit, is FINISH)."""
-    checks, unit, is_finish = check_word(m, config, word)
+    checks, unit, is_finish, _ = check_word(m, config, word)
     return error_code(m, config, checks, is_finish, is_last), unit, is_finish
 
 
+def sram_range(active: Value, sram_base: Value, height: Value, width: Value, rows: Value) -> Value:
+    """The SRAM_RANGE condition: an active transfer's box (``height * width`` rows from `sram_base`) ends
+    past the memory's `rows`."""
+    return active & (sram_base + height * width > rows)
+
+
 def check_word(m: Module, config: AcceleratorConfig, word: Value
-               ) -> tuple[list[tuple[Value, ErrorCode]], Signal, Value]:
+               ) -> tuple[list[tuple[Value, ErrorCode]], Signal, Value, dict[str, Value]]:
     """The checks of an instruction that depend on its word alone, in the order they apply (condition,
-    error); the unit it goes to; whether it is FINISH."""
+    error); the unit it goes to; whether it is FINISH; the operands of its :func:`sram_range` check (a user
+    may register them and multiply a cycle later)."""
     c, layout = config, layout_of(config)
     head = data.View(layout.formats["finish"].as_struct_layout(), word)
     mem = data.View(layout.formats["mem"].as_struct_layout(), word)
@@ -76,11 +83,9 @@ def check_word(m: Module, config: AcceleratorConfig, word: Value
     no_pad = is_store | (is_load & _one_of(mem.mem_id, unpadded))
     height = Signal(layout.size_bits + 5)
     width = Signal(layout.size_bits + 5)
-    sram_end = Signal(layout.sram_bits + 2 * len(height) + 1)
     m.d.comb += [
         height.eq(mem.y_pad_0 + mem.y_size + mem.y_pad_1),
         width.eq(mem.x_pad_0 + mem.x_size + mem.x_pad_1),
-        sram_end.eq(mem.sram_base + height * width),
     ]
     rows = Signal(range(max(c.uop_rows, c.inp_rows, c.wgt_rows, c.acc_rows) + 1))
     with m.Switch(mem.mem_id):
@@ -100,10 +105,11 @@ def check_word(m: Module, config: AcceleratorConfig, word: Value
         (bad_flags, ErrorCode.ILLEGAL_DEP_FLAG),
         ((op == Opcode.ALU) & (alu.alu_op > max(AluOp)), ErrorCode.ILLEGAL_ALU_OP),
         (active & no_pad & pads, ErrorCode.BAD_PADDING),
-        (active & (sram_end > rows), ErrorCode.SRAM_RANGE),
+        (sram_range(active, mem.sram_base, height, width, rows), ErrorCode.SRAM_RANGE),
         (looped & ((uop_bgn >= uop_end) | (uop_end > c.uop_rows)), ErrorCode.UOP_RANGE),
     ]
-    return checks, unit, op == Opcode.FINISH
+    operands = {"active": active, "sram_base": mem.sram_base, "height": height, "width": width, "rows": rows}
+    return checks, unit, op == Opcode.FINISH, operands
 
 
 def error_code(m: Module, config: AcceleratorConfig, checks: list[tuple[Value, ErrorCode]], is_finish: Value,
@@ -168,26 +174,49 @@ class Fetch(wiring.Component):
         word = unpack.elems.payload
         is_last = index == self.insn_count - 1
         if B < INSN_BYTES:
-            # The word is assembled in the unpacker from several beats: decode it as its last beat lands, a
-            # cycle before dispatch needs it, so the checks (a multiply among them) are off that path.
-            checks, staged_unit, staged_finish = check_word(m, c, unpack.staged)
+            # The word is assembled in the unpacker from several beats: decode it as its last beat lands (from
+            # the reader's buffer). The next cycle the whole word moves into the dispatch register, freeing
+            # the unpacker for the next one, while the range check multiplies its registered operands into a
+            # register of its own: a word goes out from the cycle after (FETCH_DECODE_CYCLES), and neither the
+            # buffer's read, the multiply nor the dispatch shares a cycle with another. The unpacker gives a
+            # word only to an empty register, so the queues' ready does not reach back into the reader.
+            checks, staged_unit, staged_finish, operands = check_word(m, c, unpack.staged)
+            ranged = [k for k, (_, err) in enumerate(checks) if err == ErrorCode.SRAM_RANGE]
             decoded = Signal(len(checks) + len(staged_unit) + 1)
+            held = {name: Signal(len(value), name=f"staged_{name}") for name, value in operands.items()}
             with m.If(unpack.stage):
-                m.d.sync += decoded.eq(Cat(*[cond for cond, _ in checks], staged_unit, staged_finish))
-            checks = [(decoded[k], err) for k, (_, err) in enumerate(checks)]
-            unit = decoded[len(checks):-1]
-            is_finish = decoded[-1]
+                m.d.sync += decoded.eq(Cat(*[Const(0) if k in ranged else cond for k, (cond, _) in enumerate(checks)],
+                                           staged_unit, staged_finish))
+                m.d.sync += [held[name].eq(value) for name, value in operands.items()]
+            full = Signal()  # the dispatch register holds a word
+            word_d, decoded_d, out_of_range = Signal.like(word), Signal.like(decoded), Signal()
+            move = unpack.elems.valid & ~full
+            m.d.comb += unpack.elems.ready.eq(move)
+            with m.If(move):
+                m.d.sync += [full.eq(1), word_d.eq(word), decoded_d.eq(decoded),
+                             out_of_range.eq(sram_range(**held))]
+            word, present = word_d, full
+            checks = [(out_of_range if k in ranged else decoded_d[k], err) for k, (_, err) in enumerate(checks)]
+            unit = decoded_d[len(checks):-1]
+            is_finish = decoded_d[-1]
         else:
-            checks, unit, is_finish = check_word(m, c, word)
+            checks, unit, is_finish, _ = check_word(m, c, word)
+            present = unpack.elems.valid
         code = error_code(m, c, checks, is_finish, is_last)
-        live = running & ~self.halt & ~self.error & unpack.elems.valid
+        live = running & ~self.halt & ~self.error & present
         target_ready = Cat(*[q.ready for q in self.queues]).bit_select(unit, 1)
         go = live & (code == 0) & target_ready
         for u, q in enumerate(self.queues):
             m.d.comb += [q.payload.insn.eq(word), q.payload.index.eq(index), q.valid.eq(live & (code == 0)
                                                                                      & (unit == u))]
-        m.d.comb += [unpack.elems.ready.eq(go), self.dispatch.eq(go), self.stall.eq(live & (code == 0)
-                                                                                       & ~target_ready)]
+        m.d.comb += [self.dispatch.eq(go), self.stall.eq(live & (code == 0) & ~target_ready)]
+        if B < INSN_BYTES:
+            with m.If(go):
+                m.d.sync += full.eq(0)
+            with m.If(launch):  # (a word left by an error or a halt)
+                m.d.sync += full.eq(0)
+        else:
+            m.d.comb += unpack.elems.ready.eq(go)
         with m.If(go):
             m.d.sync += index.eq(index + 1)
             with m.If(is_finish):

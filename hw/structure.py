@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ALU_SRC_INTERVAL", "COMPUTE_STAGES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "SRC_ROWS",
-           "STORE_LEN_DEPTH", "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
+__all__ = ["ALU_SRC_INTERVAL", "COMPUTE_STAGES", "FETCH_DECODE_CYCLES", "GEMM_LATENCY", "MAX_BURST",
+           "READER_BEATS", "SRC_ROWS", "STORE_LEN_DEPTH", "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
 MAX_BURST = 16
@@ -22,6 +22,9 @@ UNPACK_DEPTH = 8
 STORE_SEG_DEPTH = 4
 #: dma.Store2D: write bursts addressed ahead of their data.
 STORE_LEN_DEPTH = 8
+#: fetch, a bus narrower than an instruction: cycles from the word's last beat to its dispatch at the
+#: earliest (its checks as the beat lands, then the SRAM range check's multiply, each registered).
+FETCH_DECODE_CYCLES = 2
 #: datapath.GemmCore: registered products, then the adder tree, registered halfway and at its root.
 GEMM_LATENCY = 3
 #: compute's pipeline around the GEMM core's stages: loop generator, micro-op word, accumulate/ALU (two

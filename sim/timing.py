@@ -90,6 +90,8 @@ class Microarch:
     store_seg_queue: int = structure.STORE_SEG_DEPTH
     #: hw.dma.Store2D burst-length queue: write bursts addressed ahead of their data.
     store_len_queue: int = structure.STORE_LEN_DEPTH
+    #: hw.fetch, a bus narrower than an instruction: cycles from the word's last beat to its dispatch.
+    fetch_decode_cycles: int = structure.FETCH_DECODE_CYCLES
     #: amaranth.lib.fifo.SyncFIFOBuffered: cycles from a write into an empty queue to its read.
     fifo_latency: int = 2
     #: hw.axi.ReadArbiter: the grant is registered, so the AR channel takes a request every 2 cycles.
@@ -367,16 +369,20 @@ class _Run:
                 self.fetch_wait = None
 
         d_prev = 0.0
+        moved = 0.0  # when the last word left the unpacker for the dispatch register
         depth = self.c.cmd_queue_depth
         lanes = B // INSN_BYTES
         for k in range(self.n):
             if B < INSN_BYTES:
                 per = INSN_BYTES // B
-                accept = d_prev  # the unpacker takes the next beat once the previous instruction left
+                accept = moved  # the unpacker takes the next beat once the previous word left it
                 for beat in range(k * per, (k + 1) * per):
                     accept = max(accept + (beat > k * per), (yield from arrival(beat)) + a.fifo_latency)
                     consumed(beat, accept)
-                ready = accept + 1
+                # Whole a cycle after its last beat, the word moves into the empty dispatch register, and
+                # goes out from FETCH_DECODE_CYCLES after its last beat.
+                moved = max(accept + 1, d_prev + 1)
+                ready = moved + a.fetch_decode_cycles - 1
             else:
                 beat = (self.fetch_lane + k) // lanes
                 ready = max((yield from arrival(beat)) + a.fifo_latency, d_prev + 1)
