@@ -157,7 +157,9 @@ def _alu_lane_but_mul(op: Value, a: Value, b: Value, width: int) -> Value:
     bits = width.bit_length()  # log2(width) + 1: the shift amount is the operand's low bits, signed
     amount = b[:bits].as_signed()
     right = a >> amount[:bits - 1]  # amount >= 0 here, so its sign bit is 0
-    left = (a.as_unsigned() << (-amount)[:bits].as_unsigned())[:width]
+    # amount < 0 here: a << -amount, with -amount = ~amount + 1 (1 to width): one fixed shift, then one by
+    # ~amount's low bits, so no negation's carry chain lies ahead of the shifter.
+    left = ((a.as_unsigned() << 1) << (~amount)[:bits - 1])[:width]
     shifted = Mux(amount[bits - 1], left, right[:width])
     with_op = {
         AluOp.MIN: Mux(a < b, a, b)[:width],
