@@ -403,14 +403,20 @@ class ComputeUnit(UnitBase):
             | (reads_inp & ((src_b >= c.inp_rows) | (wgt_b >= c.wgt_rows)))
             | (d.alu_inp & (src_b >= c.inp_rows))  # (an ALU instruction has no wgt fields)
             | (d.alu_src & (src_b >= c.acc_rows)))
-        with m.If(valid["b"] & bad & ~loop.aborted):
+        # The check's verdict is registered (the micro-op's read, the sum and the compare fill B): an
+        # execution out of range is dropped in C, and so is the one behind it, which B holds then; the loop
+        # stops from the cycle after (a cycle later than the check, so it may issue one more, dropped too).
+        bad_c, issued_c = Signal(), Signal()
+        m.d.sync += bad_c.eq(valid["b"] & bad & ~loop.aborted)
+        with m.If(bad_c):
             m.d.sync += loop.aborted.eq(1)
             with m.If(~self.error):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.LOOP_RANGE),
                              self.error_index.eq(index)]
         dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexyf"}
         src_c = Signal(c.acc_index_bits)
-        m.d.sync += [valid["c"].eq(valid["b"] & ~bad & ~loop.aborted), dst["c"].eq(dst_b), src_c.eq(src_b)]
+        m.d.sync += [issued_c.eq(valid["b"] & ~loop.aborted & ~bad_c), dst["c"].eq(dst_b), src_c.eq(src_b)]
+        m.d.comb += valid["c"].eq(issued_c & ~bad_c)
         return dst, src_c, reads_c, slots, src_b, wgt_b
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
