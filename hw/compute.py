@@ -459,11 +459,14 @@ class ComputeUnit(UnitBase):
                 m.d.sync += held[n].eq(new_f)
         # (a tree of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
         # from time 0 on, where a combinational process whose inputs never change may never run)
-        operand = select(held, slots["x"])
-        # Whether X takes its operand from F, decided a cycle ahead: what Y holds then is what F writes in X's
-        # cycle, and the slot's row does not change between E and X (its next read waits until X is past).
-        operand_from_f = Signal()
-        m.d.sync += operand_from_f.eq(valid["y"] & (dst["y"] == select(held_at, slots["e"])))
+        # The operand is chosen in E, from the slot's register as it will be in X (with the row F writes in
+        # E's cycle, which lands in the register then), and registered; whether X takes the row F writes in
+        # its own cycle instead is decided in E too: what Y holds then is what F writes next. The slot's
+        # row does not change between E and X (its next read waits until X is past).
+        operand_at = select(held_at, slots["e"])
+        operand, operand_from_f = Signal(c.acc_row_bits), Signal()
+        m.d.sync += [operand.eq(Mux(valid["f"] & (dst["f"] == operand_at), new_f, select(held, slots["e"]))),
+                     operand_from_f.eq(valid["y"] & (dst["y"] == operand_at))]
         old_x = Signal(c.acc_row_bits)
         forward_x = Signal()  # X takes acc[dst] from F, which writes it then
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
