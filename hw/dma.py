@@ -71,8 +71,9 @@ class BurstReader(wiring.Component):
         addr = Signal(ADDR_BITS)
         remaining = Signal.like(self.cmd.payload.beats)
         reserved = Signal(range(self.depth + 1))  # beats requested and not yet taken from the buffer
+        # The next burst's length, registered: worked out when the command arrives and, after each burst,
+        # from the address and beats left after it, so it does not lie ahead of the arbiter's grant.
         length = Signal(range(self.max_burst + 1))
-        m.d.comb += length.eq(_burst_len(addr, remaining, B, self.max_burst))
 
         ar = self.bus.ar
         m.d.comb += [
@@ -83,8 +84,10 @@ class BurstReader(wiring.Component):
         issued = ar.valid & ar.ready
         taken = buf.r_rdy & buf.r_en
         m.d.sync += reserved.eq(reserved + Mux(issued, length, 0) - taken)
+        next_addr, next_remaining = addr + (length << exact_log2(B)), remaining - length
         with m.If(issued):
-            m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length)]
+            m.d.sync += [addr.eq(next_addr), remaining.eq(next_remaining),
+                         length.eq(_burst_len(next_addr, next_remaining, B, self.max_burst))]
             with m.If(remaining == length):
                 m.d.sync += active.eq(0)
         with m.If(self.abort):
@@ -94,6 +97,7 @@ class BurstReader(wiring.Component):
             m.d.sync += [
                 addr.eq(self.cmd.payload.addr), remaining.eq(self.cmd.payload.beats),
                 active.eq(self.cmd.payload.beats != 0),
+                length.eq(_burst_len(self.cmd.payload.addr, self.cmd.payload.beats, B, self.max_burst)),
             ]
 
         r = self.bus.r
