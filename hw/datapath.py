@@ -92,7 +92,11 @@ class GemmCore(wiring.Component):
                     # W = w[o] * 2^pw + w[o+1], x * W = x*w[o] * 2^pw + x*w[o+1], and x*w[o+1] fits pw signed
                     # bits, so the low pw bits are it exactly and the high part is x*w[o] plus its borrow.
                     both = Signal(signed(2 * pw), name=f"pp_{b}_{o}_{i}")
-                    m.d.sync += both.eq(xi * (w[o * block_in + i] * (1 << pw) + w[(o + 1) * block_in + i]))
+                    # W itself with no wide adder ahead of the multiplier: w[o+1] sign-extended to pw bits
+                    # below w[o] less w[o+1]'s borrow (a decrement of w[o]'s bits alone).
+                    lo, hi = w[(o + 1) * block_in + i], w[o * block_in + i]
+                    packed = Cat(lo, lo[-1].replicate(pw - len(lo)), hi - lo[-1]).as_signed()
+                    m.d.sync += both.eq(xi * packed)
                     low = both[:pw].as_signed()
                     m.d.comb += products[b][o + 1][i].eq(low)
                     m.d.comb += products[b][o][i].eq((both[pw:].as_signed() + both[pw - 1])[:pw].as_signed())
