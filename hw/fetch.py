@@ -24,6 +24,7 @@ from amaranth.utils import exact_log2
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import BurstReader, RowUnpacker
 from weft.hw.regs import ErrorCode, register_widths
+from weft.hw.structure import FETCH_DECODE_CYCLES
 from weft.hw.unit import dispatch_layout
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
@@ -180,6 +181,7 @@ class Fetch(wiring.Component):
             # register of its own: a word goes out from the cycle after (FETCH_DECODE_CYCLES), and neither the
             # buffer's read, the multiply nor the dispatch shares a cycle with another. The unpacker gives a
             # word only to an empty register, so the queues' ready does not reach back into the reader.
+            assert FETCH_DECODE_CYCLES == 2  # the checks as the last beat lands, then the range check's multiply
             checks, staged_unit, staged_finish, operands = check_word(m, c, unpack.staged)
             ranged = [k for k, (_, err) in enumerate(checks) if err == ErrorCode.SRAM_RANGE]
             decoded = Signal(len(checks) + len(staged_unit) + 1)
