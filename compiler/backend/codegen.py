@@ -355,7 +355,8 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
     """The lowering options timed one after the other on the timing model, each kept where its program runs
     faster and its micro-ops fit: the epilogues beside the other thread's GEMMs or each with its stage
     (``hold_epilogue``), the first weights whole or in pieces (``weight_pieces``), one output tile a thread
-    or two (``tile_slots``), a residual added by the epilogue's GEMM or its ALU (``residual_alu``)."""
+    or two (``tile_slots``), a residual added by the epilogue's GEMM or its ALU (``residual_alu``), each
+    reduction step's weights resident in rows of their own or not (``stage_weights``)."""
     options = dict(lowering.options)
     cycles = None
     variants = []
@@ -367,6 +368,8 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
         variants.append({"tile_slots": 2, "epilogue_own_stage": True})
         if lowering.residual_by_gemm:
             variants.append({"tile_slots": 2, "epilogue_own_stage": True, "residual_alu": True})
+        if getattr(lowering, "weight_slots", 1) > 1:
+            variants.append({"stage_weights": False})
     for change in variants:
         try:
             trial = lower(**{**options, **change})

@@ -93,33 +93,60 @@ class ConvLowering(Lowering):
             if rows > limit:
                 raise ValueError(f"layer '{self.name}': the {what} needs {rows} rows, a thread has {limit}")
 
+    @cached_property
+    def weight_slots(self) -> int:
+        """Weight tiles a thread holds at once: one, or one per reduction step of a task where they all fit
+        its slice (with the identity matrix after them). Each step's weights then have rows of their own
+        and stay resident from task to task while the output-channel tile is the same, instead of being
+        loaded again at every step (a 7x7 first layer whose input row does not fit at once, split into two
+        steps, read its 10 KiB of weights again for every output row)."""
+        g, s = self.g, self.s
+        steps = self.stages()
+        pixel_tiles = (g.nb // s.tile_n) * (g.ho // s.tile_h) * (g.wo // s.tile_w)
+        if not self.options["stage_weights"] or steps < 2 or any(shared_tiles(g, s)) or s.order != "oc_outer" \
+                or pixel_tiles <= s.vthreads:
+            return 1  # (no thread runs two tasks with the same weights in a row)
+        _, wgt_box = self.boxes
+        extra = 1 if self.copies_by_gemm else 0
+        return steps if steps * wgt_box.rows + extra <= self.config.wgt_rows // s.vthreads else 1
+
+    def weight_row(self, stage: int) -> int:
+        """The first row, from the thread's weight slice, of the weights of reduction step `stage`."""
+        return (stage % self.weight_slots) * self.boxes[1].rows
+
+    def identity_row(self, thread: int) -> int:
+        """The weight row of the identity matrix (residual copies), after the thread's weight tiles."""
+        return self.regions(thread).wgt + self.weight_slots * self.boxes[1].rows
+
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         inp_box, wgt_box = self.boxes
         # A tile every task reads (shared_tiles) lives once, in thread 0's slice, and is loaded once.
         share_inp, share_wgt = shared_tiles(self.g, self.s)
         at_i, at_w = (0 if share_inp else thread), (0 if share_wgt else thread)
-        inp_at, wgt_at = self.regions(at_i).inp, self.regions(at_w).wgt
+        inp_at, wgt_at = self.regions(at_i).inp, self.regions(at_w).wgt + self.weight_row(stage)
+        wgt_key = "wgt" if self.weight_slots == 1 else f"wgt{stage}"
+        slot_key: tuple = () if self.weight_slots == 1 else ("weights", stage % self.weight_slots)
         self.load_box(stream, "inp", MemId.INP, self.addrs.inp, inp_box, point, inp_at, at_i, "input window",
                       strides=self.inp_strides)
         assert self.addrs.wgt is not None
-        pieces = self.weight_pieces(wgt_box, point, at_w)
+        pieces = self.weight_pieces(wgt_box, point, at_w, wgt_key)
         for lo, hi in pieces:
-            self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w,
+            self.load_box(stream, wgt_key, MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w,
                           f"weights, output blocks {lo}-{hi - 1}", reuse=False, part=(lo * self.g.ro, hi * self.g.ro))
         if not pieces:
-            self.load_box(stream, "wgt", MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
+            self.load_box(stream, wgt_key, MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
         if stage == 0:
             args = (stream, self.compute.shapes["out"], self.addrs.residual, self.out_box.origin_at(point),
                     self.out_box.extent, r.inp + inp_box.rows)
             if self.residual_by_gemm:
                 # Loaded before the task's GEMMs, so the load hides behind them; the epilogue's GEMM adds it.
-                self.load_for_copy(*args, r.wgt + wgt_box.rows, thread, "residual tile")
+                self.load_for_copy(*args, self.identity_row(thread), thread, "residual tile")
             elif self.g.residual and self.copies_by_gemm and not self.residual_alu:
                 # Before the task's GEMMs rather than in the epilogue: the loads that later overwrite the
                 # residual's rows then wait on the task's last GEMM, one token for both (each thread's
                 # outstanding tokens stay within the queue depth).
-                self.copy_in(*args, r.res, r.wgt + wgt_box.rows, thread, "residual tile")
+                self.copy_in(*args, r.res, self.identity_row(thread), thread, "residual tile")
             if self.bias_start is not None:
                 self.load_vectors(stream, point, thread)
                 alu.start_from(stream, self.bias_start, self.out_tile(thread), r.vec, self.kernel, thread)
@@ -128,7 +155,7 @@ class ConvLowering(Lowering):
             if self.residual_alu:
                 # After the tile's start: the copy is the GEMM pipe's first work of the stage, before which the
                 # other thread's epilogue goes (Lowering.lower), so that epilogue runs beside it on the ALU.
-                self.copy_in(*args, r.res, r.wgt + wgt_box.rows, thread, "residual tile")
+                self.copy_in(*args, r.res, self.identity_row(thread), thread, "residual tile")
 
         def nest() -> Nest:
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
@@ -139,10 +166,10 @@ class ConvLowering(Lowering):
                 def part_nest(lo: int = lo, hi: int = hi) -> Nest:
                     return nest().restrict({"oB.i": (lo, hi)})
 
-                self.emit_body(stream, part_nest, stage, thread, ("blocks", lo, hi),
+                self.emit_body(stream, part_nest, stage, thread, (*slot_key, "blocks", lo, hi),
                                f", output blocks {lo}-{hi - 1}")
             return
-        self.emit_body(stream, nest, stage, thread)
+        self.emit_body(stream, nest, stage, thread, slot_key)
 
     def emit_body(self, stream: Stream, nest: Callable[[], Nest], stage: int, thread: int, key: tuple = (),
                   note: str = "") -> None:
@@ -156,7 +183,7 @@ class ConvLowering(Lowering):
             return
         self.body(stream, nest, thread, lambda k: stream.gemm(k, note=f"convolution tile{note}"), key)
 
-    def weight_pieces(self, wgt_box: Box, point: dict[str, int], at: int) -> list[tuple[int, int]]:
+    def weight_pieces(self, wgt_box: Box, point: dict[str, int], at: int, key: str = "wgt") -> list[tuple[int, int]]:
         """The program's first weights, in pieces of output blocks ``[lo, hi)`` of the tile (option
         ``weight_pieces``), each loaded by its own DMA and multiplied by its own GEMM, so that the first GEMM
         waits for its piece instead of the whole tile: every later stage's loads hide behind the GEMMs before
@@ -165,7 +192,7 @@ class ConvLowering(Lowering):
         holds already, a grouped convolution."""
         count = min(int(self.options["weight_pieces"]), self.s.tile_oc)
         if (count < 2 or self.tile_rows < 2 * self.s.tile_oc or self.g.groups > 1
-                or any(r.get("wgt") is not None for r in self.resident)
+                or any(r.get(key) is not None for r in self.resident)
                 or dict(wgt_box.inner[0].coef).get("oB.i") != self.g.ro):
             return []
         bounds = [self.s.tile_oc * k // count for k in range(count + 1)]
@@ -199,10 +226,10 @@ class ConvLowering(Lowering):
         if not self.residual_by_gemm:
             return None
         r = self.regions(h)
-        inp_box, wgt_box = self.boxes
+        inp_box = self.boxes[0]
 
         def add(stream: Stream, target: alu.Tile) -> None:
-            self.copy_gemm(stream, r.inp + inp_box.rows, target.base, r.wgt + wgt_box.rows, target.rows, h,
+            self.copy_gemm(stream, r.inp + inp_box.rows, target.base, self.identity_row(h), target.rows, h,
                            "add the residual (scaled identity)")
 
         return add

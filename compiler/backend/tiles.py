@@ -42,9 +42,10 @@ __all__ = ["DEFAULT_OPTIONS", "Addresses", "Lowering", "Regions"]
 #: codegen.lower_layer`): ``hold_epilogue`` (a tile's epilogue beside the other thread's next stage, else
 #: with its own), ``epilogue_own_stage`` (with two tiles a thread: beside the same thread's next task),
 #: ``weight_pieces`` (the first weights in this many loads, a GEMM each), ``tile_slots`` (output tiles a
-#: thread), ``residual_alu`` (a residual the GEMM could add is copied, scaled, and added by the ALU).
+#: thread), ``residual_alu`` (a residual the GEMM could add is copied, scaled, and added by the ALU),
+#: ``stage_weights`` (each reduction step's weights in rows of their own, resident from task to task).
 DEFAULT_OPTIONS: dict[str, Any] = {"hold_epilogue": True, "epilogue_own_stage": False, "weight_pieces": 1,
-                                   "tile_slots": 1, "residual_alu": False}
+                                   "tile_slots": 1, "residual_alu": False, "stage_weights": True}
 
 
 @dataclass(frozen=True)
