@@ -331,7 +331,9 @@ class _Run:
         self.fetch_starts = list(itertools.accumulate([0, *self.fetch_lens[:-1]]))
         self.fetch_ends = [s + n for s, n in zip(self.fetch_starts, self.fetch_lens, strict=True)]
         self.fetch_burst = [_Event() for _ in self.fetch_lens]
-        self.fetch_consumed = 0  # beats the unpacker has taken from the reader's buffer
+        #: when the unpacker takes each beat from the reader's buffer (worked out ahead of time, as beats are
+        #: granted: a burst may be requested only from the cycle after the beat that makes room for it)
+        self.fetch_taken: list[float] = []
         self.fetch_wait: tuple[int, _Event] | None = None  # the reader waits until this many are taken
         self.fetch_lane = (self.insn_addr - first) // INSN_BYTES
 
@@ -339,9 +341,11 @@ class _Run:
         t = 1.0  # START launches fetch in cycle 0; its reader requests the first burst in cycle 1
         for j, length in enumerate(self.fetch_lens):
             need = self.fetch_ends[j] - self.a.reader_beats  # beats consumed before this burst fits
-            if need > self.fetch_consumed:
+            if need > len(self.fetch_taken):
                 self.fetch_wait = (need, _Event())
                 t = max(t, (yield self.fetch_wait[1]) + 1)
+            elif need > 0:
+                t = max(t, self.fetch_taken[need - 1] + 1)
             yield t
             first, g = yield from self._read(0, length)
             self.k.fire(self.fetch_burst[j], first)
@@ -363,7 +367,7 @@ class _Run:
             return first_beat + (beat - self.fetch_starts[burst]) * self.read_gap
 
         def consumed(beat: int, t: float) -> None:
-            self.fetch_consumed = beat + 1
+            self.fetch_taken += [t] * (beat + 1 - len(self.fetch_taken))
             if self.fetch_wait is not None and beat + 1 >= self.fetch_wait[0]:
                 self.k.fire(self.fetch_wait[1], t)
                 self.fetch_wait = None
