@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weft.compiler import fusion, passes
+from weft.compiler.backend.codegen import pool_fits
 from weft.compiler.calibrate import calibrate
 from weft.compiler.im2col import im2col_host_convs
 from weft.compiler.packing import pack_layout
 from weft.compiler.partition import partition
+from weft.compiler.pool_fusion import fuse_pools
 from weft.compiler.quantize import fuse_clamps, quantize
 from weft.compiler.verify import verify
 from weft.core.errors import GraphError
@@ -106,6 +108,9 @@ def build_pipeline(target: str, config: AcceleratorConfig,
             _p("pack_layout", pack_layout(config), "packed, block-padded layouts for the config's GEMM blocks"),
         ]
     pipeline.append(_p("partition", partition(target, config), "assign each layer to the accelerator or the host"))
+    if target == "accel":
+        pipeline.append(_p("fuse_pools", fuse_pools(lambda node, g: pool_fits(node, g, config)),
+                           "a max-pool on the accelerator runs in the epilogue of the convolution before it"))
     return pipeline
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from weft.compiler.partition import HOST_QOPS
+from weft.compiler.pool_fusion import POOLS
 from weft.config import AcceleratorConfig
 from weft.core.epilogue import check_steps
 from weft.core.errors import GraphError
@@ -100,6 +101,25 @@ class _Checker:
             if r.shape != out.shape:
                 raise self.fail(node, f"residual shape {list(r.shape)} is not the output shape {list(out.shape)}")  # type: ignore[arg-type]
         self.epilogue(node, out, len(node.inputs) == 3)
+        if "pool_kernel" in node.attrs:
+            self.fused_pool(node, out)
+
+    def fused_pool(self, node: Node, out: Value) -> None:
+        """A max-pool fused into a convolution (weft.compiler.pool_fusion): a shape the back end pools and
+        an output of the pooled size of the convolution's own."""
+        try:
+            (k, _), (s, _), pads = node.attrs["pool_kernel"], node.attrs["pool_strides"], node.attrs["pool_pads"]
+            ho, wo = (int(d) for d in node.attrs["conv_hw"])
+        except (KeyError, TypeError, ValueError):
+            raise self.fail(node, "a fused max-pool needs pool_kernel, pool_strides, pool_pads and conv_hw") from None
+        if (k, s, pads[0]) not in POOLS or len(set(pads)) != 1 or len(node.inputs) != 2:
+            raise self.fail(node, f"fuses a {k}x{k}/{s} max-pool with pads {list(pads)} (fused: {sorted(POOLS)}, "
+                                  "no residual)")
+        want = [(d + 2 * pads[0] - k) // s + 1 for d in (ho, wo)]
+        shape = out.logical_shape
+        if shape is None or len(shape) != 4 or list(shape[2:]) != want:
+            raise self.fail(node, f"the pool of a {ho}x{wo} convolution output is {want[0]}x{want[1]}, "
+                                  f"the output is {list(shape or ())}")
 
     def qavgpool(self, node: Node) -> None:
         self.int_value(node, node.inputs[0])

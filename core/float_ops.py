@@ -467,7 +467,9 @@ def macs_of(node: Node, in_shapes: Sequence[Shape | None], out_shapes: Sequence[
         if op == "qconv2d":
             kh, kw = node.attrs["kernel"]
             cin, cout = node.attrs["channels"]
-            return int(np.prod(_spatial(y))) * y[0] * cout * cin * kh * kw  # type: ignore[index]
+            # a max-pool fused in (weft.compiler.pool_fusion): the convolution's own output size
+            spatial = tuple(node.attrs["conv_hw"]) if "conv_hw" in node.attrs else _spatial(y)  # type: ignore[arg-type]
+            return int(np.prod(spatial)) * y[0] * cout * cin * kh * kw  # type: ignore[index]
         return int(np.prod(_spatial(y))) * y[0] * int(np.prod(w))  # type: ignore[arg-type,index]
     if op == "Gemm":
         y = out_shapes[0]

@@ -88,7 +88,8 @@ def qconv2d(node: Node, args: list[Any], ins: list[Value | None], outs: list[Val
     n, _, _, c = x.shape
     if c != i * groups:
         raise ValueError(f"node '{node.name}': input has {c} channels, weights expect {i * groups}")
-    out_hw = _out_hw(y_value)
+    # A max-pool fused into the convolution (weft.compiler.pool_fusion): the convolution's own size first
+    out_hw = tuple(node.attrs["conv_hw"]) if "conv_hw" in node.attrs else _out_hw(y_value)
     cols = im2col(x, (kh, kw), node.attrs["strides"], node.attrs["pads"], out_hw)  # (N, Ho, Wo, kh, kw, C)
     cols = cols.reshape(-1, kh * kw, groups, i).transpose(2, 0, 1, 3).reshape(groups, -1, kh * kw * i)
     wg = weights.reshape(groups, o // groups, i, kh, kw).transpose(0, 3, 4, 2, 1).reshape(groups, kh * kw * i, -1)
@@ -96,6 +97,10 @@ def qconv2d(node: Node, args: list[Any], ins: list[Value | None], outs: list[Val
     acc = wrap(acc, widths.acc).reshape(n, *out_hw, o)
     residual = _nhwc(args[2], ins[2]).astype(np.int64) if len(args) > 2 and args[2] is not None else None  # type: ignore[arg-type]
     y = narrow(run_steps(acc, node.attrs["epilogue"], widths.acc, residual), widths.out)
+    if "pool_kernel" in node.attrs:
+        fill = -(1 << (widths.out - 1))  # pads never win, as in qmaxpool
+        y = im2col(y, node.attrs["pool_kernel"], node.attrs["pool_strides"], node.attrs["pool_pads"],
+                   _out_hw(y_value), fill=fill).max(axis=(3, 4))
     return [_from_nhwc(y, y_value)]
 
 

@@ -72,8 +72,8 @@ def test_cpu_target_and_pass_list(model_path, tmp_path, capsys):
     capsys.readouterr()
     assert main(["compile", "--list-passes"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert names[0] == "infer_shapes" and names[-5:] == ["quantize", "fuse_clamps", "im2col_host_convs", "pack_layout",
-                                                         "partition"]
+    assert names[0] == "infer_shapes" and names[-6:] == ["quantize", "fuse_clamps", "im2col_host_convs", "pack_layout",
+                                                         "partition", "fuse_pools"]
 
 
 def _fails(args, capsys, *needles):

@@ -55,7 +55,8 @@ def test_pipeline_is_a_visible_list_of_named_passes():
     accel = [p.name for p in build_pipeline("accel", CFG, [])]
     cpu = [p.name for p in build_pipeline("cpu", CFG)]
     assert accel[:2] == ["infer_shapes", "fold_constants"]
-    assert accel[-6:] == ["calibrate", "quantize", "fuse_clamps", "im2col_host_convs", "pack_layout", "partition"]
+    assert accel[-7:] == ["calibrate", "quantize", "fuse_clamps", "im2col_host_convs", "pack_layout", "partition",
+                          "fuse_pools"]
     assert "quantize" not in cpu and cpu[-1] == "partition"
     assert all(d["doc"] for d in describe(build_pipeline("accel", CFG, [])))
     with pytest.raises(ValueError, match="target must be one of accel, cpu"):

@@ -125,8 +125,10 @@ def test_residuals_and_windows_copied_by_the_gemm_stay_exact(pool, config, resid
 
 @pytest.mark.parametrize("config, relu", [("default", True), ("default", False), ("tiny", True)])
 def test_resnets_max_pool_stays_exact(config, relu):
-    """The 3x3/2 max-pool (pads 1), bit-exact: on proven non-negative inputs straight from its inp rows
-    (schedule.pool_reads_inp), on signed ones in the offset domain, separably (schedule.separable)."""
+    """The 3x3/2 max-pool (pads 1) as a layer of its own, bit-exact: on proven non-negative inputs straight
+    from its inp rows (schedule.pool_reads_inp), on signed ones in the offset domain, separably
+    (schedule.separable). (The convolution's output is an output of the model too, so the pool is not fused
+    into it: weft.compiler.pool_fusion, tests/test_pool_fusion.py.)"""
     from onnx import helper
 
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1])]
@@ -136,7 +138,7 @@ def test_resnets_max_pool_stays_exact(config, relu):
         y = "r"
     nodes.append(helper.make_node("MaxPool", [y], ["y"], name="pool", kernel_shape=[3, 3], strides=[2, 2],
                                   pads=[1, 1, 1, 1]))
-    model = make_model(nodes, {"x": [1, 3, 18, 14]}, {"y": None}, {"w": rand(20, 3, 3, 3, seed=2) * 0.4})
+    model = make_model(nodes, {"x": [1, 3, 18, 14]}, {"y": None, y: None}, {"w": rand(20, 3, 3, 3, seed=2) * 0.4})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         art = weft.compile(model, config=config, calibration=[{"x": rand(1, 3, 18, 14, seed=s)} for s in range(2)])

@@ -33,6 +33,7 @@ from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
 from weft.compiler.backend.vthread import inject_sync, mark_beside
 from weft.compiler.partition import send_to_host
+from weft.compiler.pool_fusion import conv_hw, pool_of, unfuse_pool
 from weft.core.artifact_schema import ACCEL_SECTION, ACCEL_VERSION
 from weft.core.errors import CompileError
 from weft.core.ir import ACCEL_OPS, Graph, Node
@@ -91,6 +92,9 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
                            f"them with out_width {c.out_width}", node=node.name, op=node.op)
     nb, icb, h, w = x.shape[:4]  # type: ignore[misc]
     _, ocb, ho, wo = y.shape[:4]  # type: ignore[misc]
+    pool = pool_of(node) or ()
+    if pool:  # the layer's tiles are the convolution's rows; it writes their pool (weft.compiler.pool_fusion)
+        ho, wo = conv_hw(node)  # type: ignore[misc]
     steps = _steps(node, c)
     vectors = len(alu.vectors_of(steps))
     residual = any(kind_ == "residual" for kind_, _ in steps)
@@ -112,7 +116,22 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
         raise BackendError(f"{groups} super-groups do not split {icb} input and {ocb} output channel blocks",
                            node=node.name, op=node.op)
     common.update(icb=icb // groups, ocb=ocb // groups)
-    return LayerGeom(**common, kh=kh, kw=kw, sh=sh, sw=sw, pads=pads, groups=groups)  # type: ignore[arg-type]
+    return LayerGeom(**common, kh=kh, kw=kw, sh=sh, sw=sw, pads=pads, groups=groups, pool=pool)  # type: ignore[arg-type]
+
+
+def pool_fits(node: Node, graph: Graph, config: AcceleratorConfig) -> bool:
+    """Whether a convolution with a max-pool fused in (weft.compiler.pool_fusion) has a schedule whose tiles
+    lower onto `config`: the fusion's check, so that a config whose buffers cannot hold its rows keeps the
+    two layers apart instead of sending the fused one to the host."""
+    try:
+        geom = layer_geometry(node, graph, config)
+        steps = _steps(node, config)
+        addrs = Addresses(inp=0, out=0, wgt=0, vec=0 if alu.vectors_of(steps) else None)
+        found = _first_fitting(ranked(geom, config), config,
+                               lambda sched: ConvLowering(node.name, geom, sched, config, addrs, steps))
+    except (BackendError, ValueError):
+        return False
+    return not isinstance(found, str)
 
 
 def nonnegative_values(graph: Graph, acc_width: int) -> set[str]:
@@ -204,6 +223,15 @@ def _schedule_for(node: Node, geom: LayerGeom, config: AcceleratorConfig, given:
         raise BackendError(str(err), node=node.name, op=node.op) from None
 
 
+def _whole_rows(given: Any, node: Node) -> bool:
+    """Whether a schedule given for a convolution with a max-pool fused in has the tiles the pooling takes."""
+    try:
+        sched = given if isinstance(given, Schedule) else Schedule.from_dict(given)
+    except (ValueError, TypeError):
+        return True  # (the layer's lowering names what is wrong with it)
+    return sched.tile_n == 1 and sched.tile_h == 1 and sched.tile_w == conv_hw(node)[1]  # type: ignore[index]
+
+
 def generate(artifact: Artifact, *, latency_hiding: bool = True,
              schedules: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Lower every accelerator layer of `artifact` and add the ``accel`` section; returns its meta.
@@ -214,6 +242,12 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     graph, c = artifact.graph, artifact.config
     tensorize(c, intrinsic(c))
     schedules = dict(schedules or {})
+    for node in [n for n in graph.nodes if pool_of(n) is not None]:
+        # A schedule given for a fused max-pool, or one of other tiles than whole rows for its convolution:
+        # the two stay apart, each with what it was given.
+        given = schedules.get(node.name)
+        if str(node.attrs["pooled"]) in schedules or (given is not None and not _whole_rows(given, node)):
+            unfuse_pool(graph, node)
     accel = [n for n in graph.nodes if n.attrs.get("target") == "accel"]
     unknown = sorted(set(schedules) - {n.name for n in accel})
     if unknown:

@@ -22,14 +22,18 @@ import itertools
 from collections.abc import Callable
 from functools import cached_property
 
+import numpy as np
+
 from weft.compiler.backend import alu
+from weft.compiler.backend.dma import box_transfers, merge
 from weft.compiler.backend.program import Stream
-from weft.compiler.backend.schedule import every_other_row, shared_tiles
+from weft.compiler.backend.schedule import every_other_row, pool_slots, shared_tiles
 from weft.compiler.backend.te import Access as A
-from weft.compiler.backend.te import Axis, Box, Compute, Nest, tile_box
+from weft.compiler.backend.te import Axis, Box, Compute, Kernel, Nest, tile_box
 from weft.compiler.backend.te import var as v
 from weft.compiler.backend.tiles import Lowering
 from weft.isa.constants import AluOp, MemId
+from weft.isa.encoding import UOP_DTYPE
 
 __all__ = ["ConvLowering"]
 
@@ -92,6 +96,16 @@ class ConvLowering(Lowering):
                                   ("weight tile", wgt_box.rows + extra, c.wgt_rows // v)):
             if rows > limit:
                 raise ValueError(f"layer '{self.name}': the {what} needs {rows} rows, a thread has {limit}")
+        g, s = self.g, self.s
+        if g.pool and (s.tile_n != 1 or s.tile_h != 1 or s.tile_w != g.wo or self.slots != 1 or v > 2
+                       or g.residual or g.groups > 1 or (s.order != "oc_outer" and s.tile_oc != g.ocb)):
+            raise ValueError(f"layer '{self.name}': a fused max-pool takes tiles of one whole output row, in "
+                             "order, one tile a thread, no residual")
+
+    def pool_rows(self) -> int:
+        if not self.g.pool:
+            return 0
+        return pool_slots(self.g, self.s) * self.g.pooled_hw[1] * self.s.tile_oc * self.g.ro
 
     @cached_property
     def weight_slots(self) -> int:
@@ -236,6 +250,90 @@ class ConvLowering(Lowering):
 
     def finish_body(self, stream: Stream, h: int) -> None:
         self.combine(stream, h, AluOp.ADD)
+
+    # ---- a fused max-pool --------------------------------------------------------------------------------
+    def lower(self) -> Stream:
+        #: (n, output-channel tile, row) -> (thread, slot) of each pooled row a thread keeps
+        self._pooled: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self._pool_count = [0] * self.v
+        return super().lower()
+
+    def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        """The epilogue; with a fused max-pool, the tile (one output row) is not stored but pooled: its
+        windows' columns into one of the thread's pooled rows, then each output row of the pool whose
+        window ends here from the pooled rows of its window (the thread's own and the other's latest),
+        which is stored. The pooling runs beside the other thread's next GEMM (the epilogue's tail)."""
+        if not self.g.pool:
+            super().emit_epilogue(stream, point, h)
+            return
+        g, s, r = self.g, self.s, self.regions(h)
+        self.finish_body(stream, h)
+        self.load_vectors(stream, point, h)
+        tile = self.out_tile(h)
+        steps, first_vector = self.epilogue_steps()
+        alu.epilogue(stream, steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h, None,
+                     first_vector)
+        self.epilogue_tail = len(stream.insns)
+        self._pool_row(stream, point, h)
+
+    def _slot_rows(self) -> int:
+        return self.g.pooled_hw[1] * self.s.tile_oc * self.g.ro
+
+    def _pooled_at(self, thread: int, slot: int) -> int:
+        return self._regions[thread][0].pool + slot * self._slot_rows()
+
+    def _pool_row(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        g, s = self.g, self.s
+        k, st, pad = g.pool
+        hp, wp = g.pooled_hw
+        ro, toc = g.ro, s.tile_oc
+        n, oc_tile, row = point["n.o"], point["oB.o"], point["oh.o"]
+        slots = pool_slots(g, s)
+        slot = self._pool_count[h] % slots
+        self._pool_count[h] += 1
+        dst, src = self._pooled_at(h, slot), self.regions(h).tile
+        # Columns: pooled column c is the max of tile columns st*c - pad + j, j < k, those inside the row. The
+        # first pass (j = pad: column st*c, inside for every c) moves, the others take the max.
+        for j in (pad, *[j for j in range(k) if j != pad]):
+            c0, c1 = max(0, -(-(pad - j) // st)), min(wp, (g.wo - 1 + pad - j) // st + 1)
+            if c1 <= c0:
+                continue
+            key = ("pool_cols", h, slot, j)
+
+            def build(c0: int = c0, c1: int = c1, j: int = j) -> Kernel:
+                uops = np.zeros(ro, dtype=UOP_DTYPE)
+                uops["dst"] = dst + c0 * ro + np.arange(ro)
+                uops["src"] = src + (st * c0 - pad + j) * ro + np.arange(ro)
+                return Kernel(uops, c1 - c0, toc, (ro, wp * ro), (st * ro, g.wo * ro), (0, 0))
+
+            stream.alu(AluOp.MOV if j == pad else AluOp.MAX, self.kernel(key, build),
+                       note=f"pool the columns of output row {row}")
+        self._pooled[(n, oc_tile, row)] = (h, slot)
+        # Rows: each pooled row whose window ends at this row (or in the bottom padding after it).
+        for out_row in range(hp):
+            lo, last = max(0, st * out_row - pad), min(g.ho - 1, st * out_row - pad + k - 1)
+            if last != row:
+                continue
+            window = [self._pooled[(n, oc_tile, x)] for x in range(lo, row)]
+            own = [at for at in window if at[0] == h]
+            into = own[0] if own else (h, (slot + 1) % slots)  # a row of ours the later windows do not need
+            sources = [at for at in window if at != into] + [(h, slot)]
+            if not own:
+                sources = [at for at in sources if at != (h, slot)]
+            sources.sort(key=lambda at: at[0] != h)  # the other thread's row last: it cannot run beside
+            rows = self._slot_rows()
+            target = self._pooled_at(*into)
+            if not own:
+                stream.alu(AluOp.MOV, alu.rows_kernel(target, rows, self._pooled_at(h, slot)),
+                           note=f"pool output row {out_row}")
+            for at in sources:
+                stream.alu(AluOp.MAX, alu.rows_kernel(target, rows, self._pooled_at(*at)),
+                           note=f"pool output row {out_row}")
+            shape = (g.nb, g.ocb * g.groups, hp, wp, ro)
+            moves = box_transfers(self.config, MemId.OUT, shape, self.addrs.out, (n, oc_tile * toc, out_row, 0, 0),
+                                  (1, toc, 1, wp, ro), target)
+            for t in merge(self.config, moves):
+                stream.transfer(t, note="store the pooled output row")
 
     def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
         if not self.copies_by_gemm:  # else the task's first stage loaded it

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["ORDERS", "LayerGeom", "Schedule", "Usage", "copies_by_gemm", "cost", "default_schedule",
-           "every_other_row", "pool_reads_inp", "pools_offset", "ranked", "separable", "shared_tiles", "space",
-           "usage", "vector_chunks", "windows_all_real"]
+           "every_other_row", "pool_reads_inp", "pool_slots", "pools_offset", "ranked", "separable", "shared_tiles",
+           "space", "usage", "vector_chunks", "windows_all_real"]
 
 ORDERS = ("oc_outer", "pix_outer")
 KINDS = ("conv", "maxpool", "avgpool", "eltwise")
@@ -74,10 +74,22 @@ class LayerGeom:
     #: The input is proven >= 0 (the layer making it ends in a ReLU-like clamp): a max-pool's zero padding
     #: can then never win a window that holds a real element.
     input_nonnegative: bool = False
+    #: (kernel, stride, pad) of a max-pool fused into a convolution (weft.compiler.pool_fusion): ho and wo
+    #: are the convolution's own; the layer writes the pooled tensor (:attr:`pooled_hw`).
+    pool: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"layer '{self.name}': unknown kind '{self.kind}'")
+        object.__setattr__(self, "pool", tuple(int(x) for x in self.pool))
+
+    @property
+    def pooled_hw(self) -> tuple[int, int]:
+        """Height and width of the pooled output (of the convolution's where nothing is fused)."""
+        if not self.pool:
+            return self.ho, self.wo
+        k, s, p = self.pool
+        return (self.ho + 2 * p - k) // s + 1, (self.wo + 2 * p - k) // s + 1
 
 
 @dataclass(frozen=True)
@@ -231,7 +243,8 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
     vec_rows = g.vectors * s.tile_oc * g.ro
     acc = tile_rows * (2 if g.residual else 1) + vec_rows + single
     rb = named_row_bytes(c)
-    out_bytes = g.nb * g.ocb * g.groups * g.ho * g.wo * g.ro * rb["out"]
+    hp, wp = g.pooled_hw
+    out_bytes = g.nb * g.ocb * g.groups * hp * wp * g.ro * rb["out"]
     planes = s.tile_n * s.tile_oc  # one 2-D transfer per output plane (fewer when they merge)
     alu_execs = tasks * tile_rows * (g.alu_steps + (1 if g.residual else 0))
     # Vectors are reloaded when a thread's output-channel tile changes.
@@ -247,6 +260,12 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
         compute_insns += tasks * g.vectors * (chunks - 1 if chunks else 0)
         alu_execs += tasks * g.vectors * (blocks - chunks if chunks else blocks * reps - 1)
     store_insns = tasks * planes
+    if g.pool:  # the pooled rows of a thread's last pool_slots rows, and the ALU passes that pool them
+        acc += pool_slots(g, s) * wp * s.tile_oc * g.ro
+        k = g.pool[0]
+        alu_execs += tasks * s.tile_oc * g.ro * k * wp * (1 + 1 / g.pool[1])
+        compute_insns += tasks * 2 * k
+        store_insns = g.nb * hp * oc_tiles * planes
     if g.kind == "conv":
         kh = kernel_rows(g, s)
         steps = (g.icb // s.tile_ic) * (g.kh // kh)
@@ -316,6 +335,12 @@ def usage(g: LayerGeom, s: Schedule, config: AcceleratorConfig) -> Usage:
                  acc_bytes, compute_insns, out_bytes, store_insns, by_gemm, input_rows)
 
 
+def pool_slots(g: LayerGeom, s: Schedule) -> int:
+    """Pooled rows a thread keeps for a fused max-pool: its own rows of a window (the latest of the other
+    thread's is the window's other row with two threads; one thread keeps a whole window's)."""
+    return 2 if s.vthreads == 2 else g.pool[0]
+
+
 def vector_chunks(blocks: int, reps: int) -> int:
     """Instructions an epilogue vector step over `blocks` vector rows, each applied to `reps` tile rows, takes:
     at most ``SRC_ROWS`` rows each, which the compute unit reads once and holds
@@ -358,8 +383,13 @@ def space(g: LayerGeom, config: AcceleratorConfig, vthreads: tuple[int, ...] = (
     ic_choices = divisors(g.icb) if conv else [None]
     kh_choices = [None, *[d for d in divisors(g.kh) if d < g.kh]] if conv else [None]
     orders = ORDERS if conv else ("pix_outer",)
+    # A fused max-pool pools whole output rows, one a task, in order (schedule.pool_rows)
+    heights, widths = ([1], [g.wo]) if g.pool else (divisors(g.ho), divisors(g.wo))
+    tns = [1] if g.pool else divisors(g.nb)
     for v, tn, th, tw, toc, tic, tkh, order in itertools.product(
-            vthreads, divisors(g.nb), divisors(g.ho), divisors(g.wo), divisors(g.ocb), ic_choices, kh_choices, orders):
+            vthreads, tns, heights, widths, divisors(g.ocb), ic_choices, kh_choices, orders):
+        if g.pool and order != "oc_outer" and toc != g.ocb:
+            continue
         s = Schedule(tn, th, tw, toc, toc if tic is None else tic, order, v, tkh)
         if fits(g, s, config):
             yield s

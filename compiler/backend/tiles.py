@@ -74,12 +74,21 @@ class Regions:
     vec: int
     spare: int
     win: int
+    #: A fused max-pool's pooled rows (schedule.pool_slots of them, each a row of the tile's channel blocks).
+    pool: int = 0
 
 
-def _before_gemms(stage: list[Insn], epilogue: list[Insn]) -> list[Insn]:
-    """The other thread's `stage` with `epilogue` before its first GEMM (after it when it has none)."""
-    cut = next((k for k, x in enumerate(stage) if x.fields.get("opcode") == Opcode.GEMM), len(stage))
-    return [*stage[:cut], *epilogue, *stage[cut:]]
+def _before_gemms(stage: list[Insn], epilogue: list[Insn], tail: int | None = None) -> list[Insn]:
+    """The other thread's `stage` with `epilogue` before its first GEMM (after it when it has none); the
+    epilogue's instructions from `tail` on go after the stage's last GEMM, to run beside it (the GEMM
+    after them issues only once the last of them has: beside the longest of the stage's GEMMs, where
+    the tile's first reduction step has a short one of its own)."""
+    gemms = [k for k, x in enumerate(stage) if x.fields.get("opcode") == Opcode.GEMM]
+    cut = gemms[0] if gemms else len(stage)
+    if tail is None or not gemms:
+        return [*stage[:cut], *epilogue, *stage[cut:]]
+    last = gemms[-1] + 1
+    return [*stage[:cut], *epilogue[:tail], *stage[cut:last], *epilogue[tail:], *stage[last:]]
 
 
 class Lowering:
@@ -151,6 +160,10 @@ class Lowering:
     def window_rows(self) -> int:
         return 0
 
+    def pool_rows(self) -> int:
+        """Accumulator rows a thread keeps for a fused max-pool (after the tile's own)."""
+        return 0
+
     def validate(self) -> None:
         """Raise ValueError when the schedule's tiles do not fit a thread's slices (beyond acc, checked
         by the region layout)."""
@@ -168,7 +181,8 @@ class Lowering:
         vec = res + (self.tile_rows if self.g.residual and not self.residual_by_gemm else 0)
         spare = vec + len(self.vectors) * self.s.tile_oc * self.g.ro
         win = spare + (1 if self.single else 0)
-        end = win + self.window_rows()
+        pool = win + self.window_rows()
+        end = pool + self.pool_rows()
         if slot and self.own_stage:  # another tile with rows of its own for everything
             size = end - acc0
             tile, res, vec, spare, win, end = (x + slot * size for x in (tile, res, vec, spare, win, end))
@@ -178,7 +192,7 @@ class Lowering:
         if end > limit:
             raise ValueError(f"layer '{self.name}': the tile needs {end - acc0} accumulator rows, the thread has "
                              f"{c.acc_rows // v}")
-        return Regions(h * (c.inp_rows // v), h * (c.wgt_rows // v), tile, res, vec, spare, win)
+        return Regions(h * (c.inp_rows // v), h * (c.wgt_rows // v), tile, res, vec, spare, win, pool)
 
     def regions(self, h: int) -> Regions:
         """Thread `h`'s slices, with the output tile of its current task."""
@@ -210,6 +224,9 @@ class Lowering:
         stream = Stream(self.config)
         self.resident: list[dict[str, Any]] = [{} for _ in range(self.v)]
         self._slot = [0] * self.v
+        #: Set by emit_epilogue: the stream index from which its instructions may run beside the other
+        #: thread's first GEMM after it (None: all before it).
+        self.epilogue_tail: int | None = None
         started = [False] * self.v
         # A task's last stage and its epilogue are one item of the round robin: the other thread's next stage
         # then runs between a tile's epilogue (its store) and the next write to the tile's rows, which waits
@@ -234,6 +251,7 @@ class Lowering:
         # beside the other thread's GEMMs like the epilogue), before that task's first GEMM.
         held: list[Insn] = []  # an epilogue waiting for the other thread's next stage
         held_by = -1
+        held_tail: int | None = None  # where its tail starts (emit_epilogue's epilogue_tail)
         held_own: dict[int, list[Insn]] = {}  # (epilogue_own_stage) by thread
         for item in interleave(per_thread):
             for what, point, j, h in item:
@@ -249,16 +267,18 @@ class Lowering:
                     if j == 0 and h in held_own:
                         stream.insns[mark:] = _before_gemms(stream.insns[mark:], held_own.pop(h))
                     if held:
-                        stream.insns[mark:] = _before_gemms(stream.insns[mark:], held)
+                        stream.insns[mark:] = _before_gemms(stream.insns[mark:], held, held_tail)
                         held = []
                 else:
                     start = len(stream.insns)
+                    self.epilogue_tail = None
                     self.emit_epilogue(stream, point, h)
                     if self.own_stage:
                         held_own[h] = stream.insns[start:]
                         del stream.insns[start:]
                     elif self.v > 1 and self.options["hold_epilogue"]:
                         held, held_by = stream.insns[start:], h
+                        held_tail = None if self.epilogue_tail is None else self.epilogue_tail - start
                         del stream.insns[start:]
         stream.insns += held
         for rest in held_own.values():  # the last tasks' (in the order they were emitted)

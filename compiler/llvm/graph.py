@@ -37,6 +37,7 @@ from weft.compiler.llvm.jit import CompiledKernel, compile_ir, compile_object
 from weft.compiler.llvm.layout import PLAIN
 from weft.compiler.llvm.target import Target, host_target, resolve_target
 from weft.compiler.llvm.te import Kernel
+from weft.compiler.pool_fusion import unfuse_pools
 from weft.compiler.tune.host import tuned_schedules
 from weft.core.errors import UnsupportedError
 from weft.core.float_ops import macs_of
@@ -53,7 +54,7 @@ __all__ = ["HostPlan", "allocate_host", "concat_in_place", "cross_compile", "pla
 def plan_steps(graph: Graph, target: Target, tuned: Mapping[str, ConvSchedule] | None = None) -> HostPlan:
     """The layouts, tensors and kernel steps of `graph` for `target`, not yet compiled or allocated.
     `tuned`: conv workload key -> schedule (from a tuning log); other convolutions take the heuristic's."""
-    graph = fuse_host_affine(graph)
+    graph = unfuse_pools(fuse_host_affine(graph))  # a fused max-pool runs as its own kernel here
     p = Planner(graph, target, {**FLOAT_HANDLERS, **OP_HANDLERS, **QUANT_HANDLERS}, QUANT_OPS)
     p.tuned = dict(tuned or {})
     p.halos = plan_halos(graph)
