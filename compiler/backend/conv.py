@@ -201,12 +201,17 @@ class ConvLowering(Lowering):
         """The program's first weights, in pieces of output blocks ``[lo, hi)`` of the tile (option
         ``weight_pieces``), each loaded by its own DMA and multiplied by its own GEMM, so that the first GEMM
         waits for its piece instead of the whole tile: every later stage's loads hide behind the GEMMs before
-        them, the first one's do not. Empty where the weights come whole: another piece count, a tile of
-        one output block, pieces of one row (their reduction is no single instruction), weights a thread
+        them, the first one's do not; and each thread's last weights (option ``last_pieces``), after which
+        only the last piece's GEMM remains. Empty where the weights come whole: another piece count, a tile
+        of one output block, pieces of one row (their reduction is no single instruction), weights a thread
         holds already, a grouped convolution."""
-        count = min(int(self.options["weight_pieces"]), self.s.tile_oc)
+        first = not any(r.get(key) is not None for r in self.resident)
+        # (option last_pieces: a thread's last weights too, where they are loaded: the GEMMs after the last
+        # load then wait for its last piece only)
+        last = self.final_stage and self.resident[at].get(key) != wgt_box.origin_at(point)
+        option = "weight_pieces" if first else "last_pieces" if last else ""
+        count = min(int(self.options[option]), self.s.tile_oc) if option else 1
         if (count < 2 or self.tile_rows < 2 * self.s.tile_oc or self.g.groups > 1
-                or any(r.get(key) is not None for r in self.resident)
                 or dict(wgt_box.inner[0].coef).get("oB.i") != self.g.ro):
             return []
         bounds = [self.s.tile_oc * k // count for k in range(count + 1)]

@@ -43,9 +43,11 @@ __all__ = ["DEFAULT_OPTIONS", "Addresses", "Lowering", "Regions"]
 #: with its own), ``epilogue_own_stage`` (with two tiles a thread: beside the same thread's next task),
 #: ``weight_pieces`` (the first weights in this many loads, a GEMM each), ``tile_slots`` (output tiles a
 #: thread), ``residual_alu`` (a residual the GEMM could add is copied, scaled, and added by the ALU),
-#: ``stage_weights`` (each reduction step's weights in rows of their own, resident from task to task).
+#: ``stage_weights`` (each reduction step's weights in rows of their own, resident from task to task),
+#: ``last_pieces`` (the last stage's weights of each thread in this many loads, a GEMM each).
 DEFAULT_OPTIONS: dict[str, Any] = {"hold_epilogue": True, "epilogue_own_stage": False, "weight_pieces": 1,
-                                   "tile_slots": 1, "residual_alu": False, "stage_weights": True}
+                                   "tile_slots": 1, "residual_alu": False, "stage_weights": True,
+                                   "last_pieces": 1}
 
 
 @dataclass(frozen=True)
@@ -227,16 +229,21 @@ class Lowering:
         #: Set by emit_epilogue: the stream index from which its instructions may run beside the other
         #: thread's first GEMM after it (None: all before it).
         self.epilogue_tail: int | None = None
+        #: Whether the stage being emitted is its thread's last (option last_pieces).
+        self.final_stage = False
         started = [False] * self.v
         # A task's last stage and its epilogue are one item of the round robin: the other thread's next stage
         # then runs between a tile's epilogue (its store) and the next write to the tile's rows, which waits
         # for that store (was: the two threads' epilogues back to back, so the next tile waited on the store).
         per_thread: list[list[list[tuple]]] = [[] for _ in range(self.v)]
         steps = self.stage_points()
-        for k, point in enumerate(self.tasks()):
+        tasks = self.tasks()
+        for k, point in enumerate(tasks):
             h = k % self.v
-            items = [[("stage", {**point, **step}, j, h)] for j, step in enumerate(steps)]
-            items[-1].append(("epilogue", point, 0, h))
+            final = k >= len(tasks) - self.v  # the thread's last task
+            items = [[("stage", {**point, **step}, j, h, final and j == len(steps) - 1)]
+                     for j, step in enumerate(steps)]
+            items[-1].append(("epilogue", point, 0, h, False))
             per_thread[h] += items
         # The compute unit runs a GEMM beside an ALU instruction (and the converse) when they work on
         # different halves of the accumulator (spec "beside", vthread.mark_beside), as the two threads' tiles
@@ -254,7 +261,8 @@ class Lowering:
         held_tail: int | None = None  # where its tail starts (emit_epilogue's epilogue_tail)
         held_own: dict[int, list[Insn]] = {}  # (epilogue_own_stage) by thread
         for item in interleave(per_thread):
-            for what, point, j, h in item:
+            for what, point, j, h, final in item:
+                self.final_stage = final
                 if what == "stage":
                     if j == 0:  # a new task of thread h: its tile is the next slot
                         self._slot[h] = (self._slot[h] + started[h]) % self.slots
