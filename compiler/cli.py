@@ -98,7 +98,8 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 def _why(row: dict[str, Any], target: str) -> str:
     """Where a layer runs and why, for humans: "accel", or "host: <reason>"."""
     if row["target"] == "accel":
-        return "accel"
+        pooled = row.get("pooled")
+        return f"accel, with max-pool '{pooled}' in its epilogue" if pooled else "accel"
     if target == "cpu":
         return "host: cpu target"
     return f"host: {row['host_reason'] or 'not an accelerator layer'}"

@@ -99,7 +99,8 @@ def _refusal(node: Node, graph: Graph, config: AcceleratorConfig | None) -> str 
 
 def layer_summary(graph: Graph) -> list[dict]:
     """One row per node: name, op, target, why it runs on the host (None on the accelerator or for the
-    cpu target), input and output shapes (logical), MACs."""
+    cpu target), input and output shapes (logical), MACs, and the max-pool fused into it (``pooled``: its
+    name, or None; weft.compiler.pool_fusion)."""
     rows = []
     for node in graph.nodes:
         ins = [graph.values[x].logical_shape if x else None for x in node.inputs]
@@ -110,5 +111,6 @@ def layer_summary(graph: Graph) -> list[dict]:
             "inputs": [list(s) for s, x in zip(ins, node.inputs, strict=True)
                        if x and s is not None and not graph.is_constant(x)],
             "output": list(outs[0] or ()), "macs": macs_of(node, ins, outs),
+            "pooled": node.attrs.get("pooled"),
         })
     return rows

@@ -189,9 +189,12 @@ def _last_uses(graph: Graph) -> dict[str, int]:
 
 def _record(node: Node, ins: list[Value | None], outs: list[Value]) -> dict[str, Any]:
     """A layer's record before it runs: name, op, target, macs (of the logical shapes), output shape."""
-    return {"name": node.name, "op": node.op, "target": target_of(node),
-            "macs": macs_of(node, [v.logical_shape if v else None for v in ins], [v.logical_shape for v in outs]),
-            "shape": list(outs[0].logical_shape or ())}
+    record = {"name": node.name, "op": node.op, "target": target_of(node),
+              "macs": macs_of(node, [v.logical_shape if v else None for v in ins], [v.logical_shape for v in outs]),
+              "shape": list(outs[0].logical_shape or ())}
+    if node.attrs.get("pooled"):  # the max-pool fused into this convolution (weft.compiler.pool_fusion)
+        record["pooled"] = str(node.attrs["pooled"])
+    return record
 
 
 def walk_graph(graph: Graph, feeds: Mapping[str, Any], *, runner: AcceleratorRunner | None = None,

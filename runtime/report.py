@@ -60,6 +60,8 @@ def layer_table(stats: Mapping[str, Any], config: Any, host_reasons: Mapping[str
                                "cycles": layer.get("cycles"), "macs": int(layer["macs"]),
                                "dense": bool(layer.get("dense")) if layer["target"] == "accel" else None,
                                "why": (host_reasons or {}).get(layer["name"]) if layer["target"] != "accel" else None}
+        if layer.get("pooled"):
+            row["pooled"] = layer["pooled"]  # (not a column: what compare() pairs with a baseline's max-pool)
         moved = {k: int(v) for k, v in (layer.get("bytes") or {}).items()}
         row["bytes"] = sum(moved.values()) if layer["target"] == "accel" else None
         written = sum(v for k, v in moved.items() if k in WRITTEN)
@@ -111,7 +113,9 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def compare(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per accelerator layer of `after`, its cycles and utilization beside those of the layer of the same
-    name in `before` (two tables of :func:`layer_table`, e.g. the same model compiled by two versions)."""
+    name in `before` (two tables of :func:`layer_table`, e.g. the same model compiled by two versions). A
+    convolution with a max-pool fused in is compared with the two layers of `before`, where that one has
+    the max-pool as a layer of its own."""
     old = {r["layer"]: r for r in before}
     out = []
     for r in after:
@@ -119,7 +123,11 @@ def compare(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, An
             continue
         was = old.get(r["layer"], {})
         b = was.get("cycles")
-        out.append({"layer": r["layer"], "op": r["op"], "cycles_before": b, "cycles_after": r["cycles"],
+        name = r["layer"]
+        pool = old.get(r.get("pooled") or "", {})
+        if b is not None and pool.get("cycles"):
+            b, name = b + pool["cycles"], f"{name} + {r['pooled']}"
+        out.append({"layer": name, "op": r["op"], "cycles_before": b, "cycles_after": r["cycles"],
                     "change": r["cycles"] / b - 1 if b else None, "utilization_before": was.get("utilization"),
                     "utilization_after": r.get("utilization")})
     return out
@@ -231,7 +239,7 @@ def run_report(args: argparse.Namespace) -> int:
         print(format_comparison(compare(before, rows)))
     if args.csv:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+        writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
         with user_file(args.csv, "CSV file"):

@@ -113,3 +113,20 @@ def test_unfusing_gives_back_the_two_layers_and_verify_names_a_bad_fused_node():
     node.attrs["pool_kernel"] = (5, 5)
     with pytest.raises(GraphError, match=r"conv.*5x5/2 max-pool"):
         verify(bad)
+
+
+def test_report_compares_a_fused_layer_with_both_layers_of_a_baseline_and_inspect_says_so(tmp_path, capsys):
+    from weft.cli import main
+    from weft.runtime.report import compare
+
+    rows = compare([{"layer": "c", "cycles": 100, "utilization": 0.5}, {"layer": "p", "cycles": 50}],
+                   [{"layer": "c", "op": "qconv2d", "cycles": 120, "utilization": 0.6, "pooled": "p"}])
+    assert rows == [{"layer": "c + p", "op": "qconv2d", "cycles_before": 150, "cycles_after": 120,
+                     "change": pytest.approx(-0.2), "utilization_before": 0.5, "utilization_after": 0.6}]
+    art, _ = _compile(_model(8, (3, 2, 1)), "tiny")
+    path = art.save(tmp_path / "m.weft")
+    assert main(["inspect", str(path)]) == 0
+    assert "with max-pool 'pool' in its epilogue" in capsys.readouterr().out
+    sess = weft.InferenceSession(path, device="fsim")
+    sess.run(None, {"x": rand(1, 5, 8, 8)})
+    assert [r.get("pooled") for r in sess.stats["layers"] if r["name"] == "conv"] == ["pool"]
