@@ -121,18 +121,42 @@ def layer_geometry(node: Node, graph: Graph, config: AcceleratorConfig) -> Layer
 
 
 def pool_fits(node: Node, graph: Graph, config: AcceleratorConfig) -> bool:
-    """Whether a convolution with a max-pool fused in (weft.compiler.pool_fusion) has a schedule whose tiles
-    lower onto `config`: the fusion's check, so that a config whose buffers cannot hold its rows keeps the
-    two layers apart instead of sending the fused one to the host."""
+    """Whether a convolution with a max-pool fused in (weft.compiler.pool_fusion; `graph` holds the two
+    layers apart) lowers onto `config` and runs faster than they do, each with the schedule the back end
+    picks (the cost model's first choices timed, default options): the fusion's check. A config whose
+    buffers cannot hold its rows keeps them apart instead of sending the fused layer to the host, and so
+    does a layer whose tiles of whole rows cost more than the pool's pass saves (VGG-19's 224x224 layers)."""
     try:
-        geom = layer_geometry(node, graph, config)
-        steps = _steps(node, config)
-        addrs = Addresses(inp=0, out=0, wgt=0, vec=0 if alu.vectors_of(steps) else None)
-        found = _first_fitting(ranked(geom, config), config,
-                               lambda sched: ConvLowering(node.name, geom, sched, config, addrs, steps))
+        fused = _timed_alone(node, graph, config)
+        if fused is None:
+            return False
+        # `graph` still holds the two (the pass asks before it fuses them)
+        apart = [_timed_alone(n, graph, config) for n in graph.nodes if n.name in (node.name, node.attrs["pooled"])]
     except (BackendError, ValueError):
         return False
-    return not isinstance(found, str)
+    return len(apart) != 2 or None in apart or fused < sum(apart)  # type: ignore[operator]
+
+
+def _timed_alone(node: Node, graph: Graph, config: AcceleratorConfig) -> float | None:
+    """Cycles of `node`'s program on the timing model, lowered with placeholder addresses and the schedule
+    lower_layer would pick before its options; None where no schedule fits."""
+    geom = layer_geometry(node, graph, config)
+    if geom.kind == "maxpool" and node.inputs[0] in nonnegative_values(graph, config.acc_width):
+        geom = replace(geom, input_nonnegative=True)
+    steps = _steps(node, config)
+    vec = 0 if alu.vectors_of(steps) else None
+    wgt = 0 if geom.kind == "conv" else None
+    identity = 0 if copies_by_gemm(geom, config) else None
+    addrs = Addresses(inp=0, out=0, wgt=wgt, vec=vec, identity=identity)
+    cls = _LOWERING[geom.kind]
+    small = _block_products(geom) < TIMED_PRODUCTS
+    choices = 1 if geom.kind != "conv" else SMALL_SCHEDULE_CHOICES if small else SCHEDULE_CHOICES
+    found = _fastest_fitting(ranked(geom, config), config,
+                             lambda sched: cls(node.name, geom, sched, config, addrs, steps), choices,
+                             SMALL_INSNS_RATIO if small else None)
+    if isinstance(found, str):
+        return None
+    return float(_program_cycles(found[2], config, deadlock=math.inf))
 
 
 def nonnegative_values(graph: Graph, acc_width: int) -> set[str]:
