@@ -64,6 +64,16 @@ def test_every_fused_pool_is_exact(pool, size, relu):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_batched_gemm_rows_and_narrow_output_blocks(pool):
+    """`rect`: two images a GEMM row and 4-wide output blocks (two GEMM blocks a channel block), four images."""
+    art, shape = _compile(_model(9, pool, cin=5, cout=20, batch=4), "rect")
+    conv = _fused(art)
+    geometry = next(m for m in art.sections["accel"].meta["layers"] if m["name"] == conv.name)["geometry"]
+    assert geometry["ro"] == 2 and geometry["nb"] == 2
+    assert_bit_exact(art, {"x": rand(*shape, seed=3) - 0.2})
+
+
 @pytest.mark.parametrize("vthreads", [1, 2])
 @pytest.mark.parametrize("pool", [(3, 2, 1), (3, 2, 0)])
 def test_channel_tiles_images_and_threads(pool, vthreads):
