@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from weft.core.float_ops import conv_out_size
 from weft.core.ir import Graph, Node, Value
 
 __all__ = ["POOLS", "conv_hw", "fuse_pools", "pool_of", "unfuse_pool", "unfuse_pools"]
@@ -73,7 +74,7 @@ def fuse_pools(can_fuse: Callable[[Node, Graph], bool] | None = None) -> Callabl
             y, pooled = g.value(node.outputs[0]), g.value(pool.outputs[0])
             k_, s_, p_ = _pool_shape(pool)  # type: ignore[misc]
             if y.logical is None or len(y.logical) != 4 or pooled.logical is None \
-                    or tuple(pooled.logical[2:]) != tuple((d + 2 * p_ - k_) // s_ + 1 for d in y.logical[2:]):
+                    or tuple(pooled.logical[2:]) != tuple(conv_out_size(d, k_, s_, p_, p_) for d in y.logical[2:]):
                 continue
             attrs = {**node.attrs, "pool_kernel": tuple(pool.attrs["kernel"]),
                      "pool_strides": tuple(pool.attrs["strides"]), "pool_pads": tuple(pool.attrs["pads"]),

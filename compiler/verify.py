@@ -17,7 +17,7 @@ from weft.compiler.pool_fusion import POOLS
 from weft.config import AcceleratorConfig
 from weft.core.epilogue import check_steps
 from weft.core.errors import GraphError
-from weft.core.float_ops import FLOAT_OPS
+from weft.core.float_ops import FLOAT_OPS, conv_out_size
 from weft.core.ir import ACCEL_OPS, Graph, Node, Value, act_dtype_name, int_dtype_name, numpy_dtype
 from weft.core.layout import packed_act_shape
 from weft.isa.encoding import layout_of
@@ -115,7 +115,7 @@ class _Checker:
         if (k, s, pads[0]) not in POOLS or len(set(pads)) != 1 or len(node.inputs) != 2:
             raise self.fail(node, f"fuses a {k}x{k}/{s} max-pool with pads {list(pads)} (fused: {sorted(POOLS)}, "
                                   "no residual)")
-        want = [(d + 2 * pads[0] - k) // s + 1 for d in (ho, wo)]
+        want = [conv_out_size(d, k, s, pads[0], pads[0]) for d in (ho, wo)]
         shape = out.logical_shape
         if shape is None or len(shape) != 4 or list(shape[2:]) != want:
             raise self.fail(node, f"the pool of a {ho}x{wo} convolution output is {want[0]}x{want[1]}, "

@@ -53,3 +53,21 @@ class CountingBackend(FsimBackend):
     def _start(self) -> None:
         type(self).starts += 1
         super()._start()
+
+
+def rtl_equals_fsim(art: Any, feeds: dict[str, np.ndarray], timing: str = "pynq") -> tuple[Any, dict[str, Any]]:
+    """Run `art` on fsim and on the RTL (Verilator, DRAM timing `timing`), assert the outputs are bit-exact,
+    and return the fsim session and the RTL run's stats."""
+    import weft
+
+    fsim = weft.InferenceSession(art, device="fsim")
+    want = fsim.run(None, feeds)
+    rtl = weft.InferenceSession(art, device="rtl", simulator="verilator", timing=timing)
+    try:
+        got = rtl.run(None, feeds)
+        stats = rtl.stats
+    finally:
+        rtl.device.close()
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(w, g)
+    return fsim, stats

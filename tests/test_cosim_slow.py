@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import weft
 from weft.compiler import models
 from weft.config import PRESETS
 from weft.sim.bench_rtl import bench_rtl
 from weft.sim.cosim import run_random
 
+from .driver_util import rtl_equals_fsim
 from .test_e2e import _compile, _shape
 from .test_frontend_util import rand
 
@@ -64,16 +64,7 @@ def _rtl_against_fsim(art, feeds: dict[str, np.ndarray]) -> list[tuple[str, int,
     """Runs `art` on fsim and on the RTL (Verilator, the dpi DRAM model, Pynq timing), asserts the outputs
     are bit-exact and the total cycles within 1% of the timing model's; returns (layer, RTL cycles, model
     cycles) per accelerator layer, printed as a table."""
-    fsim = weft.InferenceSession(art, device="fsim")
-    want = fsim.run(None, feeds)
-    rtl = weft.InferenceSession(art, device="rtl", simulator="verilator", timing="pynq")
-    try:
-        got = rtl.run(None, feeds)
-        stats = rtl.stats
-    finally:
-        rtl.device.close()
-    for w, g in zip(want, got, strict=True):
-        np.testing.assert_array_equal(w, g)
+    fsim, stats = rtl_equals_fsim(art, feeds)
     model = {layer["name"]: layer["cycles"] for layer in fsim.stats["layers"]}
     rows = [(layer["name"], layer["cycles"], model[layer["name"]]) for layer in stats["layers"]
             if layer["cycles"] is not None]

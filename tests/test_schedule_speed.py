@@ -23,6 +23,7 @@ from weft.isa.encoding import decode_insns
 from weft.runtime.report import compare, format_comparison
 from weft.sim.dram import Dram
 
+from .driver_util import rtl_equals_fsim
 from .test_backend import _run_loads
 from .test_backend_random import _model
 from .test_e2e import assert_bit_exact
@@ -196,16 +197,8 @@ def test_copies_by_gemm_on_the_rtl_equal_fsim_and_the_timing_model():
         cal = [{"x": rand(1, 5, 8, 8, seed=s)} for s in range(2)]
         art = weft.compile(_model(*layer), config="tiny", calibration=cal)
     feeds = {"x": rand(1, 5, 8, 8, seed=9) - 0.3}
-    fsim = weft.InferenceSession(art, device="fsim")
-    want = fsim.run(None, feeds)
-    rtl = weft.InferenceSession(art, device="rtl", simulator="verilator", timing="pynq")
-    try:
-        got = rtl.run(None, feeds)
-    finally:
-        rtl.device.close()
-    for a, b in zip(want, got, strict=True):
-        np.testing.assert_array_equal(a, b)
-    for model, board in zip(fsim.stats["layers"], rtl.stats["layers"], strict=True):
+    fsim, stats = rtl_equals_fsim(art, feeds)
+    for model, board in zip(fsim.stats["layers"], stats["layers"], strict=True):
         if model.get("cycles"):
             assert abs(model["cycles"] / board["cycles"] - 1) <= 0.02, (model["name"], model["cycles"], board["cycles"])
 

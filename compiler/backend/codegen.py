@@ -28,7 +28,7 @@ from weft.compiler.backend import alu, check, memory
 from weft.compiler.backend.conv import ConvLowering
 from weft.compiler.backend.pool import EltwiseLowering, PoolLowering
 from weft.compiler.backend.program import Stream
-from weft.compiler.backend.schedule import LayerGeom, Schedule, copies_by_gemm, ranked, usage
+from weft.compiler.backend.schedule import DUTY, LayerGeom, Schedule, copies_by_gemm, ranked, usage
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
 from weft.compiler.backend.vthread import inject_sync, mark_beside
@@ -44,7 +44,6 @@ from weft.isa.constants import INSN_BYTES
 from weft.isa.encoding import EncodeError, encode_insns, encode_uops
 from weft.isa.semantics import QUEUES
 from weft.isa.spec import intrinsic
-from weft.sim.dram_timing import DramTiming
 from weft.sim.timing import TimingError, TimingModel
 
 if TYPE_CHECKING:
@@ -149,11 +148,9 @@ def _timed_alone(node: Node, graph: Graph, config: AcceleratorConfig) -> float |
     identity = 0 if copies_by_gemm(geom, config) else None
     addrs = Addresses(inp=0, out=0, wgt=wgt, vec=vec, identity=identity)
     cls = _LOWERING[geom.kind]
-    small = _block_products(geom) < TIMED_PRODUCTS
-    choices = 1 if geom.kind != "conv" else SMALL_SCHEDULE_CHOICES if small else SCHEDULE_CHOICES
+    choices, ratio, _ = _search(geom, config, False)
     found = _fastest_fitting(ranked(geom, config), config,
-                             lambda sched: cls(node.name, geom, sched, config, addrs, steps), choices,
-                             SMALL_INSNS_RATIO if small else None)
+                             lambda sched: cls(node.name, geom, sched, config, addrs, steps), choices, ratio)
     if isinstance(found, str):
         return None
     return float(_program_cycles(found[2], config, deadlock=math.inf))
@@ -366,11 +363,8 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     def lower_with(sched: Schedule, **changes: Any) -> Lowering:
         return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {**(options or {}), **changes})
 
-    small = _block_products(geom) < TIMED_PRODUCTS
-    choices = 1 if given is not None or kind != "conv" else SMALL_SCHEDULE_CHOICES if small else SCHEDULE_CHOICES
-    found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices,
-                             SMALL_INSNS_RATIO if small else None,
-                             None if choices == 1 or small else lambda sched: _bound(geom, sched, c))
+    choices, ratio, bound = _search(geom, c, given is not None)
+    found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices, ratio, bound)
     if not latency_hiding and not isinstance(found, str):  # the same tiles (timed with latency hiding), one thread
         found = _first_fitting([found[0].without_latency_hiding()], c, lower_with)
     if isinstance(found, str):
@@ -456,11 +450,22 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
     return lowering, stream
 
 
+def _search(g: LayerGeom, c: AcceleratorConfig, given: bool
+            ) -> tuple[int, float | None, Callable[[Schedule], float] | None]:
+    """How far lower_layer times schedules of `g`: the candidates, the instruction ratio past which a
+    candidate is not timed, and the bound that extends a large convolution's search (see SCHEDULE_CHOICES)."""
+    if given or g.kind != "conv":
+        return 1, None, None
+    if _block_products(g) < TIMED_PRODUCTS:
+        return SMALL_SCHEDULE_CHOICES, SMALL_INSNS_RATIO, None
+    return SCHEDULE_CHOICES, None, lambda sched: _bound(g, sched, c)
+
+
 def _bound(g: LayerGeom, s: Schedule, c: AcceleratorConfig) -> float:
     """Cycles no program of layer `g` under schedule `s` can beat: its GEMM executions, or its reads or
     writes at the bus's rate and the board DRAM's duty."""
     u = usage(g, s, c)
-    rate = c.bus_width / 8 * DramTiming.pynq_z1().read_duty
+    rate = c.bus_width / 8 * DUTY  # (the cost model's board DRAM)
     return max(u.gemm_execs, (u.load_bytes + u.acc_bytes) / rate, u.store_bytes / rate)
 
 

@@ -322,9 +322,8 @@ class ConvLowering(Lowering):
             window = [self._pooled[(n, oc_tile, x)] for x in range(lo, row)]
             own = [at for at in window if at[0] == h]
             into = own[0] if own else (h, (slot + 1) % slots)  # a row of ours the later windows do not need
-            sources = [at for at in window if at != into] + [(h, slot)]
-            if not own:
-                sources = [at for at in sources if at != (h, slot)]
+            # (into holds an own row of the window already, or this row after the MOV below)
+            sources = [at for at in window if at != into] + ([(h, slot)] if own else [])
             sources.sort(key=lambda at: at[0] != h)  # the other thread's row last: it cannot run beside
             rows = self._slot_rows()
             target = self._pooled_at(*into)

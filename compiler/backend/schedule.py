@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from weft.core.float_ops import conv_out_size
 from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS, UNPACK_DEPTH
 from weft.isa.encoding import layout_of
 from weft.isa.semantics import named_row_bytes
@@ -89,7 +90,7 @@ class LayerGeom:
         if not self.pool:
             return self.ho, self.wo
         k, s, p = self.pool
-        return (self.ho + 2 * p - k) // s + 1, (self.wo + 2 * p - k) // s + 1
+        return conv_out_size(self.ho, k, s, p, p), conv_out_size(self.wo, k, s, p, p)
 
 
 @dataclass(frozen=True)
