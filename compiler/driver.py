@@ -102,9 +102,9 @@ def compile_model(model: str | Path | bytes | onnx.ModelProto, *, target: str = 
         meta["calibration"] = calibration_info
     artifact = Artifact(graph, cfg, target, meta=meta)
     if target == "accel" and codegen:
+        tuned = {}
         if tuning_log is not None:
             tuned = best_schedules(tuning_log, [layer.geom for layer in layers_of(graph, cfg)], cfg)
-            schedules = {**tuned, **dict(schedules or {})}
             artifact.meta["tuning_log"] = {"path": str(tuning_log), "tuned_layers": sorted(tuned)}
-        generate(artifact, latency_hiding=latency_hiding, schedules=schedules)
+        generate(artifact, latency_hiding=latency_hiding, schedules=schedules, tuned=tuned)
     return artifact

@@ -108,15 +108,45 @@ def test_tune_logs_resumes_and_feeds_compile(setup, tmp_path, tuner):
 
 
 def test_compile_with_tuning_log_uses_the_best_schedule(setup, tmp_path):
+    """The logged best competes with the default's choice, each with its fastest lowering options (which the
+    tuner does not time): the compile keeps the faster, so the log never makes the layer slower."""
+    from weft.runtime.fsim_device import FsimDevice
+
     cfg, _, layer = setup
     path = tmp_path / "log.jsonl"
     r = tune_layer(layer, cfg, TimingMeasurer(cfg), trials=6, tuner="random", log=TuningLog(path), seed=3)
+    arts = []
+    for log in (None, path):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CalibrationWarning)
+            arts.append(compile_model(small_resnet(), config=cfg, tuning_log=log))
+    plain, tuned = ({x["name"]: x for x in art.sections["accel"].meta["layers"]} for art in arts)
+    cycles = []
+    for art in arts:
+        device = FsimDevice(cfg)
+        device.load(art)
+        cycles.append(int(device.layer_cycles(device.layers[layer.geom.name])))
+    assert tuned[layer.geom.name]["schedule"] in (r.best.to_dict(), plain[layer.geom.name]["schedule"])
+    assert cycles[1] <= min(cycles[0], r.best_cycles)
+    assert layer.geom.name in arts[1].meta["tuning_log"]["tuned_layers"]
+
+
+def test_a_logged_schedule_slower_than_the_default_is_not_compiled(setup):
+    """A log from another build of the compiler (or measured without the lowering options) may hold a
+    schedule slower than what the compile finds now: the default's choice is kept."""
+    from weft.compiler.backend import codegen
+    from weft.compiler.backend.schedule import Schedule
+
+    cfg, _, layer = setup
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        art = compile_model(small_resnet(), config=cfg, tuning_log=path)
-    by_name = {x["name"]: x for x in art.sections["accel"].meta["layers"]}
-    assert by_name[layer.geom.name]["schedule"] == r.best.to_dict()
-    assert layer.geom.name in art.meta["tuning_log"]["tuned_layers"]
+        arts = [compile_model(small_resnet(), config=cfg, codegen=False) for _ in range(2)]
+    default = codegen.generate(arts[0])
+    chosen = next(x for x in default["layers"] if x["name"] == layer.geom.name)["schedule"]
+    assert chosen["vthreads"] == 2
+    slower = Schedule.from_dict(chosen).without_latency_hiding()  # the same tiles, one thread
+    meta = codegen.generate(arts[1], tuned={layer.geom.name: slower})
+    assert next(x for x in meta["layers"] if x["name"] == layer.geom.name)["schedule"] == chosen
 
 
 def test_log_rejects_bad_lines_by_line_number(tmp_path):

@@ -227,7 +227,7 @@ def _vector_step(stream: Stream, op: AluOp, target: Tile, vec: int,
                  kernel: Callable[[tuple, Callable[[], Kernel]], Kernel], thread: int, note: str) -> None:
     """`op` with vector rows from `vec` as its operands, on every row of `target`."""
     for first, count in vec_chunks(target) or [(-1, 0)]:
-        k = kernel(("vec", thread, target.base, vec, first),
+        k = kernel(("vec", thread, target.base, target.rows, vec, first),
                    lambda first=first, count=count: _vec_kernel(target, vec) if first < 0
                    else _held_kernel(target, vec, first, count))
         stream.alu(op, k, note=note)
@@ -245,7 +245,7 @@ def start_from(stream: Stream, step: Step, tile: Tile, vec_base: int,
     immediate): one MOV pass, where a reset and the epilogue's ADD take two."""
     kind, operand = step
     if kind == "add_imm":
-        k = kernel(("rows", thread, tile.base), lambda: rows_kernel(tile.base, tile.rows))
+        k = kernel(("rows", thread, tile.base, tile.rows), lambda: rows_kernel(tile.base, tile.rows))
         stream.alu(AluOp.MOV, k, imm=int(operand), note="start from the bias")
     else:
         _vector_step(stream, AluOp.MOV, tile, vec_base, kernel, thread, "start from the bias")
@@ -268,13 +268,13 @@ def epilogue(stream: Stream, steps: Sequence[Step], tile: Tile, res: Tile, vec_b
                     residual_gemm(stream, target)
                     continue
                 run(operand, res, True)
-                stream.alu(AluOp.ADD, kernel(("pair", thread, target.base, res.base),
+                stream.alu(AluOp.ADD, kernel(("pair", thread, target.base, target.rows, res.base),
                                              lambda: rows_kernel(target.base, target.rows, res.base)),
                            note="add the residual")
                 continue
             op = AluOp[KINDS[kind]]
             if kind.endswith("_imm"):
-                k = kernel(("rows", thread, target.base), lambda: rows_kernel(target.base, target.rows))
+                k = kernel(("rows", thread, target.base, target.rows), lambda: rows_kernel(target.base, target.rows))
                 stream.alu(op, k, imm=int(operand), note=f"epilogue {kind} {int(operand)}")
             else:
                 _vector_step(stream, op, target, vec_base + next(counter) * vec_rows, kernel, thread,

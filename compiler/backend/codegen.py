@@ -255,11 +255,12 @@ def _whole_rows(given: Any, node: Node) -> bool:
 
 
 def generate(artifact: Artifact, *, latency_hiding: bool = True,
-             schedules: Mapping[str, Any] | None = None) -> dict[str, Any]:
+             schedules: Mapping[str, Any] | None = None, tuned: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Lower every accelerator layer of `artifact` and add the ``accel`` section; returns its meta.
 
-    `schedules` maps layer names to a :class:`Schedule` (or its dict) to use instead of the default;
-    ``latency_hiding=False`` runs every layer with one virtual thread (same tiles)."""
+    `schedules` maps layer names to a :class:`Schedule` (or its dict) to use instead of the default; `tuned`
+    maps layer names to schedules from a tuning log, kept where they run faster than the default (see
+    :func:`lower_layer`); ``latency_hiding=False`` runs every layer with one virtual thread (same tiles)."""
     started = time.perf_counter()
     graph, c = artifact.graph, artifact.config
     tensorize(c, intrinsic(c))
@@ -284,16 +285,19 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     nonneg = nonnegative_values(graph, c.acc_width)
     layers = []
     timed: dict[tuple, dict[str, Any]] = {}  # a workload's timed choices (schedule, options), for its repeats
+    tuned = dict(tuned or {})
     for node in accel:
         given = schedules.get(node.name)
+        hint = tuned.get(node.name) if given is None else None
         workload = None
-        if given is None:
+        if given is None and hint is None:
             geom = asdict(layer_geometry(node, graph, c))
             workload = (tuple((k, str(v)) for k, v in sorted(geom.items()) if k != "name"), node.inputs[0] in nonneg)
         try:
             known = timed.get(workload) if workload else None
             meta = lower_layer(node, graph, c, plan, values, known["schedule"] if known else given,
-                               latency_hiding, node.inputs[0] in nonneg, known["lowering"] if known else None)
+                               latency_hiding, node.inputs[0] in nonneg, known["lowering"] if known else None,
+                               tuned=hint)
             layers.append(meta)
             if workload is not None:
                 timed.setdefault(workload, meta)
@@ -320,13 +324,15 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
 
 def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.DramPlan,
                 values: dict[str, dict[str, Any]], given: Any, latency_hiding: bool, nonneg: bool,
-                options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                options: Mapping[str, Any] | None = None, tuned: Any = None) -> dict[str, Any]:
     """Lower one accelerator layer into `plan` (its instruction stream, uops and constants) and return the
     layer's metadata. `values` maps value names to their DRAM placement; `given` is a schedule (or None for
     the default); `nonneg` says the layer's input is proven >= 0; `options`: the lowering's (its meta's
     ``lowering``; None: :data:`~weft.compiler.backend.tiles.DEFAULT_OPTIONS`, or their fastest variants where
-    the schedule is not given). Used by
-    :func:`generate` and by the tuner's measurer, which lowers single layers with candidate schedules."""
+    the schedule is not given); `tuned`: a schedule from a tuning log, which competes with the default's
+    (each with its fastest options: the faster program is kept, so a tuning log, measured without the
+    options, never makes a layer slower than the default). Used by :func:`generate` and by the tuner's
+    measurer, which lowers single layers with candidate schedules."""
     geom = layer_geometry(node, graph, c)
     if nonneg and geom.kind == "maxpool":  # its zero padding cannot win (schedule.pools_offset)
         geom = replace(geom, input_nonnegative=True)
@@ -363,15 +369,27 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     def lower_with(sched: Schedule, **changes: Any) -> Lowering:
         return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {**(options or {}), **changes})
 
-    choices, ratio, bound = _search(geom, c, given is not None)
-    found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices, ratio, bound)
-    if not latency_hiding and not isinstance(found, str):  # the same tiles (timed with latency hiding), one thread
-        found = _first_fitting([found[0].without_latency_hiding()], c, lower_with)
-    if isinstance(found, str):
-        raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
-    sched, lowering, stream = found
-    if latency_hiding and given is None and options is None:
-        lowering, stream = _fastest_variant(lowering, stream, c, lambda **options: lower_with(sched, **options))
+    def best(given: Any) -> tuple[Schedule, Lowering, Stream]:
+        choices, ratio, bound = _search(geom, c, given is not None)
+        found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices, ratio, bound)
+        if not latency_hiding and not isinstance(found, str):  # the same tiles (timed with latency hiding), one thread
+            found = _first_fitting([found[0].without_latency_hiding()], c, lower_with)
+        if isinstance(found, str):
+            raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
+        sched, lowering, stream = found
+        if latency_hiding and options is None and (given is None or given is tuned):
+            lowering, stream = _fastest_variant(lowering, stream, c, lambda **options: lower_with(sched, **options))
+        return sched, lowering, stream
+
+    sched, lowering, stream = best(given)
+    if tuned is not None and given is None:
+        try:
+            other = best(tuned)
+        except BackendError:
+            other = None  # (a log from another compiler version may name tiles that no longer fit)
+        if other is not None and _program_cycles(other[2], c, deadlock=math.inf) < \
+                _program_cycles(stream, c, deadlock=math.inf):
+            sched, lowering, stream = other
     placed = _place_program(node.name, node.op, stream, c, plan)
     return {
         "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),
@@ -419,7 +437,10 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
     or two (``tile_slots``), a residual added by the epilogue's GEMM or its ALU (``residual_alu``), each
     reduction step's weights resident in rows of their own or not (``stage_weights``), each thread's last
     weights whole or in pieces (``last_pieces``: a layer bound by its weights' DRAM time then ends a piece's
-    GEMM after its last load rather than a whole stage's)."""
+    GEMM after its last load rather than a whole stage's), and with them each thread's last epilogue and
+    store in those pieces (``epilogue_pieces``), the two threads' first tasks by piece in turn
+    (``interleave_first``), a residual loaded ahead of the pieces (``residual_first``), and one pixel tile's
+    input windows loaded once for both threads (``stage_inputs``)."""
     options = dict(lowering.options)
     cycles = None
     variants = []
@@ -427,6 +448,7 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
         variants.append({"hold_epilogue": False})
     if lowering.kind == "conv":
         variants.append({"weight_pieces": WEIGHT_PIECES})
+        variants.append({"weight_pieces": WEIGHT_PIECES, "interleave_first": True})
         variants.append({"tile_slots": 2})
         variants.append({"tile_slots": 2, "epilogue_own_stage": True})
         if lowering.residual_by_gemm:
@@ -434,6 +456,11 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
         if getattr(lowering, "weight_slots", 1) > 1:
             variants.append({"stage_weights": False})
         variants.append({"last_pieces": WEIGHT_PIECES})
+        variants.append({"last_pieces": WEIGHT_PIECES, "epilogue_pieces": True})
+        if lowering.g.residual:
+            variants.append({"residual_first": True})
+        if lowering.stage_inputs_apply:
+            variants.append({"stage_inputs": True})
     for change in variants:
         try:
             trial = lower(**{**options, **change})

@@ -26,13 +26,13 @@ import numpy as np
 
 from weft.compiler.backend import alu
 from weft.compiler.backend.dma import box_transfers, merge
-from weft.compiler.backend.program import Stream
+from weft.compiler.backend.program import Insn, Stream
 from weft.compiler.backend.schedule import every_other_row, pool_slots, shared_tiles
 from weft.compiler.backend.te import Access as A
 from weft.compiler.backend.te import Axis, Box, Compute, Kernel, Nest, tile_box
 from weft.compiler.backend.te import var as v
 from weft.compiler.backend.tiles import Lowering
-from weft.isa.constants import AluOp, MemId
+from weft.isa.constants import AluOp, MemId, Unit
 from weft.isa.encoding import UOP_DTYPE
 
 __all__ = ["ConvLowering"]
@@ -124,6 +124,22 @@ class ConvLowering(Lowering):
         extra = 1 if self.copies_by_gemm else 0
         return steps if steps * wgt_box.rows + extra <= self.config.wgt_rows // s.vthreads else 1
 
+    @cached_property
+    def stage_inputs(self) -> bool:
+        """Option ``stage_inputs``: where every task has the same pixels (one pixel tile, so both threads'
+        tasks read the same input windows step by step) in several reduction steps, each step's window is
+        loaded once, into the slice of thread ``step % 2``, and both threads read it, instead of each loading
+        it into its own (ResNet's layer4 shortcut read its input twice, and is bound by its DRAM bytes)."""
+        return bool(self.options["stage_inputs"]) and self.stage_inputs_apply
+
+    @cached_property
+    def stage_inputs_apply(self) -> bool:
+        """Whether option ``stage_inputs`` changes this layer's program."""
+        g, s = self.g, self.s
+        pixel_tiles = (g.nb // s.tile_n) * (g.ho // s.tile_h) * (g.wo // s.tile_w)
+        return self.v == 2 and pixel_tiles == 1 and self.stages() > 1 and s.order == "oc_outer" \
+            and g.groups == 1 and not g.pool
+
     def weight_row(self, stage: int) -> int:
         """The first row, from the thread's weight slice, of the weights of reduction step `stage`."""
         return (stage % self.weight_slots) * self.boxes[1].rows
@@ -133,11 +149,19 @@ class ConvLowering(Lowering):
         return self.regions(thread).wgt + self.weight_slots * self.boxes[1].rows
 
     def emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
+        mark = len(stream.insns)
+        self._emit_stage(stream, point, stage, thread)
+        if self.options["residual_first"]:
+            _residual_before_pieces(stream.insns, mark)
+
+    def _emit_stage(self, stream: Stream, point: dict[str, int], stage: int, thread: int) -> None:
         r = self.regions(thread)
         inp_box, wgt_box = self.boxes
         # A tile every task reads (shared_tiles) lives once, in thread 0's slice, and is loaded once.
         share_inp, share_wgt = shared_tiles(self.g, self.s)
         at_i, at_w = (0 if share_inp else thread), (0 if share_wgt else thread)
+        if self.stage_inputs:  # (each step's window once, in the threads' slices by turns)
+            at_i = stage % self.v
         inp_at, wgt_at = self.regions(at_i).inp, self.regions(at_w).wgt + self.weight_row(stage)
         wgt_key = "wgt" if self.weight_slots == 1 else f"wgt{stage}"
         slot_key: tuple = () if self.weight_slots == 1 else ("weights", stage % self.weight_slots)
@@ -175,15 +199,22 @@ class ConvLowering(Lowering):
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
             return Nest(axes, self.out_box.sram(r.tile), inp_box.sram(inp_at), wgt_box.sram(wgt_at))
 
+        # (option interleave_first: the second thread's first GEMMs in the pieces of the weights it shares
+        # with the first thread's first task, which Lowering.lower interleaves)
+        pieces = pieces or self.shared_pieces(stage, thread)
+        if self.final_stage and self.options["epilogue_pieces"]:
+            # (the thread's last GEMMs in pieces, loaded so or not, for the epilogue's pieces to follow)
+            pieces = pieces or self.piece_bounds(int(self.options["last_pieces"]))
+            self.final_bounds[thread] = pieces
         if pieces:  # a GEMM per piece of the weights, each waiting for its own load only
             for lo, hi in pieces:
                 def part_nest(lo: int = lo, hi: int = hi) -> Nest:
                     return nest().restrict({"oB.i": (lo, hi)})
 
-                self.emit_body(stream, part_nest, stage, thread, (*slot_key, "blocks", lo, hi),
+                self.emit_body(stream, part_nest, stage, thread, (*slot_key, "inp", at_i, "blocks", lo, hi),
                                f", output blocks {lo}-{hi - 1}")
             return
-        self.emit_body(stream, nest, stage, thread, slot_key)
+        self.emit_body(stream, nest, stage, thread, (*slot_key, "inp", at_i))
 
     def emit_body(self, stream: Stream, nest: Callable[[], Nest], stage: int, thread: int, key: tuple = (),
                   note: str = "") -> None:
@@ -210,12 +241,28 @@ class ConvLowering(Lowering):
         # load then wait for its last piece only)
         last = self.final_stage and self.resident[at].get(key) != wgt_box.origin_at(point)
         option = "weight_pieces" if first else "last_pieces" if last else ""
-        count = min(int(self.options[option]), self.s.tile_oc) if option else 1
+        pieces = self.piece_bounds(int(self.options[option]) if option else 1)
+        if first:
+            self.first_pieces = pieces
+        return pieces
+
+    def piece_bounds(self, count: int) -> list[tuple[int, int]]:
+        """The tile's output blocks in `count` pieces ``[lo, hi)``, where its GEMMs can be so split (none
+        for one piece, a tile of one output block, pieces of one row, whose reduction is no single
+        instruction, or a grouped convolution)."""
+        count = min(count, self.s.tile_oc)
         if (count < 2 or self.tile_rows < 2 * self.s.tile_oc or self.g.groups > 1
-                or dict(wgt_box.inner[0].coef).get("oB.i") != self.g.ro):
+                or dict(self.boxes[1].inner[0].coef).get("oB.i") != self.g.ro):
             return []
-        bounds = [self.s.tile_oc * k // count for k in range(count + 1)]
-        return list(itertools.pairwise(bounds))
+        return list(itertools.pairwise(self.s.tile_oc * k // count for k in range(count + 1)))
+
+    def shared_pieces(self, stage: int, thread: int) -> list[tuple[int, int]]:
+        """The first thread's first pieces of weights, for another thread's first task, which reads the same
+        weights (shared_tiles), where option ``interleave_first`` asks for it; else none."""
+        if not self.options["interleave_first"] or stage or not thread or self.tasks_begun[thread] != 1 \
+                or not shared_tiles(self.g, self.s)[1]:
+            return []
+        return getattr(self, "first_pieces", [])
 
     @cached_property
     def first_step_overwrites(self) -> bool:
@@ -261,6 +308,8 @@ class ConvLowering(Lowering):
         #: (n, output-channel tile, row) -> (thread, slot) of each pooled row a thread keeps
         self._pooled: dict[tuple[int, int, int], tuple[int, int]] = {}
         self._pool_count = [0] * self.v
+        #: Each thread's last weight pieces, by thread (option epilogue_pieces)
+        self.final_bounds: dict[int, list[tuple[int, int]]] = {}
         return super().lower()
 
     def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
@@ -268,6 +317,9 @@ class ConvLowering(Lowering):
         windows' columns into one of the thread's pooled rows, then each output row of the pool whose
         window ends here from the pooled rows of its window (the thread's own and the other's latest),
         which is stored. The pooling runs beside the other thread's next GEMM (the epilogue's tail)."""
+        if self.thread_last and self._epilogue_in_pieces(h):
+            self._epilogue_by_pieces(stream, point, h)
+            return
         if not self.g.pool:
             super().emit_epilogue(stream, point, h)
             return
@@ -280,6 +332,33 @@ class ConvLowering(Lowering):
                      first_vector)
         self.epilogue_tail = len(stream.insns)
         self._pool_row(stream, point, h)
+
+    def _epilogue_in_pieces(self, h: int) -> bool:
+        """Option ``epilogue_pieces``, for the program's last epilogue: where its thread's last weights came
+        in pieces (option ``last_pieces``), each piece's epilogue and store go after the piece's GEMM (one
+        tile of one image, no residual or pool, an epilogue each thread holds for the other's stage)."""
+        g, s = self.g, self.s
+        return bool(self.options["epilogue_pieces"]) and bool(self.final_bounds.get(h)) and s.tile_n == 1 \
+            and not g.residual and not g.pool and not self.own_stage and not (self.single and self.alternated)
+
+    def _epilogue_by_pieces(self, stream: Stream, point: dict[str, int], h: int) -> None:
+        g, s, r = self.g, self.s, self.regions(h)
+        self.finish_body(stream, h)
+        self.load_vectors(stream, point, h)
+        tile = self.out_tile(h)
+        steps, first_vector = self.epilogue_steps()
+        origin, extent = self.out_box.origin_at(point), self.out_box.extent
+        block = tile.pix * tile.ro  # rows of one output block of the tile
+        for lo, hi in self.final_bounds[h]:
+            self.epilogue_pieces.append((len(stream.insns), f", output blocks {lo}-{hi - 1}"))
+            part = alu.Tile(tile.base + lo * block, 1, hi - lo, tile.pix, tile.ro)
+            alu.epilogue(stream, steps, part, part.at(r.res + lo * block), r.vec + lo * g.ro, s.tile_oc * g.ro,
+                         self.kernel, h, None, first_vector)
+            moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out,
+                                  (origin[0], origin[1] + lo, *origin[2:]), (extent[0], hi - lo, *extent[2:]),
+                                  r.tile + lo * block)
+            for t in merge(self.config, moves):
+                stream.transfer(t, note="store the output tile")
 
     def _slot_rows(self) -> int:
         return self.g.pooled_hw[1] * self.s.tile_oc * self.g.ro
@@ -342,3 +421,19 @@ class ConvLowering(Lowering):
     def load_residual(self, stream: Stream, point: dict[str, int], h: int) -> None:
         if not self.copies_by_gemm:  # else the task's first stage loaded it
             super().load_residual(stream, point, h)
+
+
+def _residual_before_pieces(insns: list[Insn], start: int) -> None:
+    """Move the residual's loads of the stage from `start` (and the identity matrix that copies it) ahead
+    of its weights loaded in pieces (in place): the residual's copy is the stage's first GEMM, which else
+    waited for every piece instead of the pieces' GEMMs each for its own (ResNet's layer1 conv2 began 8 k
+    cycles late). They write rows of their own, which nothing between reads."""
+    loads = [k for k in range(start, len(insns)) if insns[k].unit == Unit.LOAD]
+    pieces = [k for k in loads if insns[k].note.startswith("weights, output blocks")]
+    if not pieces:
+        return
+    late = [k for k in loads if k > pieces[0] and insns[k].note in ("residual tile", "identity matrix")]
+    moved = [insns[k] for k in late]
+    for k in reversed(late):
+        del insns[k]
+    insns[pieces[0]:pieces[0]] = moved

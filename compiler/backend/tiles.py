@@ -17,6 +17,7 @@ not loaded again (weights of the same output channels, inputs of the same pixels
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from weft.compiler.backend.program import Insn, Stream
 from weft.compiler.backend.schedule import LayerGeom, Schedule, usage
 from weft.compiler.backend.te import Box, Compute, Kernel, Nest, split, tile_box
 from weft.compiler.backend.vthread import interleave
-from weft.isa.constants import AluOp, MemId, Opcode
+from weft.isa.constants import AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import UOP_DTYPE
 
 if TYPE_CHECKING:
@@ -44,10 +45,16 @@ __all__ = ["DEFAULT_OPTIONS", "Addresses", "Lowering", "Regions"]
 #: ``weight_pieces`` (the first weights in this many loads, a GEMM each), ``tile_slots`` (output tiles a
 #: thread), ``residual_alu`` (a residual the GEMM could add is copied, scaled, and added by the ALU),
 #: ``stage_weights`` (each reduction step's weights in rows of their own, resident from task to task),
-#: ``last_pieces`` (the last stage's weights of each thread in this many loads, a GEMM each).
+#: ``last_pieces`` (the last stage's weights of each thread in this many loads, a GEMM each),
+#: ``interleave_first`` (weights every task shares, loaded in pieces: the two threads' first tasks take
+#: each piece in turn), ``residual_first`` (a residual the GEMM copies loaded before weights in pieces),
+#: ``stage_inputs`` (one pixel tile: each reduction step's input window once, for both threads),
+#: ``epilogue_pieces`` (the program's last epilogue and store in the pieces of its last weights).
 DEFAULT_OPTIONS: dict[str, Any] = {"hold_epilogue": True, "epilogue_own_stage": False, "weight_pieces": 1,
                                    "tile_slots": 1, "residual_alu": False, "stage_weights": True,
-                                   "last_pieces": 1}
+                                   "last_pieces": 1, "interleave_first": False,
+                                   "residual_first": False, "stage_inputs": False,
+                                   "epilogue_pieces": False}
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,43 @@ def _before_gemms(stage: list[Insn], epilogue: list[Insn], tail: int | None = No
         return [*stage[:cut], *epilogue, *stage[cut:]]
     last = gemms[-1] + 1
     return [*stage[:cut], *epilogue[:tail], *stage[cut:last], *epilogue[tail:], *stage[last:]]
+
+
+def _piece_by_piece(first: list[Insn], second: list[Insn]) -> list[Insn] | None:
+    """The two threads' first stages, each its start then one GEMM per piece of weights they share, as one
+    stage taking the pieces in turn: both starts (the second thread's input load right after the first
+    piece's load, the later pieces after it), then the first piece's GEMM of each thread, then the second's,
+    and so on. Each piece's load then hides behind both threads' GEMMs of the piece before it, instead of
+    the first thread's alone. None where the stages have another shape."""
+    parts = []
+    for stage in (first, second):
+        gemms = [k for k, x in enumerate(stage) if x.fields.get("opcode") == Opcode.GEMM]
+        if not gemms or gemms[-1] != len(stage) - 1 or gemms != list(range(gemms[0], len(stage))):
+            return None
+        parts.append((stage[:gemms[0]], stage[gemms[0]:]))
+    (start_a, gemms_a), (start_b, gemms_b) = parts
+    if len(gemms_a) != len(gemms_b) or len(gemms_a) < 2:
+        return None
+    loads_a = [x for x in start_a if x.unit == Unit.LOAD]
+    pieces = [k for k, x in enumerate(loads_a) if x.note.startswith("weights, output blocks")]
+    if len(pieces) != len(gemms_a):
+        return None
+    head = pieces[0] + 1
+    return [*loads_a[:head], *(x for x in start_b if x.unit == Unit.LOAD), *loads_a[head:],
+            *(x for x in start_a if x.unit != Unit.LOAD), *(x for x in start_b if x.unit != Unit.LOAD),
+            *(x for pair in zip(gemms_a, gemms_b, strict=True) for x in pair)]
+
+
+def _after_pieces(insns: list[Insn], start: int, pieces: list[tuple[int, str]]) -> None:
+    """Move the epilogue from `start` (in place), in pieces each from its index in `pieces` (the first from
+    `start`), after the last GEMM whose note ends with the piece's suffix: a piece's epilogue and store then
+    run after its own GEMM, the store beside the next piece's GEMM, instead of all after the last one."""
+    bounds = [start, *(at for at, _ in pieces[1:]), len(insns)]
+    segments = [insns[a:b] for a, b in itertools.pairwise(bounds)]
+    del insns[start:]
+    for segment, (_, suffix) in zip(reversed(segments), reversed(pieces), strict=True):
+        at = max(k for k, x in enumerate(insns) if x.fields.get("opcode") == Opcode.GEMM and x.note.endswith(suffix))
+        insns[at + 1:at + 1] = segment
 
 
 class Lowering:
@@ -146,6 +190,9 @@ class Lowering:
         #: rows (the next task's start loads its own).
         self.own_stage = bool(self.options["epilogue_own_stage"]) and self.v > 1 and self.slots > 1 \
             and not self.residual_by_gemm
+        #: Whether every task has the same output channels: a thread's tiles then share its vector rows
+        #: (loaded once, by the compute unit, which runs nothing beside a load).
+        self.one_oc_tile = geom.groups == 1 and sched.tile_oc >= geom.ocb
         self._regions = [[self._layout(h, slot) for slot in range(self.slots)] for h in range(self.v)]
         self._slot = [0] * self.v
         self._kernels: dict[tuple, Kernel] = {}
@@ -187,7 +234,9 @@ class Lowering:
         end = pool + self.pool_rows()
         if slot and self.own_stage:  # another tile with rows of its own for everything
             size = end - acc0
+            shared_vec = vec
             tile, res, vec, spare, win, end = (x + slot * size for x in (tile, res, vec, spare, win, end))
+            vec = shared_vec if self.one_oc_tile else vec
         elif slot:  # another tile after the rest of the slice, which both tiles share
             tile, end = end + (slot - 1) * self.tile_rows, end + slot * self.tile_rows
         limit = acc0 + c.acc_rows // v
@@ -232,6 +281,9 @@ class Lowering:
         #: Whether the stage being emitted is its thread's last (option last_pieces).
         self.final_stage = False
         started = [False] * self.v
+        #: Tasks each thread has begun (the one being emitted included).
+        self.tasks_begun = [0] * self.v
+        first_mark = 0  # where the first thread's first stage begins
         # A task's last stage and its epilogue are one item of the round robin: the other thread's next stage
         # then runs between a tile's epilogue (its store) and the next write to the tile's rows, which waits
         # for that store (was: the two threads' epilogues back to back, so the next tile waited on the store).
@@ -267,11 +319,18 @@ class Lowering:
                     if j == 0:  # a new task of thread h: its tile is the next slot
                         self._slot[h] = (self._slot[h] + started[h]) % self.slots
                         started[h] = True
+                        self.tasks_begun[h] += 1
                     if held and held_by == h:  # (the same thread's next stage overwrites the tile: after it)
                         stream.insns += held
                         held = []
                     mark = len(stream.insns)
+                    first_mark = mark if (h, j, self.tasks_begun[h]) == (0, 0, 1) else first_mark
                     self.emit_stage(stream, point, j, h)
+                    if (h, j, self.tasks_begun[h]) == (1, 0, 1) and self.options["interleave_first"]:
+                        both = _piece_by_piece(stream.insns[first_mark:mark], stream.insns[mark:])
+                        if both is not None:
+                            stream.insns[first_mark:] = both
+                            mark = len(stream.insns) - 1  # (an epilogue held goes before the last GEMM)
                     if j == 0 and h in held_own:
                         stream.insns[mark:] = _before_gemms(stream.insns[mark:], held_own.pop(h))
                     if held:
@@ -280,8 +339,12 @@ class Lowering:
                 else:
                     start = len(stream.insns)
                     self.epilogue_tail = None
+                    self.epilogue_pieces: list[tuple[int, str]] = []
+                    self.thread_last = any(point is t for t in tasks[-self.v:])
                     self.emit_epilogue(stream, point, h)
-                    if self.own_stage:
+                    if self.epilogue_pieces:
+                        _after_pieces(stream.insns, start, self.epilogue_pieces)
+                    elif self.own_stage:
                         held_own[h] = stream.insns[start:]
                         del stream.insns[start:]
                     elif self.v > 1 and self.options["hold_epilogue"]:
@@ -410,7 +473,7 @@ class Lowering:
         """The epilogue's vectors for the output-channel tile of `point`, unless the thread holds them."""
         g, s, r = self.g, self.s, self.regions(h)
         first_block = point.get("gS", 0) * g.ocb + point["oB.o"] * s.tile_oc
-        key = ("vec", self._slot[h] if self.own_stage else 0)  # (each output tile has its vector rows)
+        key = ("vec", self._slot[h] if self.own_stage and not self.one_oc_tile else 0)  # (each tile has its rows)
         if self.vectors and self.resident[h].get(key) != first_block:
             self.resident[h][key] = first_block
             assert self.addrs.vec is not None
