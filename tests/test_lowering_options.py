@@ -77,8 +77,9 @@ def test_an_unknown_lowering_option_is_refused():
 CHOSEN_TILE_OPTIONS = [
     ("default", {"weight_pieces": 4, "interleave_first": True}),
     ("default", {"stage_inputs": True}),
-    ("default", {"last_pieces": 4, "epilogue_pieces": True}),
-    ("rect", {"last_pieces": 4, "epilogue_pieces": True}),  # (two images a GEMM row; a piece's rows)
+    ("default", {"last_pieces": 4, "epilogue_pieces": 1}),
+    ("default", {"last_pieces": 4, "epilogue_pieces": 2}),
+    ("rect", {"last_pieces": 4, "epilogue_pieces": 2}),  # (two images a GEMM row; a piece's rows)
     ("default", {"weight_pieces": 4, "residual_first": True}),
     ("default", {"tile_slots": 2, "epilogue_own_stage": True}),
 ]

@@ -456,7 +456,8 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
         if getattr(lowering, "weight_slots", 1) > 1:
             variants.append({"stage_weights": False})
         variants.append({"last_pieces": WEIGHT_PIECES})
-        variants.append({"last_pieces": WEIGHT_PIECES, "epilogue_pieces": True})
+        variants.append({"last_pieces": WEIGHT_PIECES, "epilogue_pieces": 1})
+        variants.append({"last_pieces": WEIGHT_PIECES, "epilogue_pieces": 2})
         if lowering.g.residual:
             variants.append({"residual_first": True})
         if lowering.stage_inputs_apply:

@@ -317,7 +317,7 @@ class ConvLowering(Lowering):
         windows' columns into one of the thread's pooled rows, then each output row of the pool whose
         window ends here from the pooled rows of its window (the thread's own and the other's latest),
         which is stored. The pooling runs beside the other thread's next GEMM (the epilogue's tail)."""
-        if self.thread_last and self._epilogue_in_pieces(h):
+        if self.from_last < int(self.options["epilogue_pieces"]) and self._epilogue_in_pieces(h):
             self._epilogue_by_pieces(stream, point, h)
             return
         if not self.g.pool:
@@ -334,9 +334,11 @@ class ConvLowering(Lowering):
         self._pool_row(stream, point, h)
 
     def _epilogue_in_pieces(self, h: int) -> bool:
-        """Option ``epilogue_pieces``, for the program's last epilogue: where its thread's last weights came
-        in pieces (option ``last_pieces``), each piece's epilogue and store go after the piece's GEMM (one
-        tile of one image, no residual or pool, an epilogue each thread holds for the other's stage)."""
+        """Option ``epilogue_pieces``, for the program's last epilogue (1) or each thread's (2): where the
+        thread's last GEMMs come in pieces (of its last weights, option ``last_pieces``, or of the tile), each
+        piece's epilogue and store go after the piece's GEMM, so that the stores begin before the last GEMM
+        ends (one tile of one image, no residual or pool, an epilogue each thread holds for the other's
+        stage)."""
         g, s = self.g, self.s
         return bool(self.options["epilogue_pieces"]) and bool(self.final_bounds.get(h)) and s.tile_n == 1 \
             and not g.residual and not g.pool and not self.own_stage and not (self.single and self.alternated)

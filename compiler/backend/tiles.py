@@ -49,12 +49,13 @@ __all__ = ["DEFAULT_OPTIONS", "Addresses", "Lowering", "Regions"]
 #: ``interleave_first`` (weights every task shares, loaded in pieces: the two threads' first tasks take
 #: each piece in turn), ``residual_first`` (a residual the GEMM copies loaded before weights in pieces),
 #: ``stage_inputs`` (one pixel tile: each reduction step's input window once, for both threads),
-#: ``epilogue_pieces`` (the program's last epilogue and store in the pieces of its last weights).
+#: ``epilogue_pieces`` (1: the program's last epilogue and store in the pieces of its last GEMMs; 2: each
+#: thread's last).
 DEFAULT_OPTIONS: dict[str, Any] = {"hold_epilogue": True, "epilogue_own_stage": False, "weight_pieces": 1,
                                    "tile_slots": 1, "residual_alu": False, "stage_weights": True,
                                    "last_pieces": 1, "interleave_first": False,
                                    "residual_first": False, "stage_inputs": False,
-                                   "epilogue_pieces": False}
+                                   "epilogue_pieces": 0}
 
 
 @dataclass(frozen=True)
@@ -340,7 +341,8 @@ class Lowering:
                     start = len(stream.insns)
                     self.epilogue_tail = None
                     self.epilogue_pieces: list[tuple[int, str]] = []
-                    self.thread_last = any(point is t for t in tasks[-self.v:])
+                    #: How many of the program's last tasks this epilogue's is among (option epilogue_pieces).
+                    self.from_last = next((k for k, t in enumerate(reversed(tasks)) if t is point), len(tasks))
                     self.emit_epilogue(stream, point, h)
                     if self.epilogue_pieces:
                         _after_pieces(stream.insns, start, self.epilogue_pieces)
