@@ -296,7 +296,7 @@ class Lowering:
             final = k >= len(tasks) - self.v  # the thread's last task
             items = [[("stage", {**point, **step}, j, h, final and j == len(steps) - 1)]
                      for j, step in enumerate(steps)]
-            items[-1].append(("epilogue", point, 0, h, False))
+            items[-1].append(("epilogue", point, k, h, False))  # (an epilogue's third field: its task's index)
             per_thread[h] += items
         # The compute unit runs a GEMM beside an ALU instruction (and the converse) when they work on
         # different halves of the accumulator (spec "beside", vthread.mark_beside), as the two threads' tiles
@@ -342,7 +342,7 @@ class Lowering:
                     self.epilogue_tail = None
                     self.epilogue_pieces: list[tuple[int, str]] = []
                     #: How many of the program's last tasks this epilogue's is among (option epilogue_pieces).
-                    self.from_last = next((k for k, t in enumerate(reversed(tasks)) if t is point), len(tasks))
+                    self.from_last = len(tasks) - 1 - j
                     self.emit_epilogue(stream, point, h)
                     if self.epilogue_pieces:
                         _after_pieces(stream.insns, start, self.epilogue_pieces)
