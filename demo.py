@@ -68,7 +68,9 @@ def _table(stats: dict[str, Any], config: AcceleratorConfig) -> list[str]:
                      "the GEMM peak end to end" + (f"; mean convolution utilization {100 * conv:.1f}%" if conv else "")
                      + (f" ({100 * rest:.1f}% without the first" if rest else "")
                      + (f"; {100 * spatial:.1f}% over the {tot['spatial_convs_after_first']} after it that are not "
-                        "dense layers)" if rest and spatial else ")" if rest else ""))
+                        "dense layers" if rest and spatial else "")
+                     + (f"; {100 * tot['conv_utilization_after_first']:.1f}% over the cycles of all after the first "
+                        "together)" if rest else ""))
         roof = tot["roofline_utilization"]
         lines.append(f"roofline bound {tot['roofline_cycles']:,} cycles ({100 * roof:.1f}% of the peak): each layer at "
                      "the larger of its ideal and its DRAM traffic at the bus's rate")

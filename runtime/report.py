@@ -93,11 +93,15 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     its compute ideal or its DRAM traffic), and the mean utilization of the convolutions (each layer counts
     once, whatever its size) with and without the first one, whose few input channels make it a case apart,
     and without the first one nor the dense layers (a dense layer, lowered as a convolution whose kernel
-    covers its image, uses each weight once: its DRAM traffic bounds it, a few percent of the peak)."""
+    covers its image, uses each weight once: its DRAM traffic bounds it, a few percent of the peak); and the
+    convolutions after the first one together (their ideal cycles over their cycles: each counts by its
+    size)."""
     accel = [r for r in rows if r.get("cycles")]
     conv_rows = [r for r in accel if r["op"] == "qconv2d" and r.get("utilization") is not None]
     convs = [r["utilization"] for r in conv_rows]
     spatial = [r["utilization"] for r in conv_rows[1:] if not r.get("dense")]
+    rest_cycles = sum(int(r["cycles"]) for r in conv_rows[1:])
+    rest_ideal = sum(int(r.get("ideal_cycles") or 0) for r in conv_rows[1:])
     cycles = sum(int(r["cycles"]) for r in accel)
     ideal = sum(int(r.get("ideal_cycles") or 0) for r in accel)
     # The roofline's bound: no schedule beats a layer's compute ideal nor its DRAM traffic at the bus's rate.
@@ -107,6 +111,7 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "utilization": ideal / cycles if cycles else None,
             "mean_conv_utilization": sum(convs) / len(convs) if convs else None,
             "mean_conv_utilization_after_first": sum(convs[1:]) / len(convs[1:]) if len(convs) > 1 else None,
+            "conv_utilization_after_first": rest_ideal / rest_cycles if rest_cycles else None,
             "spatial_convs_after_first": len(spatial),
             "mean_spatial_conv_utilization_after_first": sum(spatial) / len(spatial) if spatial else None}
 
@@ -229,7 +234,8 @@ def run_report(args: argparse.Namespace) -> int:
               f"{tot['gap']:,} cycles; utilization {_pct(tot['utilization'])}; mean over convolutions "
               f"{_pct(tot['mean_conv_utilization'])} ({_pct(tot['mean_conv_utilization_after_first'])} without the "
               f"first; {_pct(tot['mean_spatial_conv_utilization_after_first'])} over the "
-              f"{tot['spatial_convs_after_first']} after it that are not dense layers)")
+              f"{tot['spatial_convs_after_first']} after it that are not dense layers; "
+              f"{_pct(tot['conv_utilization_after_first'])} over the cycles of those after the first together)")
         print(f"roofline bound (each layer at the larger of its ideal and its dram_cycles): "
               f"{tot['roofline_cycles']:,} cycles, {_pct(tot['roofline_utilization'])} of the GEMM peak")
     if args.baseline:

@@ -75,6 +75,9 @@ def test_summary_leaves_dense_layers_out_of_the_spatial_mean(run):
     after = [r["utilization"] for r in convs[1:]]
     assert tot["spatial_convs_after_first"] == len(after)
     assert tot["mean_spatial_conv_utilization_after_first"] == pytest.approx(sum(after) / len(after))
+    # Together, each layer by its size: their ideal over their cycles.
+    assert tot["conv_utilization_after_first"] == pytest.approx(
+        sum(r["ideal_cycles"] for r in convs[1:]) / sum(r["cycles"] for r in convs[1:]))
 
 
 def test_dram_cycles_follow_the_timing_the_cycles_were_counted_with(run):
