@@ -28,7 +28,7 @@ from weft.compiler.backend import alu, check, memory
 from weft.compiler.backend.conv import ConvLowering
 from weft.compiler.backend.pool import EltwiseLowering, PoolLowering
 from weft.compiler.backend.program import Stream
-from weft.compiler.backend.schedule import DUTY, LayerGeom, Schedule, copies_by_gemm, ranked, usage
+from weft.compiler.backend.schedule import DUTY, LayerGeom, Schedule, copies_by_gemm, ranked, shared_tiles, usage
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
 from weft.compiler.backend.vthread import inject_sync, mark_beside
@@ -448,7 +448,8 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
         variants.append({"hold_epilogue": False})
     if lowering.kind == "conv":
         variants.append({"weight_pieces": WEIGHT_PIECES})
-        variants.append({"weight_pieces": WEIGHT_PIECES, "interleave_first": True})
+        if lowering.s.vthreads > 1 and shared_tiles(lowering.g, lowering.s)[1]:  # (else the same as the last)
+            variants.append({"weight_pieces": WEIGHT_PIECES, "interleave_first": True})
         variants.append({"tile_slots": 2})
         variants.append({"tile_slots": 2, "epilogue_own_stage": True})
         if lowering.residual_by_gemm:
@@ -456,9 +457,10 @@ def _fastest_variant(lowering: Lowering, stream: Stream, c: AcceleratorConfig,
         if getattr(lowering, "weight_slots", 1) > 1:
             variants.append({"stage_weights": False})
         variants.append({"last_pieces": WEIGHT_PIECES})
-        variants.append({"last_pieces": WEIGHT_PIECES, "epilogue_pieces": 1})
-        variants.append({"last_pieces": WEIGHT_PIECES, "epilogue_pieces": 2})
-        if lowering.g.residual:
+        if lowering.piece_bounds(WEIGHT_PIECES):  # (options that change nothing are not lowered)
+            variants.append({"last_pieces": WEIGHT_PIECES, "epilogue_pieces": 1})
+            variants.append({"last_pieces": WEIGHT_PIECES, "epilogue_pieces": 2})
+        if lowering.g.residual and lowering.copies_by_gemm:
             variants.append({"residual_first": True})
         if lowering.stage_inputs_apply:
             variants.append({"stage_inputs": True})
