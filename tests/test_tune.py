@@ -239,3 +239,28 @@ def test_bench_tune_compares_tuners_and_never_loses_to_the_default(setup):
     assert out["model_cycles_tuned"] <= out["model_cycles_default"]
     assert out["model_cycles_default"] - out["model_cycles_tuned"] >= row["default_cycles"] - row["tuned_cycles"] - \
         0.01 * row["default_cycles"]
+
+
+def test_a_logged_schedule_faster_than_the_default_is_compiled(setup, monkeypatch):
+    """The converse: where the default's candidates are slow (here each made one-threaded), the logged
+    schedule, faster, is the one compiled, with its own fastest options."""
+    from weft.compiler.backend import codegen
+    from weft.compiler.backend.schedule import Schedule
+
+    cfg, _, layer = setup
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        arts = [compile_model(small_resnet(), config=cfg, codegen=False) for _ in range(2)]
+    default = codegen.generate(arts[0])
+    chosen = next(x for x in default["layers"] if x["name"] == layer.geom.name)
+    assert chosen["schedule"]["vthreads"] == 2
+    plain = codegen._schedule_for
+
+    def slow(node, geom, config, given):
+        found = plain(node, geom, config, given)
+        return found if given is not None else [s.without_latency_hiding() for s in found]
+
+    monkeypatch.setattr(codegen, "_schedule_for", slow)
+    meta = codegen.generate(arts[1], tuned={layer.geom.name: Schedule.from_dict(chosen["schedule"])})
+    got = next(x for x in meta["layers"] if x["name"] == layer.geom.name)
+    assert got["schedule"] == chosen["schedule"] and got["lowering"] == chosen["lowering"]

@@ -369,7 +369,7 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     def lower_with(sched: Schedule, **changes: Any) -> Lowering:
         return lowering_cls(node.name, geom, sched, c, Addresses(**addrs), steps, {**(options or {}), **changes})
 
-    def best(given: Any) -> tuple[Schedule, Lowering, Stream]:
+    def best(given: Any, variants: bool) -> tuple[Schedule, Lowering, Stream]:
         choices, ratio, bound = _search(geom, c, given is not None)
         found = _fastest_fitting(_schedule_for(node, geom, c, given), c, lower_with, choices, ratio, bound)
         if not latency_hiding and not isinstance(found, str):  # the same tiles (timed with latency hiding), one thread
@@ -377,14 +377,14 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
         if isinstance(found, str):
             raise BackendError(f"no schedule lowers onto config '{c.name}' ({found})", node=node.name, op=node.op)
         sched, lowering, stream = found
-        if latency_hiding and options is None and (given is None or given is tuned):
+        if latency_hiding and options is None and variants:
             lowering, stream = _fastest_variant(lowering, stream, c, lambda **options: lower_with(sched, **options))
         return sched, lowering, stream
 
-    sched, lowering, stream = best(given)
+    sched, lowering, stream = best(given, variants=given is None)
     if tuned is not None and given is None:
         try:
-            other = best(tuned)
+            other = best(tuned, variants=True)
         except BackendError:
             other = None  # (a log from another compiler version may name tiles that no longer fit)
         if other is not None and _program_cycles(other[2], c, deadlock=math.inf) < \

@@ -262,7 +262,7 @@ class ConvLowering(Lowering):
         if not self.options["interleave_first"] or stage or not thread or self.tasks_begun[thread] != 1 \
                 or not shared_tiles(self.g, self.s)[1]:
             return []
-        return getattr(self, "first_pieces", [])
+        return self.first_pieces
 
     @cached_property
     def first_step_overwrites(self) -> bool:
@@ -310,6 +310,8 @@ class ConvLowering(Lowering):
         self._pool_count = [0] * self.v
         #: Each thread's last weight pieces, by thread (option epilogue_pieces)
         self.final_bounds: dict[int, list[tuple[int, int]]] = {}
+        #: The first weights' pieces (option interleave_first)
+        self.first_pieces: list[tuple[int, int]] = []
         return super().lower()
 
     def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
@@ -344,23 +346,11 @@ class ConvLowering(Lowering):
             and not g.residual and not g.pool and not self.own_stage and not (self.single and self.alternated)
 
     def _epilogue_by_pieces(self, stream: Stream, point: dict[str, int], h: int) -> None:
-        g, s, r = self.g, self.s, self.regions(h)
         self.finish_body(stream, h)
         self.load_vectors(stream, point, h)
-        tile = self.out_tile(h)
-        steps, first_vector = self.epilogue_steps()
-        origin, extent = self.out_box.origin_at(point), self.out_box.extent
-        block = tile.pix * tile.ro  # rows of one output block of the tile
         for lo, hi in self.final_bounds[h]:
             self.epilogue_pieces.append((len(stream.insns), f", output blocks {lo}-{hi - 1}"))
-            part = alu.Tile(tile.base + lo * block, 1, hi - lo, tile.pix, tile.ro)
-            alu.epilogue(stream, steps, part, part.at(r.res + lo * block), r.vec + lo * g.ro, s.tile_oc * g.ro,
-                         self.kernel, h, None, first_vector)
-            moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out,
-                                  (origin[0], origin[1] + lo, *origin[2:]), (extent[0], hi - lo, *extent[2:]),
-                                  r.tile + lo * block)
-            for t in merge(self.config, moves):
-                stream.transfer(t, note="store the output tile")
+            self.epilogue_blocks(stream, point, h, (lo, hi))
 
     def _slot_rows(self) -> int:
         return self.g.pooled_hw[1] * self.s.tile_oc * self.g.ro

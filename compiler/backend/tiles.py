@@ -486,17 +486,31 @@ class Lowering:
                 stream.transfer(t, note="epilogue vectors")
 
     def emit_epilogue(self, stream: Stream, point: dict[str, int], h: int) -> None:
-        g, s, r = self.g, self.s, self.regions(h)
         self.finish_body(stream, h)
         self.load_vectors(stream, point, h)
-        if g.residual:
+        if self.g.residual:
             self.load_residual(stream, point, h)
+        self.epilogue_blocks(stream, point, h, None, self.residual_gemm(h))
+
+    def epilogue_blocks(self, stream: Stream, point: dict[str, int], h: int, blocks: tuple[int, int] | None = None,
+                        residual_gemm: Callable[[Stream, alu.Tile], None] | None = None) -> None:
+        """The epilogue's steps on thread `h`'s tile and its store: the whole tile, or its output blocks
+        ``[lo, hi)`` (`blocks`; a tile of one image: the tile's rows are ``[n][oB][pixel][so]``)."""
+        g, s, r = self.g, self.s, self.regions(h)
         tile = self.out_tile(h)
+        origin, extent, first = self.out_box.origin_at(point), self.out_box.extent, 0
+        if blocks is not None:
+            lo, hi = blocks
+            assert s.tile_n == 1
+            first = lo * tile.pix * tile.ro  # the first row of block lo
+            tile = alu.Tile(tile.base + first, 1, hi - lo, tile.pix, tile.ro)
+            origin, extent = (origin[0], origin[1] + lo, *origin[2:]), (extent[0], hi - lo, *extent[2:])
         steps, first_vector = self.epilogue_steps()
-        alu.epilogue(stream, steps, tile, tile.at(r.res), r.vec, s.tile_oc * g.ro, self.kernel, h,
-                     self.residual_gemm(h), first_vector)
-        moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out,
-                              self.out_box.origin_at(point), self.out_box.extent, r.tile)
+        vec = r.vec + (blocks[0] * g.ro if blocks else 0)
+        alu.epilogue(stream, steps, tile, tile.at(r.res + first), vec, s.tile_oc * g.ro, self.kernel, h,
+                     residual_gemm, first_vector)
+        moves = box_transfers(self.config, MemId.OUT, self.compute.shapes["out"], self.addrs.out, origin, extent,
+                              r.tile + first)
         for t in merge(self.config, moves):
             stream.transfer(t, note="store the output tile")
 
