@@ -31,7 +31,7 @@ from weft.compiler.backend.schedule import every_other_row, pool_slots, shared_t
 from weft.compiler.backend.te import Access as A
 from weft.compiler.backend.te import Axis, Box, Compute, Kernel, Nest, tile_box
 from weft.compiler.backend.te import var as v
-from weft.compiler.backend.tiles import Lowering
+from weft.compiler.backend.tiles import RESIDUAL_LOADS, WEIGHT_PIECE, Lowering, piece_note
 from weft.isa.constants import AluOp, MemId, Unit
 from weft.isa.encoding import UOP_DTYPE
 
@@ -171,7 +171,7 @@ class ConvLowering(Lowering):
         pieces = self.weight_pieces(wgt_box, point, at_w, wgt_key)
         for lo, hi in pieces:
             self.load_box(stream, wgt_key, MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w,
-                          f"weights, output blocks {lo}-{hi - 1}", reuse=False, part=(lo * self.g.ro, hi * self.g.ro))
+                          "weights" + piece_note(lo, hi), reuse=False, part=(lo * self.g.ro, hi * self.g.ro))
         if not pieces:
             self.load_box(stream, wgt_key, MemId.WGT, self.addrs.wgt, wgt_box, point, wgt_at, at_w, "weights")
         if stage == 0:
@@ -179,12 +179,12 @@ class ConvLowering(Lowering):
                     self.out_box.extent, r.inp + inp_box.rows)
             if self.residual_by_gemm:
                 # Loaded before the task's GEMMs, so the load hides behind them; the epilogue's GEMM adds it.
-                self.load_for_copy(*args, self.identity_row(thread), thread, "residual tile")
+                self.load_for_copy(*args, self.identity_row(thread), thread, RESIDUAL_LOADS[0])
             elif self.g.residual and self.copies_by_gemm and not self.residual_alu:
                 # Before the task's GEMMs rather than in the epilogue: the loads that later overwrite the
                 # residual's rows then wait on the task's last GEMM, one token for both (each thread's
                 # outstanding tokens stay within the queue depth).
-                self.copy_in(*args, r.res, self.identity_row(thread), thread, "residual tile")
+                self.copy_in(*args, r.res, self.identity_row(thread), thread, RESIDUAL_LOADS[0])
             if self.bias_start is not None:
                 self.load_vectors(stream, point, thread)
                 alu.start_from(stream, self.bias_start, self.out_tile(thread), r.vec, self.kernel, thread)
@@ -193,7 +193,7 @@ class ConvLowering(Lowering):
             if self.residual_alu:
                 # After the tile's start: the copy is the GEMM pipe's first work of the stage, before which the
                 # other thread's epilogue goes (Lowering.lower), so that epilogue runs beside it on the ALU.
-                self.copy_in(*args, r.res, self.identity_row(thread), thread, "residual tile")
+                self.copy_in(*args, r.res, self.identity_row(thread), thread, RESIDUAL_LOADS[0])
 
         def nest() -> Nest:
             axes = tuple(a for a in self.compute.axes if a.name in self.inner)
@@ -212,7 +212,7 @@ class ConvLowering(Lowering):
                     return nest().restrict({"oB.i": (lo, hi)})
 
                 self.emit_body(stream, part_nest, stage, thread, (*slot_key, "inp", at_i, "blocks", lo, hi),
-                               f", output blocks {lo}-{hi - 1}")
+                               piece_note(lo, hi))
             return
         self.emit_body(stream, nest, stage, thread, (*slot_key, "inp", at_i))
 
@@ -349,7 +349,7 @@ class ConvLowering(Lowering):
         self.finish_body(stream, h)
         self.load_vectors(stream, point, h)
         for lo, hi in self.final_bounds[h]:
-            self.epilogue_pieces.append((len(stream.insns), f", output blocks {lo}-{hi - 1}"))
+            self.epilogue_pieces.append((len(stream.insns), piece_note(lo, hi)))
             self.epilogue_blocks(stream, point, h, (lo, hi))
 
     def _slot_rows(self) -> int:
@@ -421,10 +421,10 @@ def _residual_before_pieces(insns: list[Insn], start: int) -> None:
     waited for every piece instead of the pieces' GEMMs each for its own (ResNet's layer1 conv2 began 8 k
     cycles late). They write rows of their own, which nothing between reads."""
     loads = [k for k in range(start, len(insns)) if insns[k].unit == Unit.LOAD]
-    pieces = [k for k in loads if insns[k].note.startswith("weights, output blocks")]
+    pieces = [k for k in loads if insns[k].note.startswith(WEIGHT_PIECE)]
     if not pieces:
         return
-    late = [k for k in loads if k > pieces[0] and insns[k].note in ("residual tile", "identity matrix")]
+    late = [k for k in loads if k > pieces[0] and insns[k].note in RESIDUAL_LOADS]
     moved = [insns[k] for k in late]
     for k in reversed(late):
         del insns[k]

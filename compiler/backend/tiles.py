@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
     from weft.core.epilogue import Step
 
-__all__ = ["DEFAULT_OPTIONS", "Addresses", "Lowering", "Regions"]
+__all__ = ["DEFAULT_OPTIONS", "RESIDUAL_LOADS", "WEIGHT_PIECE", "Addresses", "Lowering", "Regions", "piece_note"]
 
 #: A lowering's options (the code generator times other values per layer, :func:`~weft.compiler.backend.
 #: codegen.lower_layer`): ``hold_epilogue`` (a tile's epilogue beside the other thread's next stage, else
@@ -88,6 +88,19 @@ class Regions:
     pool: int = 0
 
 
+#: What the instructions the lowering moves after emitting them say they do (Insn.note), one definition for
+#: the emitters and the passes that find them: a piece of a tile's output blocks (its GEMM's note ends with
+#: piece_note, its weights' load starts with WEIGHT_PIECE), a residual tile's loads and the identity matrix
+#: that copies it.
+PIECE = ", output blocks "
+WEIGHT_PIECE = "weights" + PIECE
+RESIDUAL_LOADS = ("residual tile", "identity matrix")
+
+
+def piece_note(lo: int, hi: int) -> str:
+    return f"{PIECE}{lo}-{hi - 1}"
+
+
 def _before_gemms(stage: list[Insn], epilogue: list[Insn], tail: int | None = None) -> list[Insn]:
     """The other thread's `stage` with `epilogue` before its first GEMM (after it when it has none); the
     epilogue's instructions from `tail` on go after the stage's last GEMM, to run beside it (the GEMM
@@ -117,7 +130,7 @@ def _piece_by_piece(first: list[Insn], second: list[Insn]) -> list[Insn] | None:
     if len(gemms_a) != len(gemms_b) or len(gemms_a) < 2:
         return None
     loads_a = [x for x in start_a if x.unit == Unit.LOAD]
-    pieces = [k for k, x in enumerate(loads_a) if x.note.startswith("weights, output blocks")]
+    pieces = [k for k, x in enumerate(loads_a) if x.note.startswith(WEIGHT_PIECE)]
     if len(pieces) != len(gemms_a):
         return None
     head = pieces[0] + 1
@@ -437,7 +450,7 @@ class Lowering:
         assert dram is not None and self.addrs.identity is not None
         if not self.resident[h].get("identity"):
             self.resident[h]["identity"] = True
-            stream.transfer(Transfer(MemId.WGT, ident, self.addrs.identity, 1, 1, 1), note="identity matrix")
+            stream.transfer(Transfer(MemId.WGT, ident, self.addrs.identity, 1, 1, 1), note=RESIDUAL_LOADS[1])
         # An inp row is an out row (copies_by_gemm), so the box's DRAM rows count the same in both.
         for t in merge(self.config, box_transfers(self.config, MemId.INP, shape, dram, origin, extent, src)):
             stream.transfer(t, note=note)
@@ -469,7 +482,7 @@ class Lowering:
         moves = box_transfers(self.config, MemId.ACC_NARROW, self.compute.shapes["out"], self.addrs.residual,
                               self.out_box.origin_at(point), self.out_box.extent, self.regions(h).res)
         for t in merge(self.config, moves):
-            stream.transfer(t, note="residual tile")
+            stream.transfer(t, note=RESIDUAL_LOADS[0])
 
     def load_vectors(self, stream: Stream, point: dict[str, int], h: int) -> None:
         """The epilogue's vectors for the output-channel tile of `point`, unless the thread holds them."""
