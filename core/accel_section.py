@@ -62,8 +62,12 @@ class AccelSection:
 
     def program_words(self, layer: AccelLayer) -> np.ndarray:
         """The encoded instruction stream of `layer` (a slice of the constants)."""
-        start = layer.insn_addr - self.const_base
-        return self.const[start:start + layer.insn_count * layer.insn_bytes]
+        return self.words_at(layer.insn_addr, layer.insn_count, layer.insn_bytes)
+
+    def words_at(self, insn_addr: int, insn_count: int, insn_bytes: int) -> np.ndarray:
+        """The encoded instructions of the program at DRAM `insn_addr` (a slice of the constants)."""
+        start = insn_addr - self.const_base
+        return self.const[start:start + insn_count * insn_bytes]
 
 
 def accel_section(artifact: Artifact) -> AccelSection | None:

@@ -9,6 +9,7 @@ traceback or a huge allocation deep in the runtime.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -219,6 +220,35 @@ def _check_accel(meta: dict[str, Any], what: str) -> None:
             if name not in values:
                 raise _fail(what, f"{at}inputs", f"names '{name:.60}', which has no DRAM buffer in 'values'")
         _get(layer, "schedule", dict, what, at)
+    _check_chains(meta["layers"], dram, what, where)
+
+
+def _check_chains(layers: list[dict[str, Any]], dram: int, what: str, where: str) -> None:
+    """A chain's program (``chain`` on its first layer) and the ``chain_head`` of each layer after it: the
+    runtime runs the program in the layers' place, and splits its figures at ``ends``."""
+    names = [str(layer["name"]) for layer in layers]
+    heads: dict[str, str] = {}
+    for k, layer in enumerate(layers):
+        if "chain" not in layer:
+            continue
+        at = f"{where}layers[{k}].chain."
+        chain = _get(layer, "chain", dict, what, f"{where}layers[{k}].")
+        members = _strings(_get(chain, "layers", list, what, at), what, f"{at}layers")
+        if len(members) < 2 or members[0] != layer["name"] or members != names[k:k + len(members)]:
+            raise _fail(what, f"{at}layers", "must name this layer and the layers after it, in order")
+        addr = _int(chain, "insn_addr", what, at, 0, dram)
+        count = _int(chain, "insn_count", what, at, 1, dram)
+        if addr + count * int(layer["insn_bytes"]) > dram:
+            raise _fail(what, f"{at}insn_count", f"puts the program past dram_bytes ({addr} + {count} x ...)")
+        ends = _get(chain, "ends", list, what, at)
+        if len(ends) != len(members) or not all(isinstance(e, int) and not isinstance(e, bool) for e in ends) \
+                or any(b <= a for a, b in itertools.pairwise([0, *ends])) or ends[-1] != count:
+            raise _fail(what, f"{at}ends", "must be increasing instruction counts, one per layer, the last insn_count")
+        heads.update({m: str(layer["name"]) for m in members[1:]})
+    for k, layer in enumerate(layers):
+        if heads.get(str(layer["name"])) != layer.get("chain_head"):
+            raise _fail(what, f"{where}layers[{k}].chain_head",
+                        f"must be {heads.get(str(layer['name']))!r}: the chain that names the layer")
 
 
 #: Checks of known sections' meta; a section this weft does not know is kept as it is.

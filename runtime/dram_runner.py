@@ -75,6 +75,12 @@ class AcceleratorImage:
         """The encoded instruction stream of layer `name` (from the constants)."""
         return self.section.program_words(self._programs[name])
 
+    def chain_of(self, layer: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The chain `layer` belongs to (:mod:`weft.compiler.backend.chain`: its first layer's ``chain``), or
+        None."""
+        head = self.layers.get(str(layer.get("chain_head", layer["name"])))
+        return head.get("chain") if head is not None else None
+
     def layer(self, name: str) -> dict[str, Any]:
         layer = self.layers.get(name)
         if layer is None:
@@ -107,6 +113,12 @@ def _summed(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
+def _nothing(ran: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures of a layer of a chain whose program runner counted the chain as a whole."""
+    return {"insns": {}, "insn_count": 0, "bytes": {}, "macs": 0, "alu_ops": 0,
+            "cycles": None if ran.get("cycles") is None else 0}
+
+
 def _dense(g: Mapping[str, Any]) -> bool:
     """Whether a layer's geometry is a dense layer's: a convolution whose kernel covers its whole input (one
     output pixel, each a dot product of the whole image), bound by its weights' DRAM traffic."""
@@ -117,7 +129,8 @@ def _dense(g: Mapping[str, Any]) -> bool:
 class ProgramRunner(Protocol):
     """Runs the program at `insn_addr` of `dram` to its FINISH, updating `dram`; returns its statistics:
     ``insns`` (by kind), ``insn_count``, ``bytes`` (by kind), ``macs``, ``alu_ops``, and ``cycles`` (None
-    when unknown)."""
+    when unknown). A runner that splits a chain's figures by layer takes ``parts`` (see
+    :meth:`weft.sim.fsim.FunctionalSimulator.run`) and returns them as ``parts``."""
 
     def run(self, dram: Dram, insn_addr: int, insn_count: int) -> dict[str, Any]: ...
 
@@ -134,13 +147,18 @@ class DramRunner:
     gives a layer's cycles when the program runner does not count them (the timing model on fsim)."""
 
     def __init__(self, image: AcceleratorImage, programs: ProgramRunner, hooks: LayerHooks, *,
-                 cycles: Callable[[dict[str, Any]], int | None] | None = None):
+                 cycles: Callable[[dict[str, Any]], int | None] | None = None, chains: bool = False):
         self.image, self.programs, self.hooks, self.cycles = image, programs, hooks, cycles
+        #: Run each chain's program in its layers' place (:mod:`weft.compiler.backend.chain`; the program
+        #: runner splits its figures by ``parts``), else every layer's own program.
+        self.chains = chains
+        self._chained: dict[str, dict[str, Any]] = {}  # the figures of the chain's layers the walker is yet to reach
         self.dram: Dram | None = None
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         self.dram = self.image.fresh_dram()
+        self._chained = {}
         with one_blas_thread():
             yield
 
@@ -160,7 +178,25 @@ class DramRunner:
         assert dram is not None
         if hook is not None:
             hook(layer, dram, "before")
-        stats = self.programs.run(dram, layer["insn_addr"], layer["insn_count"])
+        chain = layer.get("chain") if self.chains else None
+        if self.chains and "chain_head" in layer:
+            stats = self._chained.pop(layer["name"], None)
+            if stats is None:
+                raise DeviceError(f"layer '{layer['name']}' runs in the program of its chain from "
+                                  f"'{layer['chain_head']}', which has not run before it")
+        elif chain is not None:
+            if getattr(self.programs, "splits_parts", False):
+                ran = self.programs.run(dram, chain["insn_addr"], chain["insn_count"],
+                                        parts=chain["ends"])  # type: ignore[call-arg]
+                parts = dict(zip(chain["layers"], ran["parts"], strict=True))
+            else:  # the hardware counts the program as a whole: its figures go to the chain's first layer
+                ran = self.programs.run(dram, chain["insn_addr"], chain["insn_count"])
+                parts = {name: _nothing(ran) for name in chain["layers"]}
+                parts[layer["name"]] = ran
+            stats = parts.pop(layer["name"])
+            self._chained.update(parts)
+        else:
+            stats = self.programs.run(dram, layer["insn_addr"], layer["insn_count"])
         measured = [stats.get("cycles")]
         for program in layer.get("relayout", ()):  # the output's copies in other row orders
             more = self.programs.run(dram, program["insn_addr"], program["insn_count"])
@@ -174,9 +210,12 @@ class DramRunner:
         cycles = None if None in measured else sum(measured)
         if cycles is None and self.cycles is not None:
             cycles = self.cycles(layer)
-        return {"insns": stats["insns"], "insn_count": stats["insn_count"], "bytes": stats["bytes"],
-                "accel_macs": stats["macs"], "alu_ops": stats["alu_ops"], "cycles": cycles,
-                "schedule": layer["schedule"], "dense": _dense(layer.get("geometry") or {})}
+        record = {"insns": stats["insns"], "insn_count": stats["insn_count"], "bytes": stats["bytes"],
+                  "accel_macs": stats["macs"], "alu_ops": stats["alu_ops"], "cycles": cycles,
+                  "schedule": layer["schedule"], "dense": _dense(layer.get("geometry") or {})}
+        if self.chains and self.image.chain_of(layer) is not None:
+            record["chain"] = str(layer.get("chain_head", layer["name"]))  # the chain's first layer
+        return record
 
     def host_fields(self) -> dict[str, Any]:
         # The host's work: no accelerator instructions, DRAM traffic or cycles.

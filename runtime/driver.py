@@ -270,13 +270,15 @@ class DriverPrograms:
 
 class DriverDevice(Device):
     """A device whose accelerator layers run through :class:`Driver` on `hardware`; host layers in numpy.
-    ``on_layer`` is called around each program as on the fsim device."""
+    ``on_layer`` is called around each program as on the fsim device; `chains` as on the rtl device."""
 
     name = "driver"
 
     def __init__(self, config: AcceleratorConfig, hardware: Hardware, *, spec: Mapping[str, Any] | None = None,
-                 timeout_s: float = 60.0, on_layer: OnLayer | None = None, name: str = "driver"):
+                 timeout_s: float = 60.0, on_layer: OnLayer | None = None, name: str = "driver", chains: bool = True):
         super().__init__(config)
+        #: Run each chain of layers as its one program (see :class:`~weft.runtime.rtl_device.RtlDevice`).
+        self.chains = chains
         self.name = name  # the device it serves (pynq), in messages
         self.hardware = hardware
         self.driver = Driver(hardware, config, spec, timeout_s=timeout_s)
@@ -288,7 +290,7 @@ class DriverDevice(Device):
         super().load(artifact)
         self.image = AcceleratorImage(artifact, self.config, self.name)
         self.layers = self.image.layers
-        self.runner = DramRunner(self.image, DriverPrograms(self.driver), self)
+        self.runner = DramRunner(self.image, DriverPrograms(self.driver), self, chains=self.chains)
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:

@@ -51,19 +51,27 @@ class ProgramTimer:
     """Cycles the timing model predicts for each layer's program of `image`, each program timed once
     (timing does not depend on the data)."""
 
-    def __init__(self, model: Any, image: AcceleratorImage):
-        self.model, self.image = model, image
+    def __init__(self, model: Any, image: AcceleratorImage, *, chains: bool = True):
+        self.model, self.image, self.chains = model, image, chains
         self._cycles: dict[str, int] = {}
 
     @classmethod
-    def of(cls, image: AcceleratorImage) -> ProgramTimer | None:
-        """A timer on this build's timing model (None without one)."""
+    def of(cls, image: AcceleratorImage, *, chains: bool = True) -> ProgramTimer | None:
+        """A timer on this build's timing model (None without one); `chains`: time the layers of a chain as
+        the runner runs them (its program), else each layer's own program."""
         model = new_timing_model(image.config)
-        return cls(model, image) if model is not None else None
+        return cls(model, image, chains=chains) if model is not None else None
 
     def cycles(self, layer: Mapping[str, Any]) -> int:
-        """The layer's program and the relayout programs that follow it (:mod:`weft.runtime.dram_runner`)."""
+        """The layer's program and the relayout programs that follow it (:mod:`weft.runtime.dram_runner`); a
+        layer of a chain (:mod:`weft.compiler.backend.chain`) run as one: its part of the chain's program."""
         name = layer["name"]
+        chain = self.image.chain_of(layer) if self.chains else None
+        if chain is not None and name not in self._cycles:
+            words = self.image.section.words_at(chain["insn_addr"], chain["insn_count"], layer["insn_bytes"])
+            report = self.model.simulate(decode_insns(self.image.config, words), chain["insn_addr"])
+            split = timing_model().part_cycles  # type: ignore[union-attr]  # (a timer has the module)
+            self._cycles.update(zip(chain["layers"], split(report.trace, chain["ends"]), strict=True))
         if name not in self._cycles:
             insns = decode_insns(self.image.config, self.image.program_words(name))
             total = int(self.model.simulate(insns, layer["insn_addr"]).cycles)
@@ -77,21 +85,24 @@ class ProgramTimer:
 
 class FsimDevice(Device):
     """Runs accelerator layers on :class:`~weft.sim.fsim.FunctionalSimulator`; options go to the simulator
-    (``check_races``, ``model_fetch``) except ``timing`` (False: no cycle counts even with a timing model)
-    and ``on_layer``."""
+    (``check_races``, ``model_fetch``) except ``timing`` (False: no cycle counts even with a timing model),
+    ``on_layer`` and ``chains``."""
 
     name = "fsim"
 
     def __init__(self, config: AcceleratorConfig, *, timing: bool = True, on_layer: OnLayer | None = None,
-                 **sim_options: Any):
+                 chains: bool = True, **sim_options: Any):
         super().__init__(config)
         known = [p for p in inspect.signature(FunctionalSimulator).parameters if p != "config"]
         unknown = sorted(set(sim_options) - set(known))
         if unknown:
-            options = ", ".join(dict.fromkeys(["timing", "on_layer", *known]))
+            options = ", ".join(dict.fromkeys(["timing", "on_layer", "chains", *known]))
             raise DeviceError(f"device 'fsim' has no option '{unknown[0]}' (options: {options})")
         self.sim_options = sim_options
         self.timing = timing
+        #: Run each chain of layers as its one program (:mod:`weft.compiler.backend.chain`), else each
+        #: layer's own (option ``chains=False``: layer by layer, as the driver devices run them).
+        self.chains = chains
         #: Called as ``on_layer(layer, dram, "before" | "after")`` around each accelerator program (to
         #: replay a layer elsewhere, e.g. on the RTL, from the same DRAM image).
         self.on_layer = on_layer
@@ -102,9 +113,9 @@ class FsimDevice(Device):
         super().load(artifact)
         self.image = AcceleratorImage(artifact, self.config, self.name)
         self.layers = self.image.layers
-        self.timer = ProgramTimer.of(self.image) if self.timing else None
+        self.timer = ProgramTimer.of(self.image, chains=self.chains) if self.timing else None
         sim = FunctionalSimulator(self.config, **self.sim_options)
-        self.runner = DramRunner(self.image, sim, self, cycles=self.layer_cycles)
+        self.runner = DramRunner(self.image, sim, self, cycles=self.layer_cycles, chains=self.chains)
 
     def layer_cycles(self, layer: dict[str, Any]) -> int | None:
         """Cycles the timing model predicts for a layer's program (None without one)."""

@@ -233,7 +233,9 @@ class RtlDevice(Device):
     `dram_model` "dpi" (the default on Verilator: the DRAM model inside the design, no Python per cycle) or
     "axiram" (cocotbext-axi's, the default on Icarus). The simulation starts
     when the artifact is loaded (its DRAM sized for the artifact's image). With `trace`, each run keeps the
-    RTL's activity per accelerator layer in :attr:`trace_layers`. `on_layer` is the fsim device's hook.
+    RTL's activity per accelerator layer in :attr:`trace_layers`. `on_layer` is the fsim device's hook. With
+    `chains` (the default), each chain of layers runs as its one program (:mod:`weft.compiler.backend.chain`);
+    the RTL counts it as a whole, so its figures go to the chain's first layer and the others show none.
 
     The graph walker with a DRAM-image runner whose programs run through the driver on the simulation
     (:class:`~weft.runtime.driver.DriverPrograms`), followed by this device's bookkeeping (:class:`_Recording`)."""
@@ -241,9 +243,12 @@ class RtlDevice(Device):
     name = "rtl"
 
     def __init__(self, config: AcceleratorConfig, *, timeout_s: float = 600.0, trace: bool = False,
-                 on_layer: OnLayer | None = None, **options: Any):
+                 on_layer: OnLayer | None = None, chains: bool = True, **options: Any):
         super().__init__(config)
         self.on_layer = on_layer
+        #: Run each chain of layers as its one program (the RTL's figures for it go to its first layer), else
+        #: each layer's own.
+        self.chains = chains
         self.options, self.timeout_s, self.trace = {**options, "trace": trace}, timeout_s, trace
         self.hardware: BackendHardware | None = None
         self.runner: DramRunner | None = None
@@ -260,7 +265,7 @@ class RtlDevice(Device):
         self.hardware = rtl_hardware(self.config, self.image.section.dram_bytes, **self.options)
         self.driver = Driver(self.hardware, self.config, timeout_s=self.timeout_s)
         self.driver.check_hardware()
-        self.runner = DramRunner(self.image, _Recording(self, DriverPrograms(self.driver)), self)
+        self.runner = DramRunner(self.image, _Recording(self, DriverPrograms(self.driver)), self, chains=self.chains)
 
     def run(self, feeds: Mapping[str, np.ndarray], *, keep_intermediates: bool = False
             ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, np.ndarray]]:
@@ -268,13 +273,18 @@ class RtlDevice(Device):
         return run_loaded(self.artifact, feeds, runner=self.runner, keep_intermediates=keep_intermediates)
 
     def layer_cycles(self, layer: dict[str, Any]) -> int | None:
-        """Cycles the RTL took for the layer's program when it last ran (None before)."""
+        """Cycles the RTL took for the layer's program when it last ran (None before); a layer of a chain after
+        its first has none of its own (0: the chain's program counts on its first layer)."""
+        head = self.layers.get(layer["name"], layer).get("chain_head") if self.chains else None
+        if head is not None:
+            return 0 if head in self._measured else None
         return self._measured.get(layer["name"])
 
     def record_run(self, dram: Dram, insn_addr: int, insn_count: int, stats: dict[str, Any]) -> None:
         """After one program ran: keep its cycles by layer and, when tracing, its per-instruction rows."""
         assert self.artifact is not None and self.hardware is not None
-        programs = [x for layer in self.layers.values() for x in (layer, *layer.get("relayout", ()))]
+        programs = [x for layer in self.layers.values() for x in (layer, *layer.get("relayout", ()))] + \
+            [{**layer["chain"], "name": name} for name, layer in self.layers.items() if "chain" in layer]
         program = next((x for x in programs if x["insn_addr"] == insn_addr), None)
         name = program["name"] if program is not None else f"program at 0x{insn_addr:x}"
         cycles = int(stats["cycles"])

@@ -1,7 +1,8 @@
 """Chrome/Perfetto traces of an artifact's accelerator activity, from the timing model or from the RTL.
 
 By default each accelerator layer's program is timed by :class:`weft.sim.timing.TimingModel` (timing does
-not depend on the data, so no run is needed). On the "rtl" device with ``trace=True`` the rows come from
+not depend on the data, so no run is needed; the layers of a chain as its one program, each layer's slice
+its part of it, :func:`weft.sim.timing.part_cycles`). On the "rtl" device with ``trace=True`` the rows come from
 the simulated hardware instead: the testbench records when each unit's busy and stall signals rise and
 fall (:class:`weft.runtime.rtl_server_tb.ActivityRecorder`) and :func:`activity_rows` turns those
 intervals into the same per-instruction rows (:data:`weft.sim.timing.TRACE_DTYPE`). Either way layers
@@ -32,7 +33,7 @@ from weft.isa.encoding import decode_insns
 from weft.isa.program import insn_kind
 from weft.runtime.devices import DeviceError
 from weft.sim.fsim import INSN_KINDS
-from weft.sim.timing import TRACE_DTYPE, TimingModel, trace_events
+from weft.sim.timing import TRACE_DTYPE, TimingModel, part_cycles, trace_events
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -138,8 +139,34 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def layer_timings(artifact: Artifact) -> list[LayerTiming]:
-    """Time every accelerator layer of `artifact`, in program order, on its own config."""
+@dataclass
+class _Part:
+    """A layer's part of a chain's timing report (its rows, times from the part's start: a load that runs
+    ahead, beside the layer before, starts before 0)."""
+
+    cycles: int
+    trace: np.ndarray
+    utilization: float
+
+
+def _chain_parts(insns: np.ndarray, report: Any, ends: list[int]) -> list[_Part]:
+    parts, start = [], 0.0
+    for a, b, cycles in zip([0, *ends[:-1]], ends, part_cycles(report.trace, ends), strict=True):
+        rows = report.trace[a:b].copy()
+        rows["ready"] -= start
+        rows["start"] -= start
+        rows["end"] -= start
+        gemm = insns[a:b][(insns["opcode"][a:b] == Opcode.GEMM) & (insns["reset"][a:b] == 0)]
+        execs = int(((gemm["uop_end"] - gemm["uop_bgn"]) * gemm["iter_out"] * gemm["iter_in"]).sum())
+        parts.append(_Part(cycles, rows, execs / cycles if cycles else 0.0))
+        start += cycles
+    return parts
+
+
+def layer_timings(artifact: Artifact, *, chains: bool = True) -> list[LayerTiming]:
+    """Time every accelerator layer of `artifact`, in program order, on its own config; with `chains` (as the
+    runtime runs them), the layers of a chain (:mod:`weft.compiler.backend.chain`) as its one program, each
+    layer its part of it."""
     section = accel_section(artifact)
     if section is None:
         raise DeviceError(f"the artifact has no instruction streams (section '{ACCEL_SECTION}'): a trace needs an "
@@ -149,6 +176,18 @@ def layer_timings(artifact: Artifact) -> list[LayerTiming]:
     out: list[LayerTiming] = []
     offset = 0
     for layer in section.layers:
+        if chains and "chain_head" in layer.record:
+            continue  # (timed with its chain's first layer)
+        chain = layer.record.get("chain") if chains else None
+        if chain is not None:
+            insns = decode_insns(artifact.config, section.words_at(chain["insn_addr"], chain["insn_count"],
+                                                                   layer.insn_bytes))
+            report = model.simulate(insns, chain["insn_addr"])
+            for name, part in zip(chain["layers"], _chain_parts(insns, report, chain["ends"]),
+                                  strict=True):
+                out.append(LayerTiming(name, ops.get(name, "?"), offset, part))
+                offset += part.cycles
+            continue
         relayouts = [AccelLayer(str(p["name"]), int(p["insn_addr"]), int(p["insn_bytes"]), int(p["insn_count"]), (), p)
                      for p in layer.record.get("relayout", ())]  # they run right after the layer's program
         for program, op in ((layer, ops.get(layer.name, "?")), *((r, "relayout") for r in relayouts)):

@@ -24,8 +24,10 @@ cost in Python is a few tens of microseconds.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +125,9 @@ class FunctionalSimulator:
     ``timing`` (a :class:`weft.sim.timing.TimingModel`, or True for one with the Pynq-Z1 DRAM) adds the
     predicted cycle count, the RTL's event counters and a per-instruction trace to the stats.
     """
+
+    #: Runs a program of several layers with its figures split by layer (``run(parts=...)``).
+    splits_parts = True
 
     def __init__(self, config: AcceleratorConfig, *, check_races: bool = True, model_fetch: bool = True,
                  timing: TimingModel | bool | None = None):
@@ -249,7 +254,7 @@ class FunctionalSimulator:
         return units
 
     # ---- running --------------------------------------------------------------------------------------
-    def run(self, dram: Dram, insn_addr: int, insn_count: int) -> dict[str, Any]:
+    def run(self, dram: Dram, insn_addr: int, insn_count: int, parts: Sequence[int] = ()) -> dict[str, Any]:
         """Fetch `insn_count` instructions at byte `insn_addr` of `dram`, run them to FINISH (mutating
         `dram` and the SRAMs) and return the stats:
 
@@ -262,6 +267,11 @@ class FunctionalSimulator:
         predicted cycle count and the stats add ``counters`` (the RTL's event counters,
         :data:`weft.hw.regs.COUNTERS`), ``utilization`` (MAC-active cycles / cycles) and ``trace`` (per
         instruction: unit, kind, ready, start, end; :data:`weft.sim.timing.TRACE_DTYPE`).
+
+        `parts` (a program of several layers, :mod:`weft.compiler.backend.chain`): the index one past each
+        part's last instruction; the stats then add ``parts``, each part's ``insns``, ``bytes``, ``macs``,
+        ``alu_ops``, ``gemm_execs``, ``alu_execs``, ``insn_count`` and (with a timing model) ``cycles``
+        (:func:`weft.sim.timing.part_cycles`).
 
         Raises SimError (DeadlockError, RaceError) for a program the accelerator cannot run as written;
         the SRAMs and `dram` are then left as they were when the failing instruction started.
@@ -285,6 +295,11 @@ class FunctionalSimulator:
             pushes.append(tuple(table[f] for f in set_flags if f.startswith("push")))
         self._new_run_state()
         stats = _new_stats()
+        ends = list(parts) or [n]
+        if ends[-1] != n or any(b <= a for a, b in itertools.pairwise([0, *ends])):
+            raise SimError(f"parts {ends} do not split the program's {n} instructions", n - 1)
+        part_stats = [_new_stats() for _ in ends]  # (the run's stats add them up below)
+        stats_of = [part_stats[k] for k, (a, b) in enumerate(itertools.pairwise([0, *ends])) for _ in range(a, b)]
 
         depth, cmd_depth = self.config.token_queue_depth, self.config.cmd_queue_depth
         lengths = [len(s) for s in streams]
@@ -319,9 +334,9 @@ class FunctionalSimulator:
                 self._beside_rule.barrier()  # a LOAD or FINISH of the compute unit waits for both pipes
             if opcode == Opcode.FINISH:
                 self._check_finish(i, clock, pos, lengths)
-                stats["insns"]["finish"] += 1
+                stats_of[i]["insns"]["finish"] += 1
             else:
-                self._execute(i, r, opcode, clock, dram, stats)
+                self._execute(i, r, opcode, clock, dram, stats_of[i])
             for q in pushes[i]:
                 tokens[q].append((clock[0], clock[1], clock[2]))
                 stats["tokens"][QUEUES[q]] += 1
@@ -329,6 +344,15 @@ class FunctionalSimulator:
             pos[u] = p + 1
             if opcode == Opcode.FINISH:
                 break
+        for part in part_stats:
+            for key in _PART_KEYS:
+                if isinstance(part[key], dict):
+                    stats[key] = {k: stats[key][k] + v for k, v in part[key].items()}
+                else:
+                    stats[key] += part[key]
+        if parts:
+            stats["parts"] = [{**{key: part[key] for key in _PART_KEYS}, "insn_count": b - a}
+                              for part, a, b in zip(part_stats, [0, *ends[:-1]], ends, strict=True)]
         stats["tokens_left"] = {name: len(tokens[q]) for q, name in enumerate(QUEUES)}
         stats["max_tokens"] = dict(zip(QUEUES, peak, strict=True))
         stats["insn_count"] = n
@@ -336,6 +360,11 @@ class FunctionalSimulator:
             report = self.timing.simulate(insns, int(insn_addr))
             stats.update(cycles=report.cycles, counters=report.counters, utilization=report.utilization,
                          trace=report.trace)
+            if parts:
+                from weft.sim.timing import part_cycles  # local: the timing model builds on this module
+
+                for part, cycles in zip(stats["parts"], part_cycles(report.trace, ends), strict=True):
+                    part["cycles"] = cycles
         stats["wall_s"] = time.perf_counter() - started
         return stats
 
@@ -598,6 +627,10 @@ class FunctionalSimulator:
         self._out[rows] = np.clip(self._acc[rows], self._out_lo, self._out_hi)
         stats["alu_execs"] += dst.size
         stats["alu_ops"] += dst.size * c.batch * c.block_out
+
+
+#: The stats a run adds up over its parts (and reports per part).
+_PART_KEYS = ("insns", "bytes", "macs", "alu_ops", "gemm_execs", "alu_execs")
 
 
 def _new_stats() -> dict[str, Any]:

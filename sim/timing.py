@@ -40,7 +40,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -212,6 +212,19 @@ class _Kernel:
                 else:
                     self._push(max(float(what), self.now), 0, proc, None)
                 break
+
+
+def part_cycles(trace: np.ndarray, ends: Sequence[int]) -> list[int]:
+    """The cycles of each part of a program of several layers (:mod:`weft.compiler.backend.chain`; `ends`:
+    the index one past each part's last instruction), from its trace: a part ends when the last of its
+    instructions does (or the part before it, if that is later), and its cycles run from the part before's
+    end to its own. They add up to the program's cycles, less the FINISH's few."""
+    out, before = [], 0.0
+    for a, b in zip([0, *ends[:-1]], ends, strict=True):
+        end = max(before, float(trace["end"][a:b].max()))
+        out.append(round(end - before))
+        before = end
+    return out
 
 
 def _bursts(addr: int, beats: int, bus_bytes: int, max_burst: int) -> list[int]:

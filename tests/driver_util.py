@@ -55,14 +55,15 @@ class CountingBackend(FsimBackend):
         super()._start()
 
 
-def rtl_equals_fsim(art: Any, feeds: dict[str, np.ndarray], timing: str = "pynq") -> tuple[Any, dict[str, Any]]:
-    """Run `art` on fsim and on the RTL (Verilator, DRAM timing `timing`), assert the outputs are bit-exact,
-    and return the fsim session and the RTL run's stats."""
+def rtl_equals_fsim(art: Any, feeds: dict[str, np.ndarray], timing: str = "pynq", chains: bool = True
+                    ) -> tuple[Any, dict[str, Any]]:
+    """Run `art` on fsim and on the RTL (Verilator, DRAM timing `timing`; both with `chains` or layer by
+    layer), assert the outputs are bit-exact, and return the fsim session and the RTL run's stats."""
     import weft
 
-    fsim = weft.InferenceSession(art, device="fsim")
+    fsim = weft.InferenceSession(art, device="fsim", chains=chains)
     want = fsim.run(None, feeds)
-    rtl = weft.InferenceSession(art, device="rtl", simulator="verilator", timing=timing)
+    rtl = weft.InferenceSession(art, device="rtl", simulator="verilator", timing=timing, chains=chains)
     try:
         got = rtl.run(None, feeds)
         stats = rtl.stats

@@ -80,6 +80,8 @@ def test_rect_runs_batch_two_models_bit_exact(name):
     assert copied and producers <= copied  # a copy the host writes (its producer runs there) has no program
     stats = {layer["name"]: layer for layer in sim.stats["layers"]}
     for layer in meta["layers"]:  # the relayout programs run after their layer and count in its figures
+        if "chain" in stats[layer["name"]]:
+            continue  # (its part of its chain's program; a layer with relayout programs runs its own)
         relayouts = layer.get("relayout", ())
         assert stats[layer["name"]]["insn_count"] == layer["insn_count"] + sum(r["insn_count"] for r in relayouts)
     assert sim.stats["cycles"] > 0

@@ -116,21 +116,30 @@ def bench_compile(config: str, model: str = "resnet18", repeat: int = 3, calibra
     }
 
 
-def replay_jobs(artifact: Any, feeds: dict, names: set[str]) -> tuple[dict, dict, Any]:
+def replay_jobs(artifact: Any, feeds: dict, names: set[str], *, chains: bool = False) -> tuple[dict, dict, Any]:
     """Run `artifact` on fsim, keeping for each accelerator layer in `names` the DRAM image it starts from
-    (a cosimulation job) and the image it leaves; returns (jobs, images after, stats)."""
+    (a cosimulation job of its program) and the image it leaves; returns (jobs, images after, stats). With
+    `chains`, a chain's first layer (:mod:`weft.compiler.backend.chain`) in `names` stands for the chain:
+    its job runs the chain's program and its image after is the chain's."""
     jobs, after = {}, {}
+    # a chain's last layer -> its first (whose job stands for the chain)
+    last = {x["chain"]["layers"][-1]: x["name"] for x in artifact.sections["accel"].meta["layers"]
+            if chains and "chain" in x}
 
     def keep(layer: dict[str, Any], dram: Any, when: str) -> None:
-        if layer["name"] not in names:
+        name = layer["name"]
+        if when == "after" and last.get(name) in names:
+            after[last[name]] = dram.data.copy()
+        if name not in names:
             return
+        program = layer["chain"] if chains and "chain" in layer else layer
         if when == "before":
-            jobs[layer["name"]] = Job(dram=dram.data.copy(), insn_addr=layer["insn_addr"],
-                                      insn_count=layer["insn_count"], timeout_cycles=50_000_000, label=layer["name"])
-        else:
-            after[layer["name"]] = dram.data.copy()
+            jobs[name] = Job(dram=dram.data.copy(), insn_addr=program["insn_addr"],
+                             insn_count=program["insn_count"], timeout_cycles=50_000_000, label=name)
+        elif program is layer:
+            after[name] = dram.data.copy()
 
-    sess = InferenceSession(artifact, device="fsim", on_layer=keep)
+    sess = InferenceSession(artifact, device="fsim", on_layer=keep, chains=chains)
     sess.run(None, feeds)
     return jobs, after, sess.stats
 

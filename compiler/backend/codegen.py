@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from weft.compiler.backend import alu, check, memory
+from weft.compiler.backend.chain import chain_program, chain_runs, chain_stream
 from weft.compiler.backend.conv import ConvLowering
 from weft.compiler.backend.pool import EltwiseLowering, PoolLowering
-from weft.compiler.backend.program import Stream
+from weft.compiler.backend.program import Insn, Stream
 from weft.compiler.backend.schedule import DUTY, LayerGeom, Schedule, copies_by_gemm, ranked, shared_tiles, usage
 from weft.compiler.backend.te import tensorize
 from weft.compiler.backend.tiles import Addresses, Lowering
@@ -255,12 +256,15 @@ def _whole_rows(given: Any, node: Node) -> bool:
 
 
 def generate(artifact: Artifact, *, latency_hiding: bool = True,
-             schedules: Mapping[str, Any] | None = None, tuned: Mapping[str, Any] | None = None) -> dict[str, Any]:
+             schedules: Mapping[str, Any] | None = None, tuned: Mapping[str, Any] | None = None,
+             chains: bool = True) -> dict[str, Any]:
     """Lower every accelerator layer of `artifact` and add the ``accel`` section; returns its meta.
 
     `schedules` maps layer names to a :class:`Schedule` (or its dict) to use instead of the default; `tuned`
     maps layer names to schedules from a tuning log, kept where they run faster than the default (see
-    :func:`lower_layer`); ``latency_hiding=False`` runs every layer with one virtual thread (same tiles)."""
+    :func:`lower_layer`); ``latency_hiding=False`` runs every layer with one virtual thread (same tiles).
+    With `chains`, each run of layers the walker runs back to back gets one program as well
+    (:mod:`~weft.compiler.backend.chain`; the runtime runs it in their place)."""
     started = time.perf_counter()
     graph, c = artifact.graph, artifact.config
     tensorize(c, intrinsic(c))
@@ -286,6 +290,7 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
     layers = []
     timed: dict[tuple, dict[str, Any]] = {}  # a workload's timed choices (schedule, options), for its repeats
     tuned = dict(tuned or {})
+    programs: dict[str, list[Insn]] = {}
     for node in accel:
         given = schedules.get(node.name)
         hint = tuned.get(node.name) if given is None else None
@@ -297,7 +302,7 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
             known = timed.get(workload) if workload else None
             meta = lower_layer(node, graph, c, plan, values, known["schedule"] if known else given,
                                latency_hiding, node.inputs[0] in nonneg, known["lowering"] if known else None,
-                               tuned=hint)
+                               tuned=hint, programs=programs)
             layers.append(meta)
             if workload is not None:
                 timed.setdefault(workload, meta)
@@ -312,6 +317,9 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
         if copies:
             layer["relayout"] = [lower_relayout(layer["output"], values[layer["output"]], copy, c, plan)
                                  for copy in copies]
+    if chains and latency_hiding:
+        for run in chain_runs(graph, layers):
+            _place_chain([layers[k] for k in run], programs, c, plan)
     meta = {
         "version": ACCEL_VERSION, "dram_bytes": plan.size, "const_base": const_base,
         "latency_hiding": latency_hiding, "values": values, "layers": layers,
@@ -324,7 +332,8 @@ def generate(artifact: Artifact, *, latency_hiding: bool = True,
 
 def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.DramPlan,
                 values: dict[str, dict[str, Any]], given: Any, latency_hiding: bool, nonneg: bool,
-                options: Mapping[str, Any] | None = None, tuned: Any = None) -> dict[str, Any]:
+                options: Mapping[str, Any] | None = None, tuned: Any = None,
+                programs: dict[str, list[Insn]] | None = None) -> dict[str, Any]:
     """Lower one accelerator layer into `plan` (its instruction stream, uops and constants) and return the
     layer's metadata. `values` maps value names to their DRAM placement; `given` is a schedule (or None for
     the default); `nonneg` says the layer's input is proven >= 0; `options`: the lowering's (its meta's
@@ -332,7 +341,8 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
     the schedule is not given); `tuned`: a schedule from a tuning log, which competes with the default's
     (each with its fastest options: the faster program is kept, so a tuning log, measured without the
     options, never makes a layer slower than the default). Used by :func:`generate` and by the tuner's
-    measurer, which lowers single layers with candidate schedules."""
+    measurer, which lowers single layers with candidate schedules. `programs`, when given, gets the layer's
+    whole program by name (for :mod:`~weft.compiler.backend.chain`)."""
     geom = layer_geometry(node, graph, c)
     if nonneg and geom.kind == "maxpool":  # its zero padding cannot win (schedule.pools_offset)
         geom = replace(geom, input_nonnegative=True)
@@ -391,6 +401,8 @@ def lower_layer(node: Node, graph: Graph, c: AcceleratorConfig, plan: memory.Dra
                 _program_cycles(stream, c, deadlock=math.inf):
             sched, lowering, stream = other
     placed = _place_program(node.name, node.op, stream, c, plan)
+    if programs is not None:
+        programs[node.name] = placed["program"]
     return {
         "name": node.name, "op": node.op, "kind": kind, "geometry": asdict(geom), "schedule": sched.to_dict(),
         "lowering": dict(lowering.options),
@@ -599,7 +611,29 @@ def _place_program(name: str, op: str, stream: Stream, c: AcceleratorConfig, pla
         kinds[key] = kinds.get(key, 0) + 1
     return {"insn_addr": insn_addr, "insn_count": len(insns), "uop_addr": uop_addr,
             "tokens_peak": {k: figures[k] for k in QUEUES}, "checked_executions": figures["executions"],
-            "instructions_by_role": kinds}
+            "instructions_by_role": kinds, "program": program.insns}
+
+
+def _place_chain(members: list[dict[str, Any]], programs: Mapping[str, list[Insn]], c: AcceleratorConfig,
+                 plan: memory.DramPlan) -> None:
+    """One program for the chain of `members` (their metas, in order; see :mod:`weft.compiler.backend.chain`),
+    checked and put into `plan`; recorded as ``chain`` on the first and ``chain_head`` on the others."""
+    made = {str(m["output"]): k for k, m in enumerate(members)}
+    inputs = [[made[x] for x in m["inputs"] if x in made] for m in members]
+    head = str(members[0]["name"])
+    insns, ends = chain_program([programs[str(m["name"])] for m in members], inputs, c)
+    array = chain_stream(insns, c).array()
+    name = f"chain from {head}"
+    check.check_tokens(name, array, c)
+    try:
+        words = encode_insns(c, array)
+    except EncodeError as err:
+        raise BackendError(f"instruction {err.index} of its chain's program ({insns[err.index].note}): {err}",
+                           node=head, op=str(members[0]["op"])) from None
+    members[0]["chain"] = {"layers": [str(m["name"]) for m in members], "insn_addr": plan.constant(
+        f"insns:chain:{head}", words), "insn_count": len(insns), "ends": ends}
+    for m in members[1:]:
+        m["chain_head"] = head
 
 
 def lower_relayout(name: str, info: dict[str, Any], copy: dict[str, Any], c: AcceleratorConfig,

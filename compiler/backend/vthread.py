@@ -36,12 +36,19 @@ if TYPE_CHECKING:
 __all__ = ["inject_sync", "interleave", "mark_beside"]
 
 LOAD, COMPUTE, STORE = int(Unit.LOAD), int(Unit.COMPUTE), int(Unit.STORE)
-# Who writes and who reads each shared SRAM.
-_SHARED = {"inp": (LOAD, COMPUTE), "wgt": (LOAD, COMPUTE), "out": (COMPUTE, STORE)}
+# Who writes and who reads each shared SRAM. Two more carry orderings through DRAM in a program of several
+# layers (:mod:`weft.compiler.backend.chain`), one row per layer: "stored" (a layer's stores write its row,
+# an instruction of the compute unit that needs the layer's output in DRAM reads it) and "loadable" (the
+# compute unit's barrier of a layer writes its row after those stores, the layer's loads of them read it):
+# the load unit has no queue from the store unit, so the compute unit relays.
+_SHARED = {"inp": (LOAD, COMPUTE), "wgt": (LOAD, COMPUTE), "out": (COMPUTE, STORE),
+           "stored": (STORE, COMPUTE), "loadable": (COMPUTE, LOAD)}
 
 
-def _rows(config: AcceleratorConfig, sram: str) -> int:
-    return {"inp": config.inp_rows, "wgt": config.wgt_rows, "out": config.out_rows}[sram]
+def _rows(config: AcceleratorConfig, sram: str, insns: Sequence[Insn]) -> int:
+    if sram in ("inp", "wgt", "out"):
+        return {"inp": config.inp_rows, "wgt": config.wgt_rows, "out": config.out_rows}[sram]
+    return max((hi for x in insns for m, _, hi in (*x.reads, *x.writes) if m == sram), default=0)
 
 
 def inject_sync(insns: Sequence[Insn], config: AcceleratorConfig) -> None:
@@ -49,8 +56,8 @@ def inject_sync(insns: Sequence[Insn], config: AcceleratorConfig) -> None:
     every shared SRAM row. The last instruction must be FINISH."""
     if not insns or insns[-1].fields.get("opcode") != Opcode.FINISH:
         raise ValueError("a program must end with FINISH")
-    last_write = {m: np.full(_rows(config, m), -1, dtype=np.int64) for m in _SHARED}
-    last_read = {m: np.full(_rows(config, m), -1, dtype=np.int64) for m in _SHARED}
+    last_write = {m: np.full(_rows(config, m, insns), -1, dtype=np.int64) for m in _SHARED}
+    last_read = {m: np.full(_rows(config, m, insns), -1, dtype=np.int64) for m in _SHARED}
     streams: list[list[int]] = [[], [], []]  # global index of each unit's instructions
     clock_at: list[np.ndarray] = []  # per instruction: what its unit knows after it
     clock = [np.full(3, -1, dtype=np.int64) for _ in range(3)]

@@ -18,20 +18,21 @@ from weft.core.artifact import Artifact
 from weft.core.errors import CalibrationWarning, CompileError
 from weft.errors import UsageError
 from weft.hw.synth import BOARDS, cached_synthesis, default_cache, estimate_area, fits, synthesize
-from weft.isa.encoding import decode_insns
+from weft.runtime.dram_runner import AcceleratorImage
+from weft.runtime.fsim_device import ProgramTimer
 from weft.sim.timing import TimingModel
 
 __all__ = ["evaluate_point", "fsim_cycles", "program_cycles", "run_sweep"]
 
 
 def program_cycles(artifact: Artifact) -> list[int]:
-    """The timing model's cycles of every accelerator program of `artifact`, in program order."""
-    section = accel_section(artifact)
-    if section is None:
+    """The timing model's cycles of every accelerator layer of `artifact`, in program order, as the runtime
+    runs them (a layer with its relayout programs; the layers of a chain, its part of the chain's program)."""
+    if accel_section(artifact) is None:
         raise CompileError("the artifact has no instruction streams (section 'accel') to time")
-    model = TimingModel(artifact.config)
-    return [int(model.simulate(decode_insns(artifact.config, section.program_words(layer)), layer.insn_addr).cycles)
-            for layer in section.layers]
+    image = AcceleratorImage(artifact, artifact.config, "dse")
+    timer = ProgramTimer(TimingModel(artifact.config), image)
+    return [timer.cycles(layer) for layer in image.layers.values()]
 
 
 def fsim_cycles(artifact: Artifact, seed: int = 0) -> int:
