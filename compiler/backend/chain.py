@@ -13,8 +13,11 @@ stored. Each value has a DRAM buffer of its own (:func:`~weft.compiler.backend.c
 that is the only one (the later layer's stores come after its own compute, which comes after the earlier
 layer's loads). It becomes a barrier: an empty load on the compute unit that waits for the producer's last
 store (and through the in-order store unit, all stores before it) and that the consumer's loads of its
-inputs wait for (pseudo rows "stored" and "loadable" of inject_sync). The layer's other loads (weights,
-micro-ops, vectors) and its compute unit's start go ahead of the barrier.
+inputs wait for (pseudo rows "stored" and "loadable" of inject_sync). The loads before the layer's first
+load of an activation and its compute unit's start (micro-ops, vectors, a tile's start from the bias) go
+ahead of the barrier; where ``constants_first`` says so, all its loads of constants before its first GEMM
+too (the code generator times both on the pair of layers). A layer whose producers an earlier barrier
+already waits for (a shortcut beside the block's first convolution) uses that one.
 
 A chain is a run of accelerator layers the graph walker runs back to back with nothing between: no host
 layer, no value the host packs into DRAM for a layer after the first, no relayout program. (The host may
@@ -36,7 +39,7 @@ from weft.core.ir import Graph
 from weft.isa.constants import MemId, Opcode, Unit
 from weft.isa.semantics import DEP_FLAGS
 
-__all__ = ["BARRIER_NOTE", "chain_program", "chain_runs"]
+__all__ = ["BARRIER_NOTE", "chain_program", "chain_runs", "chain_stream", "constants_may_go_first"]
 
 #: The note of a chain's barrier instruction (see the module docstring).
 BARRIER_NOTE = "wait for the stores of the layers this one reads"
@@ -80,13 +83,68 @@ def _reads_activation(insn: Insn) -> bool:
     return f.get("opcode") == Opcode.LOAD and f.get("mem_id") in _ACTIVATION_LOADS and f.get("x_size", 0) > 0
 
 
-def chain_program(programs: Sequence[list[Insn]], inputs: Sequence[Sequence[int]],
-                  config: AcceleratorConfig) -> tuple[list[Insn], list[int]]:
+def _after_barrier(body: list[Insn], k: int, waits: tuple[tuple[str, int, int], ...]) -> None:
+    """Make the loads of activations in `body` wait for the barrier of layer `k` (the compute unit's own:
+    for the stores the barrier waits for)."""
+    for x in body:
+        if _reads_activation(x):
+            if x.unit == Unit.COMPUTE:  # (a residual into acc rows)
+                x.reads = (*x.reads, *waits)
+            else:
+                x.reads = (*x.reads, ("loadable", k, k + 1))
+
+
+def _with_barrier(body: list[Insn], first: int, k: int, waits: tuple[tuple[str, int, int], ...],
+                  constants_first: bool) -> list[Insn]:
+    """Layer `k`'s instructions with its barrier before `first`, its first load of an activation: the loads
+    before it (its weights' first piece, say) run ahead of the barrier, and so does the compute unit's start
+    that does not need the loads behind it (its micro-ops, vectors, a tile's start from the bias). With
+    `constants_first`, so do all its loads of constants before its first GEMM (its weights' other pieces:
+    they load while the layer before still stores, but its first GEMM's inputs wait behind them), else the
+    load unit keeps its order (the inputs right after the barrier)."""
+    barrier = Insn(dict(opcode=int(Opcode.LOAD), mem_id=int(MemId.ACC)), Unit.COMPUTE, reads=waits,
+                   writes=(("loadable", k, k + 1),), note=BARRIER_NOTE)
+    _after_barrier(body, k, waits)
+    ahead = [x for x in _start(body, first) if x.unit == Unit.COMPUTE or constants_first]
+    moved = {id(x) for x in ahead}
+    return [*body[:first], *ahead, barrier, *(x for x in body[first:] if id(x) not in moved)]
+
+
+def _start(body: list[Insn], first: int) -> list[Insn]:
+    """The instructions from `first` on that may go ahead of a barrier there: the compute unit's up to its
+    first that needs what the loads bring, and the load unit's loads of constants before that."""
+    out = []
+    for x in body[first:]:
+        if x.unit == Unit.LOAD:
+            if not _reads_activation(x):
+                out.append(x)
+            continue
+        if x.unit != Unit.COMPUTE:
+            continue
+        if x.fields.get("opcode") == Opcode.GEMM or _reads_activation(x) or \
+                any(m in ("inp", "wgt") for m, _, _ in x.reads):
+            break
+        out.append(x)
+    return out
+
+
+def constants_may_go_first(program: Sequence[Insn]) -> bool:
+    """Whether a barrier in `program` (a layer's whole program) could have loads of constants behind it that
+    ``constants_first`` moves ahead of it."""
+    first = next((j for j, x in enumerate(program) if _reads_activation(x)), None)
+    return first is not None and any(x.unit == Unit.LOAD for x in _start(list(program), first))
+
+
+def chain_program(programs: Sequence[list[Insn]], inputs: Sequence[Sequence[int]], config: AcceleratorConfig,
+                  constants_first: Sequence[bool] = ()) -> tuple[list[Insn], list[int]]:
     """One program of the layers' `programs` (each a whole program: micro-op loads, body, FINISH), where
-    layer k reads the outputs of the layers ``inputs[k]`` (indices of earlier layers of the chain). Returns
-    its instructions (tokens and beside marks set) and, per layer, the index one past its last instruction."""
+    layer k reads the outputs of the layers ``inputs[k]`` (indices of earlier layers of the chain) and, where
+    ``constants_first[k]``, loads all its constants before its first GEMM ahead of its barrier (see
+    :func:`_with_barrier`). Returns its instructions (tokens and beside marks set) and, per layer, the index
+    one past its last instruction."""
     insns: list[Insn] = []
     ends: list[int] = []
+    barriers: list[tuple[int, frozenset[int]]] = []  # (layer, the layers whose stores its barrier waits for)
     for k, program in enumerate(programs):
         if not program or program[-1].fields.get("opcode") != Opcode.FINISH:
             raise ValueError(f"layer {k} of the chain: a program must end with FINISH")
@@ -94,24 +152,19 @@ def chain_program(programs: Sequence[list[Insn]], inputs: Sequence[Sequence[int]
         for x in body:
             if x.unit == Unit.STORE:
                 x.writes = (*x.writes, ("stored", k, k + 1))
-        waits = tuple(("stored", j, j + 1) for j in sorted(set(inputs[k])))
-        if waits:
-            # The loads of what earlier layers stored wait for the barrier; the rest of the layer's start (its
-            # weights, micro-ops and vectors, up to its first GEMM) goes ahead of it, the order of each unit's
-            # own instructions kept.
-            first = next((j for j, x in enumerate(body) if x.fields.get("opcode") in (Opcode.GEMM, Opcode.ALU)),
-                         len(body))
-            ahead = [x for x in body[:first] if not _reads_activation(x)]
-            behind = [x for x in body[:first] if _reads_activation(x)]
-            barrier = Insn(dict(opcode=int(Opcode.LOAD), mem_id=int(MemId.ACC)), Unit.COMPUTE, reads=waits,
-                           writes=(("loadable", k, k + 1),), note=BARRIER_NOTE)
-            for x in body:
-                if _reads_activation(x):
-                    if x.unit == Unit.COMPUTE:  # (a residual into acc rows: the compute unit waits itself)
-                        x.reads = (*x.reads, *waits)
-                    else:
-                        x.reads = (*x.reads, ("loadable", k, k + 1))
-            body = [*ahead, barrier, *behind, *body[first:]]
+        producers = frozenset(inputs[k])
+        waits = tuple(("stored", j, j + 1) for j in sorted(producers))
+        first = next((j for j, x in enumerate(body) if _reads_activation(x)), None)
+        # A barrier of a layer after the producers that waits for all of them serves this layer too (a
+        # shortcut beside the block's first convolution, both reading the block's input): the layer's loads
+        # then wait for the stores only, not for the compute unit to reach a barrier of its own.
+        shared = min((j for j, of in barriers if of >= producers and j > max(producers)), default=None) \
+            if producers else None
+        if shared is not None:
+            _after_barrier(body, shared, waits)
+        elif waits and first is not None:
+            body = _with_barrier(body, first, k, waits, k < len(constants_first) and constants_first[k])
+            barriers.append((k, producers))
         insns += body
         ends.append(len(insns))
     insns.append(Insn(dict(opcode=int(Opcode.FINISH)), Unit.COMPUTE, note="finish"))
