@@ -39,10 +39,13 @@ def _input_arg(text: str) -> tuple[str, str]:
 
 
 def parse_device_option(text: str) -> tuple[str, object]:
-    """`--device-option KEY=VALUE` (argparse type): VALUE read as an int, a float, or kept as text."""
+    """`--device-option KEY=VALUE` (argparse type): VALUE read as a bool (true, false), an int, a float, or
+    kept as text."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a name, got '{text}'")
+    if value.lower() in ("true", "false"):  # (else the text "false" would switch an option on)
+        return key, value.lower() == "true"
     for kind in (int, float):
         try:
             return key, kind(value)

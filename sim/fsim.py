@@ -283,6 +283,7 @@ class FunctionalSimulator:
         self._insns = insns
         rows = insns.view(np.int64).reshape(n, len(INSN_FIELD_NAMES)).tolist()
         unit_of = units.tolist()
+        self._unit_of = unit_of
         streams: list[list[int]] = [np.flatnonzero(units == u).tolist() for u in (LOAD, COMPUTE, STORE)]
         self._streams = streams
         pops: list[tuple[int, ...]] = []
@@ -419,6 +420,10 @@ class FunctionalSimulator:
             "out": (np.zeros(c.out_rows, np.int64), np.zeros(c.out_rows, np.int64)),
         }
         self._beside_rule = semantics.BesideRule()
+        #: Per DRAM line, the store (1-based position in the store unit's stream) that last wrote it this run,
+        #: and the load of each loading unit that last read it.
+        self._stored: np.ndarray | None = None
+        self._dram_read: dict[int, np.ndarray] = {}
 
     def _error(self, i: int, message: str, cls: type[SimError] = SimError) -> SimError:
         return cls(f"instruction {i} ({format_insn(self._insns[i])}): {message}", i)
@@ -485,10 +490,46 @@ class FunctionalSimulator:
         return as_strided(dram.data[start:], shape=(y, x * rb), strides=(r[_F["x_stride"]] * rb, 1),
                           writeable=False)
 
+    def _dram_lines(self, r: list[int], rb: int) -> list[tuple[int, int]]:
+        """The DRAM lines (of _DRAM_LINE bytes) each row of a 2-D transfer touches: [first, last + 1) per row."""
+        start, x, stride = r[_F["dram_base"]] * rb, r[_F["x_size"]] * rb, r[_F["x_stride"]] * rb
+        return [((start + k * stride) // _DRAM_LINE, (start + k * stride + x - 1) // _DRAM_LINE + 1)
+                for k in range(r[_F["y_size"]]) if x]
+
+    def _dram_race(self, i: int, u: int, r: list[int], rb: int, clock: list[int], dram: Dram) -> None:
+        """Check a load or store's DRAM lines against the stores and loads before it, and record them: a load
+        reads what the store that last wrote the line stored only when a token orders that store before it,
+        and a store overwrites what a load read only when one orders that load before it (a layer reading
+        what an earlier layer of the same program stored, weft.compiler.backend.chain's barriers: whichever
+        of the two the simulator happens to run first). Values have buffers aligned to lines of their own."""
+        if not self.check_races:
+            return
+        if self._stored is None or self._stored.size * _DRAM_LINE < dram.size:
+            lines = -(-dram.size // _DRAM_LINE)
+            self._stored = np.zeros(lines, np.int64)
+            self._dram_read = {LOAD: np.zeros(lines, np.int64), COMPUTE: np.zeros(lines, np.int64)}
+        stored, store = self._stored, u == STORE
+        for a, b in self._dram_lines(r, rb):
+            checks = [(reader, read) for reader, read in self._dram_read.items()] if store else [(STORE, stored)]
+            for other, last in checks:
+                if int(last[a:b].max()) > clock[other]:
+                    line, epoch = self._culprit(slice(a, b), last, clock[other])
+                    j = self._streams[other][epoch - 1]
+                    raise self._error(i, (
+                        f"stores DRAM bytes {line * _DRAM_LINE}.. that instruction {j} ({format_insn(self._insns[j])}) "
+                        "loads, and no token orders that load before this store" if store else
+                        f"loads DRAM bytes {line * _DRAM_LINE}.. that instruction {j} ({format_insn(self._insns[j])}) "
+                        "stores, and no token orders that store before this load") + " (data race)", RaceError)
+            if store:
+                stored[a:b] = clock[STORE]
+            else:
+                self._dram_read[u][a:b] = clock[u]
+
     def _load(self, i: int, r: list[int], clock: list[int], dram: Dram, stats: dict) -> None:
         mem = MemId(r[_F["mem_id"]])
         spec = self._mems[mem]
         y, x, base = r[_F["y_size"]], r[_F["x_size"]], r[_F["sram_base"]]
+        self._dram_race(i, self._unit_of[i], r, spec.row_bytes, clock, dram)
         raw = self._dram_rows(dram, r, spec)
         stats["insns"][f"load_{spec.name}"] += 1
         stats["bytes"][spec.name] += raw.size
@@ -517,6 +558,7 @@ class FunctionalSimulator:
         spec = self._mems[MemId.OUT]
         y, x, base, stride = r[_F["y_size"]], r[_F["x_size"]], r[_F["sram_base"]], r[_F["x_stride"]]
         self._race(i, "out", slice(base, base + y * x), clock, reader=STORE, writer=COMPUTE, write=False)
+        self._dram_race(i, STORE, r, spec.row_bytes, clock, dram)
         rb = spec.row_bytes
         stats["insns"]["store"] += 1
         stats["bytes"]["out"] += y * x * rb
@@ -628,6 +670,9 @@ class FunctionalSimulator:
         stats["alu_execs"] += dst.size
         stats["alu_ops"] += dst.size * c.batch * c.block_out
 
+
+#: The DRAM race check's granularity: activation buffers are aligned to it (memory.DramPlan.align).
+_DRAM_LINE = 64
 
 #: The stats a run adds up over its parts (and reports per part).
 _PART_KEYS = ("insns", "bytes", "macs", "alu_ops", "gemm_execs", "alu_execs")

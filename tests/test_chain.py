@@ -146,3 +146,41 @@ def test_a_malformed_chain_is_refused_naming_its_key(resnet, change, key):
     bad = with_manifest(art.to_bytes(), lambda manifest: change(manifest["sections"]["accel"]["meta"]["layers"]))
     with pytest.raises(ArtifactError, match=r"key 'sections\.accel\.meta\.layers\[\d+\]\." + key.replace(".", r"\.")):
         Artifact.from_bytes(bad)
+
+
+def test_weft_run_runs_layer_by_layer_with_chains_false(resnet, tmp_path):
+    """`--device-option chains=false` (a bool, not the text "false") runs each layer's own program: the
+    layer-by-layer cycles, the same outputs."""
+    import json
+
+    from weft.cli import main
+
+    art, feeds = resnet
+    path = tmp_path / "m.weft"
+    art.save(path)
+    (name, x), = feeds.items()
+    np.save(tmp_path / "x.npy", x)
+    cycles = {}
+    for option in ("chains=true", "chains=false"):
+        stats = tmp_path / f"{option}.json"
+        assert main(["run", str(path), "--device", "fsim", "--input", f"{name}={tmp_path / 'x.npy'}", "--no-progress",
+                     "--device-option", option, "--stats", str(stats)]) == 0
+        cycles[option] = json.loads(stats.read_text())["cycles"]
+    alone = weft.InferenceSession(art, device="fsim", chains=False)
+    alone.run(None, feeds)
+    assert cycles["chains=false"] == alone.stats["cycles"] > cycles["chains=true"]
+
+
+def test_a_chain_without_its_barriers_is_a_dram_race_on_fsim(monkeypatch):
+    """Without the barriers, a layer's input loads are ordered after nothing of its producer's stores: the
+    functional simulator refuses the program (a DRAM data race, whichever of the two it runs first) rather
+    than computing with what DRAM held before."""
+    from weft.compiler.backend import chain
+    from weft.sim.fsim import RaceError
+
+    monkeypatch.setattr(chain, "_reads_activation", lambda insn: False)
+    art = _compile(models.MODELS["mlp"](), "tiny")
+    assert any("chain" in x for x in art.sections["accel"].meta["layers"])
+    name, shape = _shape(models.MODELS["mlp"]())
+    with pytest.raises(RaceError, match=r"DRAM bytes .* no token orders that (store|load) before this"):
+        weft.InferenceSession(art, device="fsim").run(None, {name: rand(*shape, seed=1)})
