@@ -144,7 +144,11 @@ class LayerHooks(Protocol):
 class DramRunner:
     """The :class:`~weft.core.walker.AcceleratorRunner` of a device whose accelerator works on one DRAM
     image: `programs` runs each layer's program, `hooks.on_layer` is called around it, and `cycles(layer)`
-    gives a layer's cycles when the program runner does not count them (the timing model on fsim)."""
+    gives a layer's cycles when the program runner does not count them (the timing model on fsim).
+
+    With `chains`, a chain's first layer runs the chain's program and the later layers take their figures
+    from it; the hooks still come around each layer, so a later layer's "before" image already holds its
+    output (each value has a buffer of its own: replaying the layer's own program from it is still exact)."""
 
     def __init__(self, image: AcceleratorImage, programs: ProgramRunner, hooks: LayerHooks, *,
                  cycles: Callable[[dict[str, Any]], int | None] | None = None, chains: bool = False):
