@@ -38,6 +38,9 @@ PAD_BITS = 4
 #: DRAM byte address width on the AXI bus (the Zynq HP ports are 32-bit): the hardware's master ports, the
 #: driver's address checks and the artifact's DRAM bound all follow it.
 AXI_ADDR_BITS = 32
+#: Every DRAM region of an artifact (a value's buffer, a program, constants) starts on a multiple of this
+#: many bytes: the functional simulator tracks DRAM races by lines of this size.
+DRAM_ALIGN_BYTES = 64
 #: DRAM addresses in instructions count elements of the memory's row size, up to this many bits.
 DRAM_ADDR_BITS = 32
 #: Row stride of a 2-D DMA, in DRAM elements.

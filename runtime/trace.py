@@ -33,7 +33,7 @@ from weft.isa.encoding import decode_insns
 from weft.isa.program import insn_kind
 from weft.runtime.devices import DeviceError
 from weft.sim.fsim import INSN_KINDS
-from weft.sim.timing import TRACE_DTYPE, TimingModel, part_cycles, trace_events
+from weft.sim.timing import TRACE_DTYPE, TimingModel, mac_executions, part_cycles, trace_events
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -156,8 +156,7 @@ def _chain_parts(insns: np.ndarray, report: Any, ends: list[int]) -> list[_Part]
         rows["ready"] -= start
         rows["start"] -= start
         rows["end"] -= start
-        gemm = insns[a:b][(insns["opcode"][a:b] == Opcode.GEMM) & (insns["reset"][a:b] == 0)]
-        execs = int(((gemm["uop_end"] - gemm["uop_bgn"]) * gemm["iter_out"] * gemm["iter_in"]).sum())
+        execs = int(mac_executions(insns[a:b]).sum())  # (the mac_active counter's share of the part)
         parts.append(_Part(cycles, rows, execs / cycles if cycles else 0.0))
         start += cycles
     return parts

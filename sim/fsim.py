@@ -38,7 +38,7 @@ from weft.errors import WeftError
 from weft.isa import semantics
 from weft.isa.arith import float_dtype_for, int_dtype, loop_indices, pack, unpack, wrap
 from weft.isa.asm import format_insn
-from weft.isa.constants import INSN_BYTES, MemId, Opcode, Unit
+from weft.isa.constants import DRAM_ALIGN_BYTES, INSN_BYTES, MemId, Opcode, Unit
 from weft.isa.encoding import decode_insns, decode_uops, encode_insns, make_uops
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
@@ -671,8 +671,8 @@ class FunctionalSimulator:
         stats["alu_ops"] += dst.size * c.batch * c.block_out
 
 
-#: The DRAM race check's granularity: activation buffers are aligned to it (memory.DramPlan.align).
-_DRAM_LINE = 64
+#: The DRAM race check's granularity: every region of an artifact's DRAM is aligned to it.
+_DRAM_LINE = DRAM_ALIGN_BYTES
 
 #: The stats a run adds up over its parts (and reports per part).
 _PART_KEYS = ("insns", "bytes", "macs", "alu_ops", "gemm_execs", "alu_execs")

@@ -214,6 +214,13 @@ class _Kernel:
                 break
 
 
+def mac_executions(insns: np.ndarray) -> np.ndarray:
+    """Per instruction, the executions that keep the MAC array busy (the ``mac_active`` counter's share):
+    a GEMM that is not a reset, its micro-ops times its two loops; 0 for the rest."""
+    execs = (insns["uop_end"].astype(np.int64) - insns["uop_bgn"]) * insns["iter_out"] * insns["iter_in"]
+    return np.where((insns["opcode"] == Opcode.GEMM) & (insns["reset"] == 0), execs, 0)
+
+
 def part_cycles(trace: np.ndarray, ends: Sequence[int]) -> list[int]:
     """The cycles of each part of a program of several layers (:mod:`weft.compiler.backend.chain`; `ends`:
     the index one past each part's last instruction), from its trace: a part ends when the last of its
@@ -266,6 +273,7 @@ class _Run:
         self.m, self.c, self.a, self.d = model, model.config, model.arch, model.dram
         self.B = model.bus_bytes
         self.rows = insns.view(np.int64).reshape(len(insns), len(INSN_FIELD_NAMES)).tolist()
+        self.mac_execs = mac_executions(insns).tolist()
         self.n = n = len(self.rows)
         self.insn_addr = insn_addr
         self.k = _Kernel()
@@ -487,9 +495,8 @@ class _Run:
             return s + 1
         if op in (Opcode.GEMM, Opcode.ALU):
             execs = (r[_F["uop_end"]] - r[_F["uop_bgn"]]) * r[_F["iter_out"]] * r[_F["iter_in"]]
-            if op == Opcode.GEMM and not r[_F["reset"]]:
-                self.counters["mac_active"] += execs
-            elif op == Opcode.ALU:
+            self.counters["mac_active"] += self.mac_execs[i]
+            if op == Opcode.ALU:
                 self.counters["alu_active"] += execs
             # Decode (1), loop launch (1), one issue per execution, then the pipeline drains. An execution that
             # reads acc[src] waits alu_src_interval - 1 cycles after the issue before it; without src loop

@@ -42,11 +42,13 @@ def test_trace_loads_back_with_one_slice_per_instruction_and_the_runs_cycles(art
     us = 1 / art.config.clock_mhz
     chained = {r["name"] for r in accel if "chain" in r and r["chain"] != r["name"]}
     assert chained, "the MLP's layers run as one chain"
-    for layer in layers:  # each instruction ends inside its layer's slice; starts there too unless it runs
-        inside = [e for e in insns if e["args"]["layer"] == layer["name"]]  # ahead beside the layer before
+    before = None
+    for layer in layers:  # each instruction ends inside its layer's slice and starts there too, or, in a
+        inside = [e for e in insns if e["args"]["layer"] == layer["name"]]  # chain, in the layer before's
         assert inside and all(e["ts"] + e["dur"] <= layer["ts"] + layer["dur"] + us for e in inside)
-        assert all(layer["ts"] <= e["ts"] for e in inside) or layer["name"] in chained
-        assert all(e["ts"] >= 0 for e in inside)
+        start = before["ts"] if layer["name"] in chained else layer["ts"]
+        assert all(start <= e["ts"] for e in inside)
+        before = layer
     busy = [e["args"]["busy"] for e in events if e["ph"] == "C"]
     assert max(busy) >= 1 and min(busy) >= 0 and max(busy) <= len(UNIT_NAMES)
     assert busy[-1] == 0

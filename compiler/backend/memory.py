@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from weft.isa.arith import pack
-from weft.isa.constants import INSN_BYTES
+from weft.isa.constants import DRAM_ALIGN_BYTES, INSN_BYTES
 from weft.isa.semantics import named_row_bytes, row_bytes
 
 if TYPE_CHECKING:
@@ -38,7 +38,8 @@ class DramPlan:
 
     @property
     def align(self) -> int:
-        return max(64, INSN_BYTES, *row_bytes(self.config).values())
+        # (a multiple of each: a region starts on a row of every memory and on a line of the race check)
+        return math.lcm(DRAM_ALIGN_BYTES, INSN_BYTES, *row_bytes(self.config).values())
 
     def alloc(self, name: str, nbytes: int) -> int:
         """A zero-initialized region of `nbytes` bytes; returns its byte address."""
