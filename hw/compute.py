@@ -20,7 +20,8 @@ in the first sweep only; registers hold them for the rest, which issue one per c
 ====  ==========================================================================================
 A     loop generator: micro-op address, loop offsets
 B     micro-op word: row indices (range-checked); inp and wgt read addresses
-C     inp and wgt rows: the GEMM core's products; accumulator read address src (ALU with acc[src])
+C     inp and wgt rows: the GEMM core's operand registers; accumulator read address src (ALU with acc[src])
+P     the GEMM core's products (the GEMM pipe only: the ALU pipe goes from C to D)
 D     the first half of the GEMM core's adder tree; accumulator read address dst; the src row is latched
 E     the rest of the adder tree; the acc[dst] row is registered
 X     acc + sum (GEMM) or op(acc[dst], acc[src], inp[src] or imm) (ALU), but MUL's and RQ's partial products only
@@ -63,7 +64,7 @@ from weft.hw.datapath import (
 )
 from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode, register_widths
-from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS, holds_src_rows
+from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, SRC_ROWS, holds_src_rows
 from weft.hw.unit import UnitBase, request_dma_once
 from weft.isa.constants import INSN_BITS, MemId, Opcode, Unit
 from weft.isa.semantics import acc_bank_rows, row_bytes
@@ -254,9 +255,10 @@ class ComputeUnit(UnitBase):
         """One pipe (the GEMM's with the DMA's accumulator writes, or the ALU's): whether its instruction's
         loop is done, and its inp and wgt read addresses."""
         loop = self._loop_generator(m, d, start, busy, bufs)
-        valid = {s: Signal(name=f"{name}_valid_{s}") for s in "bcdexyf"}
+        gemm = dma is not None
+        valid = {s: Signal(name=f"{name}_valid_{s}") for s in ("bcpdexyf" if gemm else "bcdexyf")}
         dst, src_c, reads_c, slots, src_b, wgt_b = self._row_indices(m, d, index, bufs, loop, valid)
-        new_f = self._datapath(m, d, bufs, valid, dst, src_c, reads_c, slots, gemm=dma is not None)
+        new_f = self._datapath(m, d, bufs, valid, dst, src_c, reads_c, slots, gemm=gemm)
         self._write_back(m, d, busy, dma, bufs, valid, dst, new_f)
         drained = ~Cat(*valid.values()).any()
         return d.looped & loop.launched & ~loop.gen & drained, src_b, wgt_b
@@ -421,20 +423,25 @@ class ComputeUnit(UnitBase):
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
                   src_c: Signal, reads_c: Signal, slots: dict[str, Signal], *, gemm: bool) -> Signal:
-        """Stages C, D and E (the GEMM core; accumulator reads), X and Y (acc + sum in the GEMM pipe, the ALU
-        op in the ALU pipe). Returns the new accumulator row of stage F."""
+        """Stages C, P (the GEMM pipe's), D and E (the GEMM core; accumulator reads), X and Y (acc + sum in the
+        GEMM pipe, the ALU op in the ALU pipe). Returns the new accumulator row of stage F."""
         c = self.config
-        assert GEMM_LATENCY == 3  # C, D and E
+        assert GEMM_LATENCY == ALU_READ_STAGES + 1  # the GEMM pipe's C, P, D and E; the ALU pipe's C, D and E
         if gemm:
             m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
                                                 inp_width=c.inp_width, wgt_width=c.wgt_width)
             m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data),
                          self.mac_active.eq(valid["c"] & d.is_gemm & ~d.gemm.reset)]
+            # The core registers its operands in C: the execution enters D a stage later, from P.
+            dst_p = Signal.like(dst["c"])
+            m.d.sync += [valid["p"].eq(valid["c"]), dst_p.eq(dst["c"])]
+            enter_valid, enter_dst = valid["p"], dst_p
         else:
             m.d.comb += self.alu_active.eq(valid["c"] & d.is_alu)
+            enter_valid, enter_dst = valid["c"], dst["c"]
         src_d = Signal.like(src_c)
         reads_d = Signal()
-        m.d.sync += [valid["d"].eq(valid["c"]), dst["d"].eq(dst["c"]), src_d.eq(src_c),
+        m.d.sync += [valid["d"].eq(enter_valid), dst["d"].eq(enter_dst), src_d.eq(src_c),
                      reads_d.eq(valid["c"] & reads_c), slots["d"].eq(slots["c"]), slots["e"].eq(slots["d"]),
                      slots["x"].eq(slots["e"])]
         m.d.comb += [

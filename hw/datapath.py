@@ -2,9 +2,9 @@
 
 Rows are bit vectors laid out as in DRAM (:mod:`weft.isa.arith`): element ``j`` of a row occupies bits
 ``[j*w, (j+1)*w)``, two's complement. The GEMM core computes every ``acc[b, o] += sum_i inp[b, i] *
-wgt[o, i]`` term of one micro-op per cycle: products are registered, then a balanced adder tree per output, registered
-halfway and at its root, so its latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair
-every cycle.
+wgt[o, i]`` term of one micro-op per cycle: its operands are registered as they come from the buffers' block
+RAMs, then the products, then a balanced adder tree per output, registered halfway and at its root, so its
+latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every cycle.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _tree_levels(values: list[Value], levels: int) -> list[Value]:
 
 class GemmCore(wiring.Component):
     """One BATCH x BLOCK_IN by BLOCK_IN x BLOCK_OUT product per cycle, in :data:`GEMM_LATENCY` cycles
-    (products, the adder tree's first half, its second half: each registered).
+    (the operands, the products, the adder tree's first half, its second half: each registered).
 
     ``sums`` holds batch*block_out signed dot products of ``sum_bits`` bits each (element b*block_out+o).
     """
@@ -75,32 +75,40 @@ class GemmCore(wiring.Component):
     def elaborate(self, platform: object) -> Module:
         m = Module()
         batch, block_in, block_out = self.shape
-        x = elements(self.inp, self.inp_width)
-        w = elements(self.wgt, self.wgt_width)
         pw = self.inp_width + self.wgt_width  # a product's width
+        step = 2 if self.packed else 1
+        # The operands are registered first: a block RAM's output straight into a multiplier (with the
+        # packing's decrement ahead of it) was the design's longest path.
+        x = [self._registered(m, v, f"x_{k}") for k, v in enumerate(elements(self.inp, self.inp_width))]
+        w = elements(self.wgt, self.wgt_width)
+        operand = {}  # (o, i) -> the multiplier's weight operand for output o (and o + 1 where packed)
+        for o in range(0, block_out, step):
+            for i in range(block_in):
+                if not self.packed or o + 1 == block_out:
+                    operand[o, i] = self._registered(m, w[o * block_in + i], f"w_{o}_{i}")
+                    continue
+                # Two products that share x in one multiplier (one DSP48 instead of two): with
+                # W = w[o] * 2^pw + w[o+1], x * W = x*w[o] * 2^pw + x*w[o+1], and x*w[o+1] fits pw signed bits,
+                # so the low pw bits are it exactly and the high part is x*w[o] plus its borrow. W itself with
+                # no wide adder: w[o+1] sign-extended to pw bits below w[o] less w[o+1]'s borrow (a decrement
+                # of w[o]'s bits alone).
+                lo, hi = w[(o + 1) * block_in + i], w[o * block_in + i]
+                packed = Cat(lo, lo[-1].replicate(pw - len(lo)), hi - lo[-1]).as_signed()
+                operand[o, i] = self._registered(m, packed, f"ww_{o}_{i}")
         # products[b][o][i] = x[b, i] * w[o, i], registered.
         products = [[[Signal(signed(pw), name=f"p_{b}_{o}_{i}") for i in range(block_in)] for o in range(block_out)]
                     for b in range(batch)]
         for b in range(batch):
-            for i in range(block_in):
+            for (o, i), wo in operand.items():
                 xi = x[b * block_in + i]
-                for o in range(0, block_out, 2 if self.packed else 1):
-                    if not self.packed or o + 1 == block_out:
-                        m.d.sync += products[b][o][i].eq(xi * w[o * block_in + i])
-                        continue
-                    # Two products that share x in one multiplier (one DSP48 instead of two): with
-                    # W = w[o] * 2^pw + w[o+1], x * W = x*w[o] * 2^pw + x*w[o+1], and x*w[o+1] fits pw signed
-                    # bits, so the low pw bits are it exactly and the high part is x*w[o] plus its borrow.
-                    both = Signal(signed(2 * pw), name=f"pp_{b}_{o}_{i}")
-                    # W itself with no wide adder ahead of the multiplier: w[o+1] sign-extended to pw bits
-                    # below w[o] less w[o+1]'s borrow (a decrement of w[o]'s bits alone).
-                    lo, hi = w[(o + 1) * block_in + i], w[o * block_in + i]
-                    packed = Cat(lo, lo[-1].replicate(pw - len(lo)), hi - lo[-1]).as_signed()
-                    m.d.sync += both.eq(xi * packed)
-                    low = both[:pw].as_signed()
-                    m.d.comb += products[b][o + 1][i].eq(low)
-                    m.d.comb += products[b][o][i].eq((both[pw:].as_signed() + both[pw - 1])[:pw].as_signed())
-        assert GEMM_LATENCY == 3  # products, half the tree, the rest
+                if not self.packed or o + 1 == block_out:
+                    m.d.sync += products[b][o][i].eq(xi * wo)
+                    continue
+                both = Signal(signed(2 * pw), name=f"pp_{b}_{o}_{i}")
+                m.d.sync += both.eq(xi * wo)
+                m.d.comb += products[b][o + 1][i].eq(both[:pw].as_signed())
+                m.d.comb += products[b][o][i].eq((both[pw:].as_signed() + both[pw - 1])[:pw].as_signed())
+        assert GEMM_LATENCY == 4  # operands, products, half the tree, the rest
         depth = (block_in - 1).bit_length()  # the tree's levels
         sums = []
         for b in range(batch):
@@ -113,6 +121,12 @@ class GemmCore(wiring.Component):
                 sums.append(s)
         m.d.comb += self.sums.eq(Cat(*sums))
         return m
+
+    @staticmethod
+    def _registered(m: Module, value: Value, name: str) -> Signal:
+        reg = Signal(value.shape(), name=name)
+        m.d.sync += reg.eq(value)
+        return reg
 
 
 def alu_lane(op: Value, a: Value, b: Value, width: int) -> Value:

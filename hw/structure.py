@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ALU_SRC_INTERVAL", "COMPUTE_STAGES", "FETCH_DECODE_CYCLES", "GEMM_LATENCY", "MAX_BURST",
+__all__ = ["ALU_READ_STAGES", "ALU_SRC_INTERVAL", "COMPUTE_STAGES", "FETCH_DECODE_CYCLES", "GEMM_LATENCY", "MAX_BURST",
            "READER_BEATS", "SRC_ROWS", "STORE_LEN_DEPTH", "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
@@ -25,10 +25,13 @@ STORE_LEN_DEPTH = 8
 #: fetch, a bus narrower than an instruction: cycles from the word's last beat to its dispatch at the
 #: earliest (its checks as the beat lands, then the SRAM range check's multiply, each registered).
 FETCH_DECODE_CYCLES = 2
-#: datapath.GemmCore: registered products, then the adder tree, registered halfway and at its root.
-GEMM_LATENCY = 3
-#: compute's pipeline around the GEMM core's stages: loop generator, micro-op word, accumulate/ALU (two
-#: stages: MUL's partial products, then their sum), write back.
+#: datapath.GemmCore: its operands registered as read (no block RAM output straight into a multiplier), the
+#: products, then the adder tree, registered halfway and at its root: the GEMM pipe's stages C, P, D and E.
+GEMM_LATENCY = 4
+#: compute, the ALU pipe: its operands' reads (inp[src] and acc[src] in C, acc[dst] in D, registered in E).
+ALU_READ_STAGES = 3
+#: compute's stages around those of either pipe: loop generator, micro-op word, accumulate/ALU (two stages:
+#: MUL's partial products, then their sum), write back.
 COMPUTE_STAGES = 5
 #: compute: cycles between issues of an ALU micro-op that reads acc[src]. The accumulator has one read port
 #: (two would make Yosys duplicate its block RAMs), so dst and src are read in two cycles, as in VTA's ALU.

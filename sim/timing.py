@@ -16,8 +16,8 @@ same numbers the cosimulation's DRAM answers with):
   order, ``read_latency`` cycles after the grant, at ``read_duty`` beats per cycle; the SRAM is written one
   element per cycle in row order, zero padding included (no DRAM traffic), an element no earlier than
   its beats arrive, and at most ``unpack_queue`` rows are requested ahead of the writes;
-* GEMM/ALU: one micro-op execution per cycle through the ``loop_stages``-stage pipeline, which fills
-  and drains once per instruction; an ALU instruction that reads acc[src] issues one every
+* GEMM/ALU: one micro-op execution per cycle through its pipe (``gemm_stages`` or ``alu_stages`` deep),
+  which fills and drains once per instruction; an ALU instruction that reads acc[src] issues one every
   ``alu_src_interval`` cycles (the accumulator's one read port reads dst and src in turn), but for an
   instruction of at most ``hw.structure.SRC_ROWS`` micro-ops without src loop factors, whose first sweep reads the
   rows into registers and the rest issue one per cycle;
@@ -96,8 +96,11 @@ class Microarch:
     fifo_latency: int = 2
     #: hw.axi.ReadArbiter: the grant is registered, so the AR channel takes a request every 2 cycles.
     arbiter_gap: int = 2
-    #: hw.compute: loop generator, micro-op word, inp/wgt rows, adder tree, accumulator, write back.
-    loop_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY
+    #: hw.compute, the GEMM pipe: loop generator, micro-op word, the GEMM core's operands, products and adder
+    #: tree (the accumulator's dst read beside it), accumulate (two), write back.
+    gemm_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY
+    #: hw.compute, the ALU pipe: loop generator, micro-op word, its operands' reads, the ALU (two), write back.
+    alu_stages: int = structure.COMPUTE_STAGES + structure.ALU_READ_STAGES
     #: hw.compute: cycles between issues of ALU micro-ops that read acc[src] (one accumulator read port).
     alu_src_interval: int = structure.ALU_SRC_INTERVAL
     #: Cycles from queueing a read burst's beats (read_latency after the AR handshake, and at least one
@@ -507,7 +510,8 @@ class _Run:
                 uops = r[_F["uop_end"]] - r[_F["uop_bgn"]]
                 kept = structure.holds_src_rows(r[_F["src_factor_out"]], r[_F["src_factor_in"]], uops)
                 waits = (uops if kept else execs) - 1
-            return s + 2 + (execs - 1 + waits * (self.a.alu_src_interval - 1) + self.a.loop_stages if execs else 0)
+            stages = self.a.gemm_stages if op == Opcode.GEMM else self.a.alu_stages
+            return s + 2 + (execs - 1 + waits * (self.a.alu_src_interval - 1) + stages if execs else 0)
         if r[_F["x_size"]] == 0:
             return s + 1
         if op == Opcode.STORE:

@@ -24,7 +24,7 @@ from weft.hw.axi import ReadArbiter
 from weft.hw.datapath import GEMM_LATENCY
 from weft.hw.dma import MAX_BURST, BurstReader, Load2D, Store2D
 from weft.hw.regs import COUNTERS
-from weft.hw.structure import ALU_SRC_INTERVAL, SRC_ROWS
+from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, SRC_ROWS
 from weft.isa import MemId, ProgramBuilder, layout_of
 from weft.isa.constants import Unit
 from weft.isa.semantics import UNIT_NAMES
@@ -40,20 +40,20 @@ IDEAL = TIMINGS["ideal"]
 #: Cycles the RTL took for timing_calibrate.directed_streams(tiny): Verilator through the cocotb DRAM
 #: model. With the "ideal" DRAM the model reproduces every count exactly. With "pynq" the phase of the
 #: DRAM's R/W pause pattern at START can move a count by a cycle or two from job to job; these are the medians
-#: of three runs. Re-measured 2026-11-28 after fetch's range check moved to a cycle of its own
-#: (structure.FETCH_DECODE_CYCLES: each instruction dispatched a cycle later, at the same rate).
+#: of five runs. Re-measured 2026-11-29 after the GEMM core's operands got a register of their own
+#: (structure.GEMM_LATENCY 3 -> 4: a GEMM instruction a cycle longer, an ALU instruction unchanged).
 RTL_CYCLES = {
     "ideal": {
-        "finish": 14, "load nops x40": 94, "compute nops x40": 94, "gemm 4 uops x3x2": 61,
-        "gemm reset 4 uops x3x2": 61, "alu 4 uops x3x2": 61, "gemm, alu beside, gemm beside": 99,
+        "finish": 14, "load nops x40": 94, "compute nops x40": 94, "gemm 4 uops x3x2": 62,
+        "gemm reset 4 uops x3x2": 62, "alu 4 uops x3x2": 61, "gemm, alu beside, gemm beside": 101,
         "load inp 1x1": 24, "load inp 4x8": 55,
         "load inp 4x8 padded": 89, "load inp 12x8 strided": 119, "load wgt 2x3": 38, "load acc 2x3": 38,
         "load uop 1x100": 123, "store 1x1": 26, "store 4x8": 57, "store 12x16": 217,
     },
     "pynq": {
-        "finish": 46, "load nops x40": 152, "compute nops x40": 152, "gemm 4 uops x3x2": 123,
-        "gemm reset 4 uops x3x2": 124, "alu 4 uops x3x2": 124, "gemm, alu beside, gemm beside": 162,
-        "load inp 1x1": 86, "load inp 4x8": 118,
+        "finish": 46, "load nops x40": 152, "compute nops x40": 152, "gemm 4 uops x3x2": 124,
+        "gemm reset 4 uops x3x2": 124, "alu 4 uops x3x2": 123, "gemm, alu beside, gemm beside": 164,
+        "load inp 1x1": 87, "load inp 4x8": 119,
         "load inp 4x8 padded": 143, "load inp 12x8 strided": 181, "load wgt 2x3": 102, "load acc 2x3": 102,
         "load uop 1x100": 185, "store 1x1": 73, "store 4x8": 106, "store 12x16": 264,
     },
@@ -96,7 +96,7 @@ def test_gemm_costs_one_cycle_per_execution_plus_pipeline_fill():
         assert rep.counters["mac_active"] == execs
         gemm = rep.trace[1]
         # Decode, loop launch, one issue per execution, the stages to drain, and the cycle busy clears.
-        assert gemm["end"] - gemm["start"] == execs + 2 + Microarch().loop_stages
+        assert gemm["end"] - gemm["start"] == execs + 2 + Microarch().gemm_stages
     reset = simulate(TINY, gemm_program(TINY, 4, 3, 2, reset=True))
     assert reset.counters["mac_active"] == 0 and reset.cycles == simulate(TINY, gemm_program(TINY, 4, 3, 2)).cycles
 
@@ -116,7 +116,7 @@ def test_alu_micro_ops_reading_acc_src_issue_every_alu_src_interval_cycles(uops,
 
     execs = uops * 3 * 2
     with_imm, with_src = simulate(TINY, alu(1)), simulate(TINY, alu(None))
-    assert with_imm.trace[1]["end"] - with_imm.trace[1]["start"] == execs + 2 + Microarch().loop_stages
+    assert with_imm.trace[1]["end"] - with_imm.trace[1]["start"] == execs + 2 + Microarch().alu_stages
     # The accumulator's one read port reads dst and src in turn (hw.compute): a read waits
     # ALU_SRC_INTERVAL - 1 cycles after the issue before it.
     assert with_src.cycles - with_imm.cycles == (reads - 1) * (ALU_SRC_INTERVAL - 1)
@@ -373,8 +373,9 @@ def test_microarch_matches_the_rtl():
     assert arch.store_len_queue == store.submodules["len_queue"].depth
     load = _elaborated(Load2D(bus_bytes=8, targets=(16, 4), mem_format=layout_of(TINY).formats["mem"]))
     assert load.submodules["reader"].max_burst == arch.max_burst
-    # Loop generator, micro-op word, the GEMM core's stages, accumulate/ALU (two), write back.
-    assert arch.loop_stages == 5 + GEMM_LATENCY
+    # Loop generator, micro-op word, the GEMM core's stages (the ALU's reads), accumulate/ALU (two), write back.
+    assert arch.gemm_stages == 5 + GEMM_LATENCY
+    assert arch.alu_stages == 5 + ALU_READ_STAGES
 
 
 def _cycles(dut, first: list, then: list, probe, limit: int = 16) -> list[int]:
