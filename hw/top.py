@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal
-from amaranth.back import verilog
+from amaranth.back import rtlil, verilog
 from amaranth.hdl import Value, _ir
 from amaranth.lib import fifo, memory, wiring
 from amaranth.lib.wiring import In, Out
@@ -35,7 +35,7 @@ from weft.isa.semantics import QUEUES, acc_bank_rows
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["AXI_ID_BITS", "TOP_NAME", "Core", "WeftTop", "generate_verilog", "top_ports"]
+__all__ = ["AXI_ID_BITS", "TOP_NAME", "Core", "WeftTop", "generate_rtlil", "generate_verilog", "top_ports"]
 
 TOP_NAME = "weft_top"
 #: AXI IDs of the read clients (the arbiter's RID routing).
@@ -290,3 +290,12 @@ def generate_verilog(config: AcceleratorConfig) -> str:
              "/* verilator lint_off WIDTH */\n"
              "/* verilator lint_off CASEINCOMPLETE */\n")
     return stamp + text
+
+
+def generate_rtlil(config: AcceleratorConfig) -> str:
+    """The RTLIL of ``weft_top`` for `config` (what Amaranth hands Yosys to write the Verilog), stamped like
+    it: synthesis reads it directly, without the Verilog's round trip through Yosys' front end."""
+    top = WeftTop(config)
+    text = rtlil.convert(top, name=TOP_NAME, ports=top_ports(top), emit_src=False)
+    return (f"# weft accelerator '{config.name}', config hash {config.hash}\n"
+            f"# bitstream name {config.bitstream_name}\n") + text
