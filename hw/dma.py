@@ -274,9 +274,11 @@ class Load2D(wiring.Component):
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         m.d.comb += self.error.eq(reader.error)
         f = Signal(self.cmd_layout)
+        # The tile's bounds, summed as the command is taken: the write walk's compares see registers only.
         height = Signal(len(f.y_size) + 5)
         width = Signal(len(f.x_size) + 5)
-        m.d.comb += [height.eq(f.y_pad_0 + f.y_size + f.y_pad_1), width.eq(f.x_pad_0 + f.x_size + f.x_pad_1)]
+        y_end, x_end = Signal.like(height), Signal.like(width)  # one past the last row, column of data
+        empty = Signal()  # a tile of no rows or no columns
 
         # Issue: one read per DRAM row.
         issue_y = Signal.like(f.y_size)
@@ -310,38 +312,44 @@ class Load2D(wiring.Component):
         with m.If(Cat(*ready).any()):
             m.d.sync += [issue_y.eq(issue_y + 1), row_addr.eq(row_addr + f.x_stride)]
 
-        # Write: walk the padded tile in row order.
+        # Write: walk the padded tile in row order. Whether the position holds data (not padding) is registered
+        # with it, worked out for the next position ahead of the step: it gates the unpackers' ready, whose
+        # chain back into the burst reader's buffer was the design's longest path.
         yy = Signal.like(height)
         xx = Signal.like(width)
         pos = Signal.like(f.sram_base)
-        inside = (yy >= f.y_pad_0) & (yy < f.y_pad_0 + f.y_size) & (xx >= f.x_pad_0) & (xx < f.x_pad_0 + f.x_size)
+        inside = Signal()
+        row_end = xx == width - 1
+        next_x, next_y = Mux(row_end, 0, xx + 1), Mux(row_end, yy + 1, yy)
+        inside_next = (next_y >= f.y_pad_0) & (next_y < y_end) & (next_x >= f.x_pad_0) & (next_x < x_end)
         elem_valid = Signal()
         elem_data = Signal(self.data_bits)
         for t, unp in enumerate(unpackers):
             with m.If(f.target == t):
                 m.d.comb += [elem_valid.eq(unp.elems.valid), elem_data.eq(unp.elems.payload),
                              unp.elems.ready.eq(self.busy & inside)]
-        writing = self.busy & (height != 0) & (width != 0) & (yy != height)
+        writing = self.busy & ~empty & (yy != height)
         step = writing & (~inside | elem_valid)
         m.d.comb += [
             self.write.en.eq(step), self.write.target.eq(f.target), self.write.addr.eq(f.sram_base + pos),
             self.write.data.eq(Mux(inside, elem_data, 0)),
         ]
         with m.If(step):
-            m.d.sync += pos.eq(pos + 1)
-            with m.If(xx == width - 1):
-                m.d.sync += [xx.eq(0), yy.eq(yy + 1)]
-            with m.Else():
-                m.d.sync += xx.eq(xx + 1)
-        finished = (height == 0) | (width == 0) | ((yy == height - 1) & (xx == width - 1) & step)
-        with m.If(self.busy & finished & (~issuing | (height == 0) | (width == 0))):
+            m.d.sync += [pos.eq(pos + 1), xx.eq(next_x), yy.eq(next_y), inside.eq(inside_next)]
+        finished = empty | ((yy == height - 1) & row_end & step)
+        with m.If(self.busy & finished & (~issuing | empty)):
             m.d.sync += self.busy.eq(0)
 
         m.d.comb += self.cmd.ready.eq(~self.busy)
         with m.If(self.cmd.valid & self.cmd.ready):
+            p = self.cmd.payload
             m.d.sync += [
-                f.eq(self.cmd.payload), self.busy.eq(1), issue_y.eq(0), row_addr.eq(self.cmd.payload.dram_base),
-                yy.eq(0), xx.eq(0), pos.eq(0),
+                f.eq(p), self.busy.eq(1), issue_y.eq(0), row_addr.eq(p.dram_base), yy.eq(0), xx.eq(0), pos.eq(0),
+                height.eq(p.y_pad_0 + p.y_size + p.y_pad_1), width.eq(p.x_pad_0 + p.x_size + p.x_pad_1),
+                y_end.eq(p.y_pad_0 + p.y_size), x_end.eq(p.x_pad_0 + p.x_size),
+                empty.eq((p.y_pad_0 + p.y_size + p.y_pad_1 == 0) | (p.x_pad_0 + p.x_size + p.x_pad_1 == 0)),
+                # position (0, 0) holds data when there is no padding before it on either axis
+                inside.eq((p.y_pad_0 == 0) & (p.y_size != 0) & (p.x_pad_0 == 0) & (p.x_size != 0)),
             ]
         return m
 

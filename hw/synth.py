@@ -32,7 +32,8 @@ from weft.errors import WeftError
 from weft.progress import Waiting
 
 __all__ = ["BOARDS", "Part", "SynthError", "area_of_cells", "board_fit", "cached_synthesis", "critical_path",
-           "default_cache", "estimate_area", "fits", "nextpnr_critical_path", "place_and_route_ecp5", "synthesize"]
+           "default_cache", "estimate_area", "fits", "hardware_fingerprint", "nextpnr_critical_path",
+           "place_and_route_ecp5", "synthesize"]
 
 
 class SynthError(WeftError):
@@ -296,15 +297,31 @@ def board_fit(config: AcceleratorConfig, board: str, *, cache: Path | None = Non
     return {**fits(area, memory), "part": part.name, "board": board, "source": source, "area": area}
 
 
+def hardware_fingerprint() -> str:
+    """A hash of the sources every generated design comes from (the modules of weft.hw and weft.isa): a cached
+    result stands for a config only while they are what produced it."""
+    import weft.hw
+    import weft.isa
+
+    digest = hashlib.sha256()
+    for package in (weft.hw, weft.isa):
+        for path in sorted(Path(package.__file__).parent.glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached_synthesis(config: AcceleratorConfig, family: str, cache: Path) -> dict[str, Any] | None:
-    """The :func:`synthesize` result of `config` for `family` that `cache` holds, if any (found by config
-    hash: the cache is keyed by the Verilog's hash, which takes generating it to know)."""
+    """The :func:`synthesize` result of `config` for `family` on today's hardware sources that `cache` holds,
+    if any. Found by config hash and :func:`hardware_fingerprint` (the cache's keys hash the design itself,
+    which takes generating it to know); a result of an earlier version of the hardware never counts."""
+    hardware = hardware_fingerprint()
     for path in sorted(cache.glob("*.json")) if cache.is_dir() else []:
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # a cache file being written, or not ours
-        if isinstance(data, dict) and data.get("config_hash") == config.hash and data.get("family") == family:
+        if isinstance(data, dict) and data.get("config_hash") == config.hash and data.get("family") == family \
+                and data.get("hardware") == hardware:
             return data
     return None
 
@@ -385,7 +402,8 @@ def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | 
         totals = stat.get("design") or stat["modules"][f"\\{TOP_NAME}"]
         cells = {name.lstrip("\\"): int(n) for name, n in totals["num_cells_by_type"].items()}
         return {"family": family, "cells": cells, "area": area_of_cells(cells), "critical_path": path,
-                "config_hash": config.hash, "seconds": round(time.perf_counter() - started, 1)}
+                "config_hash": config.hash, "hardware": hardware_fingerprint(),
+                "seconds": round(time.perf_counter() - started, 1)}
 
     data = _cached(cache, key, make)
     data.update(config=config.name, config_hash=config.hash)

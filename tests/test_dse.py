@@ -111,13 +111,14 @@ def test_weft_dse_on_a_dask_scheduler_writes_the_local_rows(model, tmp_path, cap
 def test_cached_area_takes_only_what_the_synthesis_cache_holds(model, tmp_path, monkeypatch):
     import json
 
+    from weft.hw.synth import hardware_fingerprint
     from weft.tools.dse import sweep
 
     monkeypatch.setattr(sweep, "default_cache", lambda: tmp_path)
     (a, cfg_a), (_, cfg_b) = expand_grid(load_config("tiny"), {"block": [4, 8]})[0]
     area = {"lut": 7000, "ff": 4000, "bram36": 3.5, "dsp": 22}
     (tmp_path / "x.json").write_text(json.dumps({"family": "xc7", "config_hash": cfg_a.hash, "area": area,
-                                                 "seconds": 12.5}))
+                                                 "seconds": 12.5, "hardware": hardware_fingerprint()}))
     synthesized = evaluate_point(model.read_bytes(), cfg_a.to_dict(), a, cached_only=True)
     assert {k: synthesized[k] for k in area} == area and synthesized["synth_s"] == 12.5
     assert "pynq-z2" in synthesized["fits"].split(",")

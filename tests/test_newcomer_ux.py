@@ -18,7 +18,7 @@ from weft.cli import main
 from weft.compiler import pipeline
 from weft.compiler.tune.tuner import LayerResult
 from weft.config import PRESETS
-from weft.hw.synth import BOARDS, board_fit, estimate_area
+from weft.hw.synth import BOARDS, board_fit, estimate_area, hardware_fingerprint
 from weft.progress import Progress, Waiting
 from weft.runtime import bitstreams
 from weft.runtime.bitstreams import BitstreamError, check_board_fit
@@ -98,9 +98,21 @@ def test_board_fit(board, config, fits, tmp_path):
 def test_a_cached_synthesis_result_wins_over_the_estimate(tmp_path):
     cfg = PRESETS["default"]
     (tmp_path / "abc.json").write_text(json.dumps({"family": "xc7", "config_hash": cfg.hash,
+                                                   "hardware": hardware_fingerprint(),
                                                    "area": {"lut": 1, "ff": 1, "bram36": 1, "dsp": 1}}))
     fit = board_fit(cfg, "pynq-z2", cache=tmp_path)
     assert fit["fits"] and fit["source"] == "Yosys synth_xilinx (cached)"
+
+
+def test_a_cached_result_of_other_hardware_sources_does_not_count(tmp_path):
+    # The same config synthesized before the hardware changed (or with no fingerprint: an older weft): its
+    # area is not today's design's, so the estimate stands in.
+    cfg = PRESETS["zcu104"]
+    stale = {"family": "xc7", "config_hash": cfg.hash, "area": {"lut": 1, "ff": 1, "bram36": 1, "dsp": 1}}
+    (tmp_path / "old.json").write_text(json.dumps(stale))
+    (tmp_path / "older.json").write_text(json.dumps({**stale, "hardware": "0" * 16}))
+    fit = board_fit(cfg, "pynq-z2", cache=tmp_path)
+    assert not fit["fits"] and "estimate" in fit["source"]
 
 
 def test_bitstream_refuses_a_config_that_does_not_fit_unless_forced(tmp_path, capsys):
