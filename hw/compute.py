@@ -505,12 +505,12 @@ class ComputeUnit(UnitBase):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
             rhs = Mux(alu_f.use_imm, imm, Mux(alu_f.src_inp, inp_lanes[row * c.block_in + lane % c.block_in],
                                               src_row[n]))
-            other, parts = alu_lane_first(alu_f.alu_op, old[n], rhs, w)
+            other, parts = alu_lane_first(m, alu_f.alu_op, old[n], rhs, w)
             alu_rows.append(other)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]
         m.d.sync += row_y.eq(Cat(*alu_rows))
-        alu_row = Cat(*[alu_lane_last(alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w) for n in range(lanes)])
+        alu_row = Cat(*[alu_lane_last(m, alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w) for n in range(lanes)])
         m.d.sync += [valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(alu_row)]
         return new_f
 

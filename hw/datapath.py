@@ -129,34 +129,41 @@ class GemmCore(wiring.Component):
         return reg
 
 
-def alu_lane(op: Value, a: Value, b: Value, width: int) -> Value:
+def alu_lane(m: Module, op: Value, a: Value, b: Value, width: int) -> Value:
     """One accumulator element through the ALU (spec SEMANTICS["alu"]): `a` the destination, `b` the
     operand, both signed `width`-bit; the result wraps at `width` bits. :func:`alu_lane_first` then
     :func:`alu_lane_last`, in one cycle."""
-    return alu_lane_last(op, *alu_lane_first(op, a, b, width), width)
+    return alu_lane_last(m, op, *alu_lane_first(m, op, a, b, width), width)
 
 
-def alu_lane_first(op: Value, a: Value, b: Value, width: int) -> tuple[Value, list[Value]]:
-    """The ALU's first pipeline stage: the result of every op but MUL and RQ, and their partial products.
+def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tuple[Value, list[Value]]:
+    """The ALU's first pipeline stage: the result of every op but MUL, RQ and SHR (SHR's left shift done
+    here), and the parts the last stage takes.
 
     MUL keeps the low `width` bits of a * b, and those depend only on the halves' products: with
     a = ah * 2^h + al and b = bh * 2^h + bl (al, bl: the low h bits, unsigned), a * b = al * bl +
     (al * bh + ah * bl) * 2^h modulo 2^width. RQ needs all of a * m (m: b's low h + 2 bits, signed) =
     ah * m * 2^h + al * m, so its two products share MUL's first two multipliers (their second operand is
     m for RQ, bl for MUL; MUL keeps only the low h bits of ah * bl, which do not depend on signedness). Each
-    is one DSP48 (17 x 18 bits). The last two parts are RQ's shift and ReLU flag, registered beside them."""
+    is one DSP48 (17 x 18 bits). The last two parts are the right shift's amount (RQ's, or SHR's where it
+    shifts right: its right shift is RQ's shifter, in the last stage) and RQ's ReLU flag, registered beside
+    them."""
     h = width // 2
     mul_bits, shift_bits = rq_layout(width)
     al, ah, bl, bh = a.as_unsigned()[:h], a.as_signed()[h:].as_signed(), b.as_unsigned()[:h], b.as_unsigned()[h:]
     second = Mux(op == AluOp.RQ, b[:mul_bits].as_signed(), bl)
+    bits = width.bit_length()  # log2(width) + 1: SHR's amount is the operand's low bits, signed
+    assert bits <= shift_bits
+    amount = b[:bits].as_signed()
+    right = Mux(amount[bits - 1], 0, amount[:bits - 1])
     parts = [al * second, ah * second, (al * bh)[:width - h],
-             b[mul_bits:mul_bits + shift_bits], b[mul_bits + shift_bits]]
-    return _alu_lane_but_mul(op, a, b, width), parts
+             Mux(op == AluOp.SHR, right, b[mul_bits:mul_bits + shift_bits]), b[mul_bits + shift_bits]]
+    return _alu_lane_but_mul(m, op, a, b, width), parts
 
 
-def alu_lane_last(op: Value, other: Value, parts: list[Value], width: int) -> Value:
-    """The ALU's last stage: MUL's and RQ's results from the partial products of :func:`alu_lane_first`,
-    or the other op's result."""
+def alu_lane_last(m: Module, op: Value, other: Value, parts: list[Value], width: int) -> Value:
+    """The ALU's last stage: MUL's, RQ's and SHR's results from the parts of :func:`alu_lane_first`, or the
+    other op's result. RQ and SHR shift right through one shifter, as Yosys' resource sharing paired them."""
     h = width // 2
     mul_bits, _ = rq_layout(width)
     low, high, mid, amount, relu = parts
@@ -165,25 +172,51 @@ def alu_lane_last(op: Value, other: Value, parts: list[Value], width: int) -> Va
     # the sum fit width + mul_bits + 1 signed bits; from s = width + mul_bits on, the result is 0.
     total = width + mul_bits + 1
     exact = low.as_signed() + (high.as_signed() << h)
-    rounding = (Const(1, total + 1) << amount)[1:total + 1]
-    shifted = ((exact + rounding)[:total].as_signed() >> amount)[:width]
+    rounding = Cat(*[amount == k + 1 for k in range(total)])  # 2^(s-1), or 0 for s = 0
+    rq = op == AluOp.RQ
+    # SHR's operand is the first stage's result: a itself, or a shifted left (its amount then 0 here)
+    value = Mux(rq, (exact + rounding)[:total].as_signed(), other.as_signed())
+    shifted = shift_right(m, value, amount)[:width]
     requantized = Mux((amount >= width + mul_bits) | (relu & shifted[width - 1]), 0, shifted)
-    return Mux(op == AluOp.MUL, product, Mux(op == AluOp.RQ, requantized, other))
+    return Mux(op == AluOp.MUL, product, Mux(rq, requantized, Mux(op == AluOp.SHR, shifted, other)))
 
 
-def _alu_lane_but_mul(op: Value, a: Value, b: Value, width: int) -> Value:
+def shift_right(m: Module, value: Value, amount: Value) -> Value:
+    """`value` shifted right by `amount` (unsigned; arithmetic where `value` is signed), a multiplexer stage
+    per bit of `amount`, each a signal of `m` (an expression would repeat the one before twice). Written out
+    rather than as ``>>``: Yosys' resource sharing pairs every shift cell with every other, a SAT problem
+    each, which took minutes on a 64-lane ALU whose lanes never share."""
+    for k in range(len(amount)):
+        value = _stage(m, Mux(amount[k], value >> (1 << k), value), value.shape())
+    return value
+
+
+def shift_left(m: Module, value: Value, amount: Value) -> Value:
+    """`value` (unsigned) shifted left by `amount` within its width, a multiplexer stage per bit (as
+    :func:`shift_right`)."""
+    for k in range(len(amount)):
+        value = _stage(m, Mux(amount[k], (value << (1 << k))[:len(value)], value), value.shape())
+    return value
+
+
+def _stage(m: Module, value: Value, shape: object) -> Signal:
+    stage = Signal(shape)
+    m.d.comb += stage.eq(value)
+    return stage
+
+
+def _alu_lane_but_mul(m: Module, op: Value, a: Value, b: Value, width: int) -> Value:
     bits = width.bit_length()  # log2(width) + 1: the shift amount is the operand's low bits, signed
     amount = b[:bits].as_signed()
-    right = a >> amount[:bits - 1]  # amount >= 0 here, so its sign bit is 0
-    # amount < 0 here: a << -amount, with -amount = ~amount + 1 (1 to width): one fixed shift, then one by
-    # ~amount's low bits, so no negation's carry chain lies ahead of the shifter.
-    left = ((a.as_unsigned() << 1) << (~amount)[:bits - 1])[:width]
-    shifted = Mux(amount[bits - 1], left, right[:width])
+    # amount < 0: a << -amount, with -amount = ~amount + 1 (1 to width): one fixed shift, then one by
+    # ~amount's low bits, so no negation's carry chain lies ahead of the shifter. amount >= 0: a itself,
+    # which the last stage shifts right.
+    left = shift_left(m, (a.as_unsigned() << 1)[:width], (~amount)[:bits - 1])
     with_op = {
         AluOp.MIN: Mux(a < b, a, b)[:width],
         AluOp.MAX: Mux(a > b, a, b)[:width],
         AluOp.ADD: (a + b)[:width],
-        AluOp.SHR: shifted,
+        AluOp.SHR: Mux(amount[bits - 1], left, a[:width]),
         AluOp.MOV: b[:width],
     }
     # Every other code (MUL's and RQ's, which alu_lane_last replaces, and the unused one) gives MIN's result.
@@ -205,7 +238,7 @@ class AluRow(wiring.Component):
         a = elements(self.dst, self.width)
         b = elements(self.src, self.width)
         imm = self.imm.as_signed()
-        lanes = [alu_lane(self.op, a[j], Mux(self.use_imm, imm, b[j]), self.width) for j in range(self.lanes)]
+        lanes = [alu_lane(m, self.op, a[j], Mux(self.use_imm, imm, b[j]), self.width) for j in range(self.lanes)]
         m.d.comb += self.result.eq(Cat(*lanes))
         return m
 

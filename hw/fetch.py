@@ -152,6 +152,9 @@ class Fetch(wiring.Component):
         running = Signal()  # dispatching: from start until FINISH, an error or a halt
         launch = Signal()
         index = Signal(count_bits)
+        # The stream's last index, registered at launch: insn_count - 1 worked out in the cycle fed the error
+        # code, whose verdict gates every queue's valid (tiny's longest path).
+        last_index = Signal(count_bits)
         m.d.sync += launch.eq(self.start)
         first = Cat(Const(0, exact_log2(B)), self.insn_addr[exact_log2(B):])
         end = Signal(ADDR_BITS + 6)
@@ -163,7 +166,7 @@ class Fetch(wiring.Component):
             with m.Elif(self.insn_count == 0):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.NO_FINISH), self.error_index.eq(0)]
             with m.Else():
-                m.d.sync += [running.eq(1), index.eq(0)]
+                m.d.sync += [running.eq(1), index.eq(0), last_index.eq(self.insn_count - 1)]
                 m.d.comb += [
                     reader.cmd.valid.eq(1), reader.cmd.payload.addr.eq(first),
                     reader.cmd.payload.beats.eq((end - first + B - 1) >> exact_log2(B)),
@@ -173,7 +176,7 @@ class Fetch(wiring.Component):
                     m.d.comb += unpack.cmd.payload.lane.eq(self.insn_addr[exact_log2(INSN_BYTES):exact_log2(B)])
 
         word = unpack.elems.payload
-        is_last = index == self.insn_count - 1
+        is_last = index == last_index
         if B < INSN_BYTES:
             # The word is assembled in the unpacker from several beats: decode it as its last beat lands (from
             # the reader's buffer). The next cycle the whole word moves into the dispatch register, freeing
