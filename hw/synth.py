@@ -370,13 +370,19 @@ def default_cache() -> Path:
 
 
 def _synth_xilinx(family: str, top: str) -> str:
-    """``synth_xilinx -flatten`` as Yosys runs it, but for its coarse step's ``share``, which runs ``-fast``:
-    the full SAT problem over the control logic took minutes (40% of the whole on a 32-lane ALU) to prove
-    that the lanes' shifters are never idle together, pair by pair, and found the same merges."""
+    """``synth_xilinx -flatten`` as Yosys 0.70 runs it, less its three ``check`` passes and with its coarse
+    step's ``share`` run ``-fast``. ``check`` only reports (it found nothing on any preset) and took 28 to 46%
+    of the largest design point's time; ``share``'s full SAT problem over the control logic spent minutes
+    proving that the ALU lanes' shifters are never idle together (the shifters are multiplexer stages now,
+    so it has nothing left to pair). The steps between are synth_xilinx's own labels; the last, as its check
+    step does, turns the cell library's simulation models into black boxes for the netlist's JSON."""
     opts = f"-family {family} -flatten -noiopad -top {top}"
-    return (f"synth_xilinx {opts} -run begin:coarse; "
-            "techmap -map +/cmp2lut.v -map +/cmp2lcu.v -D LUT_WIDTH=6; alumacc; share -fast; opt; memory -nomap; "
-            f"opt_clean; synth_xilinx {opts} -run map_memory:")
+    prepare = ("proc; flatten; tribuf -logic; deminout; opt_expr; opt_clean; opt -nodffe -nosdff; fsm; opt; "
+               "wreduce; peepopt; opt_clean; pmux2shiftx; clean; sort")
+    coarse = ("techmap -map +/cmp2lut.v -map +/cmp2lcu.v -D LUT_WIDTH=6; alumacc; share -fast; opt; "
+              "memory -nomap; opt_clean")
+    return (f"synth_xilinx {opts} -run begin:prepare; {prepare}; synth_xilinx {opts} -run map_dsp:coarse; "
+            f"{coarse}; synth_xilinx {opts} -run map_memory:check; blackbox =A:whitebox")
 
 
 def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | None = None) -> dict[str, Any]:
