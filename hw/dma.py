@@ -343,11 +343,11 @@ class Load2D(wiring.Component):
         m.d.comb += self.cmd.ready.eq(~self.busy)
         with m.If(self.cmd.valid & self.cmd.ready):
             p = self.cmd.payload
+            rows, cols = p.y_pad_0 + p.y_size + p.y_pad_1, p.x_pad_0 + p.x_size + p.x_pad_1
             m.d.sync += [
                 f.eq(p), self.busy.eq(1), issue_y.eq(0), row_addr.eq(p.dram_base), yy.eq(0), xx.eq(0), pos.eq(0),
-                height.eq(p.y_pad_0 + p.y_size + p.y_pad_1), width.eq(p.x_pad_0 + p.x_size + p.x_pad_1),
-                y_end.eq(p.y_pad_0 + p.y_size), x_end.eq(p.x_pad_0 + p.x_size),
-                empty.eq((p.y_pad_0 + p.y_size + p.y_pad_1 == 0) | (p.x_pad_0 + p.x_size + p.x_pad_1 == 0)),
+                height.eq(rows), width.eq(cols), y_end.eq(p.y_pad_0 + p.y_size), x_end.eq(p.x_pad_0 + p.x_size),
+                empty.eq((rows == 0) | (cols == 0)),
                 # position (0, 0) holds data when there is no padding before it on either axis
                 inside.eq((p.y_pad_0 == 0) & (p.y_size != 0) & (p.x_pad_0 == 0) & (p.x_size != 0)),
             ]
