@@ -246,7 +246,8 @@ class Load2D(wiring.Component):
     """A padded 2-D load into one of several SRAMs (`targets`: element bytes of each).
 
     ``write`` carries one element per cycle (``en``, ``target``, ``addr`` = sram_base + position, ``data``
-    zero-extended to the widest target); padding positions write zeros. The caller resolves x_size == 0
+    zero-extended to the widest target), registered: it trails the walk by a cycle, and the last write is in
+    the cycle busy falls; padding positions write zeros. The caller resolves x_size == 0
     (a no-op) itself: every command here moves at least one element per DRAM row.
     """
 
@@ -330,7 +331,11 @@ class Load2D(wiring.Component):
                              unp.elems.ready.eq(self.busy & inside)]
         writing = self.busy & ~empty & (yy != height)
         step = writing & (~inside | elem_valid)
-        m.d.comb += [
+        # The write is registered: the reader's buffer (a block RAM) through the unpacker into a target's write
+        # port (the accumulator's through its bank muxes) was the design's longest path. The last write is in
+        # the first cycle with busy low, the cycle its unit takes to end the instruction: no reader sees a row
+        # early and the timing is as before.
+        m.d.sync += [
             self.write.en.eq(step), self.write.target.eq(f.target), self.write.addr.eq(f.sram_base + pos),
             self.write.data.eq(Mux(inside, elem_data, 0)),
         ]
