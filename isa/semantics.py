@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
 __all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES", "BesideRule",
-           "Check", "QueueSpec", "acc_bank_rows", "acc_halves", "first_illegal", "legality_checks", "named_row_bytes",
+           "Check", "QueueSpec", "acc_bank_rows", "acc_halves", "first_hazard", "first_illegal", "legality_checks",
+           "named_row_bytes",
            "row_bytes", "unit_of", "units"]
 
 #: Unit names, by Unit value: "load", "compute", "store".
@@ -163,6 +164,21 @@ def first_illegal(checks: list[Check]) -> tuple[int, str] | None:
         return None
     i, k = min(firsts)
     return i, checks[k][1](i)
+
+
+def first_hazard(dst: np.ndarray, src: np.ndarray | None = None) -> tuple[str, int] | None:
+    """Spec "hazard" over one GEMM/ALU instruction's executions in order: `dst` the acc rows they write, `src`
+    the acc rows they read (an ALU's operand from acc; None for the others). ("write", e) when execution e
+    writes the row execution e - 1 wrote, ("read", e) when it reads it, the earliest (a write where both);
+    None when the instruction keeps the rule. The one statement of the rule for the functional simulator,
+    the compiler's stream check and the random program generator."""
+    writes = np.flatnonzero(dst[1:] == dst[:-1])
+    reads = np.flatnonzero(src[1:] == dst[:-1]) if src is not None else writes[:0]
+    found = [(int(hits[0]) + 1, kind) for kind, hits in (("write", writes), ("read", reads)) if hits.size]
+    if not found:
+        return None
+    e, kind = min(found, key=lambda hit: (hit[0], hit[1] != "write"))
+    return kind, e
 
 
 def acc_bank_rows(config: AcceleratorConfig) -> int:

@@ -42,7 +42,7 @@ from weft.isa.constants import DRAM_ALIGN_BYTES, INSN_BYTES, MemId, Opcode, Unit
 from weft.isa.encoding import decode_insns, decode_uops, encode_insns, make_uops
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
-from weft.isa.semantics import FLAG_QUEUE, QUEUES, TOKEN_QUEUES, UNIT_NAMES, row_bytes
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, TOKEN_QUEUES, UNIT_NAMES, first_hazard, row_bytes
 from weft.sim.dram import Dram
 from weft.sim.kernels import alu_apply, gemm_row_sums
 
@@ -592,20 +592,14 @@ class FunctionalSimulator:
         return f"execution {e} (i={i}, j={j}, uop {r[_F['uop_bgn']] + k})"
 
     def _hazards(self, i: int, r: list[int], dst: np.ndarray, src: np.ndarray | None) -> None:
-        same = np.flatnonzero(dst[1:] == dst[:-1])
-        first = int(same[0]) if same.size else None
-        reads = None
-        if src is not None:
-            hits = np.flatnonzero(src[1:] == dst[:-1])
-            reads = int(hits[0]) if hits.size else None
-        if first is None and reads is None:
+        found = first_hazard(dst, src)
+        if found is None:
             return
-        if reads is not None and (first is None or reads < first):
-            e = reads + 1
+        kind, e = found
+        if kind == "read":
             raise self._error(i, f"{self._where(r, e)} reads acc row {src[e]} that the previous execution "
                                  "writes: back-to-back read-after-write is a hazard the pipeline does not "
                                  "check")
-        e = first + 1
         raise self._error(i, f"{self._where(r, e)} writes acc row {dst[e]} like the previous execution: "
                              "back-to-back writes to one row are a hazard the pipeline does not check")
 

@@ -32,7 +32,7 @@ from weft.isa.arith import loop_indices, pack
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode
 from weft.isa.encoding import INSN_DTYPE, encode_uops, layout_of
 from weft.isa.program import uops_from
-from weft.isa.semantics import BesideRule, named_row_bytes
+from weft.isa.semantics import BesideRule, first_hazard, named_row_bytes
 from weft.sim.dram import Dram
 
 if TYPE_CHECKING:
@@ -152,12 +152,9 @@ class _Gen:
             else:
                 src, sfo, sfi = self._operand(count, n_out, n_in, half * acc, acc)
                 wgt, wfo, wfi = np.zeros(count, np.int64), 0, 0
-            d = loop_indices(dst, n_out, n_in, dfo, dfi)
-            bad = np.any(d[1:] == d[:-1])
-            if not gemm and not use_imm and not src_inp:
-                s = loop_indices(src, n_out, n_in, sfo, sfi)
-                bad = bad or np.any(s[1:] == d[:-1])
-            if not bad:
+            reads_acc = not gemm and not use_imm and not src_inp
+            s = loop_indices(src, n_out, n_in, sfo, sfi) if reads_acc else None
+            if first_hazard(loop_indices(dst, n_out, n_in, dfo, dfi), s) is None:
                 break
         else:  # one execution is always hazard-free
             count, n_out, n_in = 1, 1, 1

@@ -184,3 +184,18 @@ def test_insn_dtype_has_every_field_of_every_format():
     for fmt in layout.formats.values():
         for f in fmt.fields:
             assert f.name in INSN_DTYPE.names
+
+
+def test_the_hazard_rule_names_the_first_execution_that_breaks_it():
+    from weft.isa.semantics import first_hazard
+
+    rows = np.array
+    assert first_hazard(rows([0, 1, 0, 1])) is None  # a row revisited two executions on is fine
+    assert first_hazard(rows([0, 1, 1, 2])) == ("write", 2)
+    # an ALU operand from acc: reading the row the previous execution wrote; the earliest hit is reported
+    assert first_hazard(rows([0, 1, 2]), rows([5, 0, 9])) == ("read", 1)
+    assert first_hazard(rows([0, 0, 2]), rows([5, 6, 0])) == ("write", 1)
+    assert first_hazard(rows([0, 1, 1]), rows([5, 0, 9])) == ("read", 1)
+    # both at one execution: the write is named
+    assert first_hazard(rows([3, 3]), rows([0, 3])) == ("write", 1)
+    assert first_hazard(rows([3]), rows([3])) is None

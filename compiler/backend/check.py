@@ -24,7 +24,7 @@ from weft.isa import semantics
 from weft.isa.arith import loop_indices
 from weft.isa.asm import format_insn
 from weft.isa.constants import Opcode, Unit
-from weft.isa.semantics import FLAG_QUEUE, QUEUES, UNIT_NAMES
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, UNIT_NAMES, first_hazard
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -151,17 +151,14 @@ def check_hazards(layer: str, insns: np.ndarray, uops: np.ndarray, config: Accel
             if idx.size and (idx.min() < 0 or idx.max() >= limit):
                 raise StreamError(layer, i, f"{name} row {int(idx.max())} is outside the {limit} rows of {mem} "
                                             f"({format_insn(r)})")
-        same = np.flatnonzero(dst[1:] == dst[:-1])
-        if same.size:
-            e = int(same[0]) + 1
-            raise StreamError(layer, i, f"executions {e - 1} and {e} both write acc row {int(dst[e])}: the "
-                                        f"consecutive-uop hazard ({format_insn(r)})")
-        if acc_src and src is not None:
-            hit = np.flatnonzero(src[1:] == dst[:-1])
-            if hit.size:
-                e = int(hit[0]) + 1
-                raise StreamError(layer, i, f"execution {e} reads acc row {int(src[e])} that execution {e - 1} "
-                                            f"writes: a read-after-write hazard ({format_insn(r)})")
+        found = first_hazard(dst, src if acc_src else None)
+        if found is not None:
+            kind, e = found
+            if kind == "write":
+                raise StreamError(layer, i, f"executions {e - 1} and {e} both write acc row {int(dst[e])}: the "
+                                            f"consecutive-uop hazard ({format_insn(r)})")
+            raise StreamError(layer, i, f"execution {e} reads acc row {int(src[e])} that execution {e - 1} "
+                                        f"writes: a read-after-write hazard ({format_insn(r)})")
     return total
 
 
