@@ -27,10 +27,9 @@ from weft.isa.program import DEP_FLAGS
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["FLAG_QUEUE", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES", "BesideRule",
-           "Check", "QueueSpec", "acc_bank_rows", "acc_halves", "first_hazard", "first_illegal", "legality_checks",
-           "named_row_bytes",
-           "row_bytes", "unit_of", "units"]
+__all__ = ["FLAG_QUEUE", "LATE_ALU_OPS", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES",
+           "BesideRule", "Check", "Hazard", "QueueSpec", "acc_bank_rows", "acc_halves", "first_hazard", "first_illegal",
+           "hazard_reach", "legality_checks", "named_row_bytes", "row_bytes", "unit_of", "units"]
 
 #: Unit names, by Unit value: "load", "compute", "store".
 UNIT_NAMES = tuple(unit.name.lower() for unit in Unit)
@@ -166,19 +165,42 @@ def first_illegal(checks: list[Check]) -> tuple[int, str] | None:
     return i, checks[k][1](i)
 
 
-def first_hazard(dst: np.ndarray, src: np.ndarray | None = None) -> tuple[str, int] | None:
+#: ALU ops whose result the pipeline has two stages after the others' (MUL's and RQ's products summed, RQ's
+#: and SHR's right shift): an execution of one of them must not meet the row of the execution two before it
+#: either (spec "hazard"). The compiler's reductions (ADD, MAX) revisit a row every second execution.
+LATE_ALU_OPS = frozenset({AluOp.SHR, AluOp.MUL, AluOp.RQ})
+
+
+def hazard_reach(opcode: int, alu_op: int = 0) -> int:
+    """How many executions back spec "hazard" reaches for a GEMM, or an ALU instruction with `alu_op`."""
+    return 2 if opcode == Opcode.ALU and alu_op in LATE_ALU_OPS else 1
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """An execution that breaks spec "hazard": it writes (`kind` "write") or reads through src ("read") the acc
+    row that the execution `back` before it writes."""
+
+    kind: str
+    execution: int
+    back: int
+
+
+def first_hazard(dst: np.ndarray, src: np.ndarray | None = None, reach: int = 1) -> Hazard | None:
     """Spec "hazard" over one GEMM/ALU instruction's executions in order: `dst` the acc rows they write, `src`
-    the acc rows they read (an ALU's operand from acc; None for the others). ("write", e) when execution e
-    writes the row execution e - 1 wrote, ("read", e) when it reads it, the earliest (a write where both);
-    None when the instruction keeps the rule. The one statement of the rule for the functional simulator,
-    the compiler's stream check and the random program generator."""
-    writes = np.flatnonzero(dst[1:] == dst[:-1])
-    reads = np.flatnonzero(src[1:] == dst[:-1]) if src is not None else writes[:0]
-    found = [(int(hits[0]) + 1, kind) for kind, hits in (("write", writes), ("read", reads)) if hits.size]
+    the acc rows they read (an ALU's operand from acc; None for the others), `reach` from :func:`hazard_reach`.
+    The earliest execution that meets a row one of the `reach` before it writes (a write before a read, the
+    nearer before the farther); None when the instruction keeps the rule. The one statement of the rule for
+    the functional simulator, the compiler's stream check and the random program generator."""
+    found = []
+    for back in range(1, reach + 1):
+        for kind, rows in (("write", dst), ("read", src)):
+            if rows is not None and (hits := np.flatnonzero(rows[back:] == dst[:-back])).size:
+                found.append((int(hits[0]) + back, kind != "write", back, kind))
     if not found:
         return None
-    e, kind = min(found, key=lambda hit: (hit[0], hit[1] != "write"))
-    return kind, e
+    e, _, back, kind = min(found)
+    return Hazard(kind, e, back)
 
 
 def acc_bank_rows(config: AcceleratorConfig) -> int:

@@ -38,11 +38,11 @@ from weft.errors import WeftError
 from weft.isa import semantics
 from weft.isa.arith import float_dtype_for, int_dtype, loop_indices, pack, unpack, wrap
 from weft.isa.asm import format_insn
-from weft.isa.constants import DRAM_ALIGN_BYTES, INSN_BYTES, MemId, Opcode, Unit
+from weft.isa.constants import DRAM_ALIGN_BYTES, INSN_BYTES, AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import decode_insns, decode_uops, encode_insns, make_uops
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
-from weft.isa.semantics import FLAG_QUEUE, QUEUES, TOKEN_QUEUES, UNIT_NAMES, first_hazard, row_bytes
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, TOKEN_QUEUES, UNIT_NAMES, first_hazard, hazard_reach, row_bytes
 from weft.sim.dram import Dram
 from weft.sim.kernels import alu_apply, gemm_row_sums
 
@@ -592,16 +592,17 @@ class FunctionalSimulator:
         return f"execution {e} (i={i}, j={j}, uop {r[_F['uop_bgn']] + k})"
 
     def _hazards(self, i: int, r: list[int], dst: np.ndarray, src: np.ndarray | None) -> None:
-        found = first_hazard(dst, src)
+        found = first_hazard(dst, src, hazard_reach(r[_F["opcode"]], r[_F["alu_op"]]))
         if found is None:
             return
-        kind, e = found
-        if kind == "read":
-            raise self._error(i, f"{self._where(r, e)} reads acc row {src[e]} that the previous execution "
-                                 "writes: back-to-back read-after-write is a hazard the pipeline does not "
-                                 "check")
-        raise self._error(i, f"{self._where(r, e)} writes acc row {dst[e]} like the previous execution: "
-                             "back-to-back writes to one row are a hazard the pipeline does not check")
+        e = found.execution
+        before = "the previous execution" if found.back == 1 else \
+            f"the execution {found.back} before it ({AluOp(r[_F['alu_op']]).name}'s result comes late)"
+        if found.kind == "read":
+            raise self._error(i, f"{self._where(r, e)} reads acc row {src[e]} that {before} writes: "
+                                 "this read-after-write is a hazard the pipeline does not check")
+        raise self._error(i, f"{self._where(r, e)} writes acc row {dst[e]} like {before}: "
+                             "this is a hazard the pipeline does not check")
 
     def _dst(self, i: int, r: list[int], kind: str, stats: dict) -> np.ndarray:
         """Count a GEMM or ALU instruction; the acc rows its executions write, in execution order."""

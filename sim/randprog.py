@@ -32,7 +32,7 @@ from weft.isa.arith import loop_indices, pack
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode
 from weft.isa.encoding import INSN_DTYPE, encode_uops, layout_of
 from weft.isa.program import uops_from
-from weft.isa.semantics import BesideRule, first_hazard, named_row_bytes
+from weft.isa.semantics import BesideRule, first_hazard, hazard_reach, named_row_bytes
 from weft.sim.dram import Dram
 
 if TYPE_CHECKING:
@@ -135,9 +135,10 @@ class _Gen:
         start = lo + self.randint(0, space - reach - window)
         return start + self.rng.integers(0, window, count), f_out, f_in
 
-    def loop(self, half: int, gemm: bool, use_imm: bool, src_inp: bool = False) -> tuple[np.ndarray, dict[str, int]]:
+    def loop(self, half: int, gemm: bool, use_imm: bool, src_inp: bool = False, alu_op: int = 0
+             ) -> tuple[np.ndarray, dict[str, int]]:
         """Uops and loop fields of a hazard-free GEMM or ALU instruction on buffer half `half` (an ALU
-        operand from inp with `src_inp`)."""
+        operand from inp with `src_inp`; `alu_op` sets how far back the hazard reaches)."""
         acc = self.half["acc"]
         for _ in range(100):
             count = self.randint(1, self.max_uops)
@@ -154,7 +155,8 @@ class _Gen:
                 wgt, wfo, wfi = np.zeros(count, np.int64), 0, 0
             reads_acc = not gemm and not use_imm and not src_inp
             s = loop_indices(src, n_out, n_in, sfo, sfi) if reads_acc else None
-            if first_hazard(loop_indices(dst, n_out, n_in, dfo, dfi), s) is None:
+            reach = hazard_reach(Opcode.GEMM if gemm else Opcode.ALU, alu_op)
+            if first_hazard(loop_indices(dst, n_out, n_in, dfo, dfi), s, reach) is None:
                 break
         else:  # one execution is always hazard-free
             count, n_out, n_in = 1, 1, 1
@@ -205,7 +207,7 @@ class _Gen:
                        else self.randint(-(1 << 15), (1 << 15) - 1) if self.rng.random() < 0.3
                        else self.randint(-20, 20))
             src_inp = not use_imm and self.rng.random() < 0.3
-            uops, fields = self.loop(half, gemm=False, use_imm=use_imm, src_inp=src_inp)
+            uops, fields = self.loop(half, gemm=False, use_imm=use_imm, src_inp=src_inp, alu_op=alu)
             return self.with_uops(uops, dict(opcode=Opcode.ALU, alu_op=alu, use_imm=int(use_imm), imm=imm,
                                              src_inp=int(src_inp), **fields), half)
         if roll < 0.9:

@@ -280,6 +280,13 @@ def test_the_hazard_check_names_the_instruction():
         check.check_hazards("l", p.insns[1:], uops_from([(1, 0, 0)]), c)
     with pytest.raises(check.StreamError, match="outside the 1 loaded"):
         check.check_hazards("l", p.insns, uops[:1], c)
+    # rows 0, 1, 0, 1: fine for MAX, not for RQ, whose result comes two stages later
+    q = ProgramBuilder()
+    q.alu("max", 0, 2, iter_in=2, imm=0)
+    q.alu("rq", 0, 2, iter_in=2, imm=1)
+    q.finish()
+    with pytest.raises(check.StreamError, match="instruction 1: executions 0 and 2 both write acc row 0"):
+        check.check_hazards("l", q.insns, uops, c)
 
 
 def test_unpack_of_pack_is_identity_for_dram_images():

@@ -161,6 +161,12 @@ def test_back_to_back_hazards():
     # ALU: uop 5 reads row 5, which uop 4 has just written.
     expect(SimError, 1, r"execution 1 \(i=0, j=0, uop 5\) reads acc row 5 that the previous execution writes",
            program(UOPS, ("alu", "add", 4, 6), FIN))
+    # A row every second execution: fine for ADD, not for the ops whose result comes late (SHR, MUL, RQ).
+    run(program(UOPS, ("alu", "add", 0, 2, 1, 2, {"imm": 1}), FIN))
+    for op in ("shr", "mul", "rq"):
+        expect(SimError, 1, rf"execution 2 \(i=0, j=1, uop 0\) writes acc row 0 like the execution 2 before it "
+                            rf"\({op.upper()}'s result comes late\)",
+               program(UOPS, ("alu", op, 0, 2, 1, 2, {"imm": 1}), FIN))
 
 
 def test_missing_finish_and_instructions_after_finish():

@@ -187,15 +187,22 @@ def test_insn_dtype_has_every_field_of_every_format():
 
 
 def test_the_hazard_rule_names_the_first_execution_that_breaks_it():
-    from weft.isa.semantics import first_hazard
+    from weft.isa.semantics import Hazard, first_hazard, hazard_reach
 
     rows = np.array
     assert first_hazard(rows([0, 1, 0, 1])) is None  # a row revisited two executions on is fine
-    assert first_hazard(rows([0, 1, 1, 2])) == ("write", 2)
+    assert first_hazard(rows([0, 1, 1, 2])) == Hazard("write", 2, 1)
     # an ALU operand from acc: reading the row the previous execution wrote; the earliest hit is reported
-    assert first_hazard(rows([0, 1, 2]), rows([5, 0, 9])) == ("read", 1)
-    assert first_hazard(rows([0, 0, 2]), rows([5, 6, 0])) == ("write", 1)
-    assert first_hazard(rows([0, 1, 1]), rows([5, 0, 9])) == ("read", 1)
+    assert first_hazard(rows([0, 1, 2]), rows([5, 0, 9])) == Hazard("read", 1, 1)
+    assert first_hazard(rows([0, 0, 2]), rows([5, 6, 0])) == Hazard("write", 1, 1)
+    assert first_hazard(rows([0, 1, 1]), rows([5, 0, 9])) == Hazard("read", 1, 1)
     # both at one execution: the write is named
-    assert first_hazard(rows([3, 3]), rows([0, 3])) == ("write", 1)
+    assert first_hazard(rows([3, 3]), rows([0, 3])) == Hazard("write", 1, 1)
     assert first_hazard(rows([3]), rows([3])) is None
+    # SHR, MUL and RQ: the execution two before counts too, the nearer one first
+    assert [hazard_reach(Opcode.ALU, op) for op in AluOp] == [1, 1, 1, 2, 2, 2, 1]
+    assert hazard_reach(Opcode.GEMM) == 1
+    assert first_hazard(rows([0, 1, 0, 1]), reach=2) == Hazard("write", 2, 2)
+    assert first_hazard(rows([0, 1, 2]), rows([7, 8, 0]), reach=2) == Hazard("read", 2, 2)
+    assert first_hazard(rows([0, 1, 1]), rows([7, 8, 0]), reach=2) == Hazard("write", 2, 1)
+    assert first_hazard(rows([0, 1, 2, 0]), rows([7, 8, 9, 0]), reach=2) is None  # three back: fine

@@ -24,7 +24,7 @@ from weft.isa import semantics
 from weft.isa.arith import loop_indices
 from weft.isa.asm import format_insn
 from weft.isa.constants import Opcode, Unit
-from weft.isa.semantics import FLAG_QUEUE, QUEUES, UNIT_NAMES, first_hazard
+from weft.isa.semantics import FLAG_QUEUE, QUEUES, UNIT_NAMES, first_hazard, hazard_reach
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -127,7 +127,7 @@ def check_hazards(layer: str, insns: np.ndarray, uops: np.ndarray, config: Accel
         acc_src = is_alu and not r["src_inp"]  # an ALU operand from acc (else from inp, like the GEMM's)
         key = tuple(int(r[f]) for f in ("opcode", "uop_bgn", "uop_end", "iter_out", "iter_in", "dst_factor_out",
                                         "dst_factor_in", "src_factor_out", "src_factor_in", "wgt_factor_out",
-                                        "wgt_factor_in", "reset", "use_imm", "src_inp"))
+                                        "wgt_factor_in", "reset", "use_imm", "src_inp", "alu_op"))
         bgn, end = int(r["uop_bgn"]), int(r["uop_end"])
         if not 0 <= bgn < end <= len(uops):
             raise StreamError(layer, i, f"micro-ops {bgn}:{end} are outside the {len(uops)} loaded ones")
@@ -151,13 +151,13 @@ def check_hazards(layer: str, insns: np.ndarray, uops: np.ndarray, config: Accel
             if idx.size and (idx.min() < 0 or idx.max() >= limit):
                 raise StreamError(layer, i, f"{name} row {int(idx.max())} is outside the {limit} rows of {mem} "
                                             f"({format_insn(r)})")
-        found = first_hazard(dst, src if acc_src else None)
+        found = first_hazard(dst, src if acc_src else None, hazard_reach(int(r["opcode"]), int(r["alu_op"])))
         if found is not None:
-            kind, e = found
-            if kind == "write":
-                raise StreamError(layer, i, f"executions {e - 1} and {e} both write acc row {int(dst[e])}: the "
+            e, before = found.execution, found.execution - found.back
+            if found.kind == "write":
+                raise StreamError(layer, i, f"executions {before} and {e} both write acc row {int(dst[e])}: the "
                                             f"consecutive-uop hazard ({format_insn(r)})")
-            raise StreamError(layer, i, f"execution {e} reads acc row {int(src[e])} that execution {e - 1} "
+            raise StreamError(layer, i, f"execution {e} reads acc row {int(src[e])} that execution {before} "
                                         f"writes: a read-after-write hazard ({format_insn(r)})")
     return total
 
