@@ -24,17 +24,23 @@ C     inp and wgt rows: the GEMM core's operand registers; accumulator read addr
 P     the GEMM core's products (the GEMM pipe only: the ALU pipe goes from C to D)
 D     the first half of the GEMM core's adder tree; accumulator read address dst; the src row is latched
 E     the rest of the adder tree; the acc[dst] row is registered
-X     acc + sum (GEMM) or op(acc[dst], acc[src], inp[src] or imm) (ALU), but MUL's and RQ's partial products only
-Y     MUL's product, or RQ's rounded shift of it, from the partial products
+X     acc + sum (GEMM) or op(acc[dst], acc[src], inp[src] or imm) (ALU), but for SHR's right shift, MUL and
+      RQ only their partial products
+Y     the GEMM's row registered; the ALU's partial products summed (MUL's product, RQ's rounded one) and the
+      longest steps of the right shift (RQ's and SHR's)
+Z     (the ALU pipe only) the rest of the right shift, RQ's ReLU
 F     write acc[dst] and out[dst] = saturate(acc[dst])
 ====  ==========================================================================================
 
 The accumulator's read port is transparent to its write port, so an execution reads dst (in D) what the
-one four ahead of it writes (in F) in the same cycle. What the ones three and two ahead write later comes
-from F instead (forwarding): into E's register, and into X. An ALU execution's src read (in C) comes a
-cycle earlier; D latches it (or what F writes then) into its src register, every later F write to that
-row lands there too, and X takes the one F writes in its own cycle. So a read-after-write at distance 2
-or more sees the new value; distance 1 is the hazard the spec forbids. An ALU operand from inp[src] comes
+one F is writing in the same cycle (four ahead in the GEMM pipe, five in the ALU's). What the nearer ones
+write later comes from F instead (forwarding): into E's register, and into X; in the ALU pipe, X also takes
+the result of the one two ahead from Z's register, which every op but SHR, MUL and RQ has by then. An ALU
+execution's src read (in C) comes a cycle earlier; D latches it (or what F writes then) into its src
+register, every later F write to that row lands there too, and X takes the one F writes in its own cycle
+(and Z's, as for dst). So a read-after-write at distance 2 or more sees the new value, except after SHR,
+MUL and RQ, where it takes distance 3; the nearer ones are the hazards the spec forbids (spec "hazard",
+weft.isa.semantics.hazard_reach). An ALU operand from inp[src] comes
 through inp's read port (read in C, as the GEMM's rows are) and never waits. Each
 instruction drains the pipeline before it ends, so the next one (and the tokens it pushes) see every write.
 """
@@ -57,6 +63,7 @@ from weft.hw.datapath import (
     GemmCore,
     alu_lane_first,
     alu_lane_last,
+    alu_lane_mid,
     elements,
     saturate_row,
     select,
@@ -64,10 +71,10 @@ from weft.hw.datapath import (
 )
 from weft.hw.dma import Load2D
 from weft.hw.regs import ErrorCode, register_widths
-from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, SRC_ROWS, holds_src_rows
+from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, ALU_STAGES, SRC_ROWS, holds_src_rows
 from weft.hw.unit import UnitBase, request_dma_once
-from weft.isa.constants import INSN_BITS, MemId, Opcode, Unit
-from weft.isa.semantics import acc_bank_rows, row_bytes
+from weft.isa.constants import INSN_BITS, AluOp, MemId, Opcode, Unit
+from weft.isa.semantics import acc_bank_rows, hazard_reach, row_bytes
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -256,7 +263,7 @@ class ComputeUnit(UnitBase):
         loop is done, and its inp and wgt read addresses."""
         loop = self._loop_generator(m, d, start, busy, bufs)
         gemm = dma is not None
-        valid = {s: Signal(name=f"{name}_valid_{s}") for s in ("bcpdexyf" if gemm else "bcdexyf")}
+        valid = {s: Signal(name=f"{name}_valid_{s}") for s in ("bcpdexyf" if gemm else "bcdexyzf")}
         dst, src_c, reads_c, slots, src_b, wgt_b = self._row_indices(m, d, index, bufs, loop, valid)
         new_f = self._datapath(m, d, bufs, valid, dst, src_c, reads_c, slots, gemm=gemm)
         self._write_back(m, d, busy, dma, bufs, valid, dst, new_f)
@@ -415,7 +422,7 @@ class ComputeUnit(UnitBase):
             with m.If(~self.error):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.LOOP_RANGE),
                              self.error_index.eq(index)]
-        dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexyf"}
+        dst = {s: Signal(c.acc_index_bits, name=f"dst_{s}") for s in "cdexyzf"}
         src_c = Signal(c.acc_index_bits)
         m.d.sync += [issued_c.eq(valid["b"] & ~loop.aborted & ~bad_c), dst["c"].eq(dst_b), src_c.eq(src_b)]
         m.d.comb += valid["c"].eq(issued_c & ~bad_c)
@@ -427,6 +434,8 @@ class ComputeUnit(UnitBase):
         GEMM pipe, the ALU op in the ALU pipe). Returns the new accumulator row of stage F."""
         c = self.config
         assert GEMM_LATENCY == ALU_READ_STAGES + 1  # the GEMM pipe's C, P, D and E; the ALU pipe's C, D and E
+        # the ALU's X, Y and Z; its late ops' results, in Z, are the ones spec "hazard" keeps two executions off
+        assert ALU_STAGES == 3 and hazard_reach(Opcode.ALU, AluOp.RQ) == ALU_STAGES - 1 == 2
         if gemm:
             m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
                                                 inp_width=c.inp_width, wgt_width=c.wgt_width)
@@ -470,21 +479,24 @@ class ComputeUnit(UnitBase):
         # E's cycle, which lands in the register then), and registered; whether X takes the row F writes in
         # its own cycle instead is decided in E too: what Y holds then is what F writes next. The slot's
         # row does not change between E and X (its next read waits until X is past).
+        # The stage before F: Y in the GEMM pipe, Z in the ALU's. What it holds in E's cycle, F writes in X's.
+        before_f = "z" if not gemm else "y"
         operand_at = select(held_at, slots["e"])
         operand, operand_from_f = Signal(c.acc_row_bits), Signal()
         m.d.sync += [operand.eq(Mux(valid["f"] & (dst["f"] == operand_at), new_f, select(held, slots["e"]))),
-                     operand_from_f.eq(valid["y"] & (dst["y"] == operand_at))]
+                     operand_from_f.eq(valid[before_f] & (dst[before_f] == operand_at))]
         old_x = Signal(c.acc_row_bits)
         forward_x = Signal()  # X takes acc[dst] from F, which writes it then
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
                      old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, bufs.r_data)),
-                     forward_x.eq(valid["y"] & (dst["y"] == dst["e"]))]
+                     forward_x.eq(valid[before_f] & (dst[before_f] == dst["e"]))]
 
         lanes, w = c.batch * c.block_out, c.acc_width
-        old = elements(Mux(forward_x, new_f, old_x), w)
+        old = Mux(forward_x, new_f, old_x)
         if gemm:
             sums = elements(core.sums, core.sum_bits)
+            old = elements(old, w)
             row_y = Signal(c.acc_row_bits)
             m.d.sync += [row_y.eq(Cat(*[Mux(d.gemm.reset, 0, (Mux(d.gemm.overwrite, 0, old[n]) + sums[n])[:w])
                                         for n in range(lanes)])),
@@ -495,11 +507,19 @@ class ComputeUnit(UnitBase):
         inp_d, inp_e, inp_x = (Signal(c.inp_row_bits, name=f"inp_{s}") for s in "dex")
         m.d.sync += [inp_d.eq(self.inp_data), inp_e.eq(inp_d), inp_x.eq(inp_e)]
         inp_lanes = elements(inp_x, c.inp_width)
-        src_row = elements(Mux(operand_from_f, new_f, operand), w)
+        # Two executions ahead, in Z, is a result of every op but SHR, MUL and RQ (spec "hazard" keeps those
+        # from it): X takes it from Z's register, as it takes F's from three ahead.
+        row_z = Signal(c.acc_row_bits)  # the ALU's row but for SHR's right shift, MUL and RQ
+        forward_z, operand_from_z = Signal(), Signal()
+        m.d.sync += [forward_z.eq(valid["y"] & (dst["y"] == dst["e"])),
+                     operand_from_z.eq(valid["y"] & (dst["y"] == operand_at))]
+        old = elements(Mux(forward_z, row_z, old), w)
+        src_row = elements(Mux(operand_from_z, row_z, Mux(operand_from_f, new_f, operand)), w)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
-        row_y = Signal(c.acc_row_bits)  # the ALU's row but for MUL and RQ
+        row_y = Signal(c.acc_row_bits)
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
+        parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z
         alu_rows = []
         for n in range(lanes):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
@@ -509,9 +529,12 @@ class ComputeUnit(UnitBase):
             alu_rows.append(other)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]
-        m.d.sync += row_y.eq(Cat(*alu_rows))
-        alu_row = Cat(*[alu_lane_last(m, alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w) for n in range(lanes)])
-        m.d.sync += [valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(alu_row)]
+            mids = alu_lane_mid(m, alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w)
+            parts_z.append([Signal(part.shape(), name=f"shift_{k}_{n}") for k, part in enumerate(mids)])
+            m.d.sync += [reg.eq(part) for reg, part in zip(parts_z[n], mids, strict=True)]
+        m.d.sync += [row_y.eq(Cat(*alu_rows)), row_z.eq(row_y), valid["z"].eq(valid["y"]), dst["z"].eq(dst["y"])]
+        alu_row = Cat(*[alu_lane_last(m, alu_f.alu_op, row_z.word_select(n, w), parts_z[n], w) for n in range(lanes)])
+        m.d.sync += [valid["f"].eq(valid["z"]), dst["f"].eq(dst["z"]), new_f.eq(alu_row)]
         return new_f
 
     def _write_back(self, m: Module, d: _Insn, busy: Signal, dma: Load2D | None, bufs: _Buffers,

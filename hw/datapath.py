@@ -131,14 +131,15 @@ class GemmCore(wiring.Component):
 
 def alu_lane(m: Module, op: Value, a: Value, b: Value, width: int) -> Value:
     """One accumulator element through the ALU (spec SEMANTICS["alu"]): `a` the destination, `b` the
-    operand, both signed `width`-bit; the result wraps at `width` bits. :func:`alu_lane_first` then
-    :func:`alu_lane_last`, in one cycle."""
-    return alu_lane_last(m, op, *alu_lane_first(m, op, a, b, width), width)
+    operand, both signed `width`-bit; the result wraps at `width` bits. :func:`alu_lane_first`,
+    :func:`alu_lane_mid` and :func:`alu_lane_last`, in one cycle."""
+    other, parts = alu_lane_first(m, op, a, b, width)
+    return alu_lane_last(m, op, other, alu_lane_mid(m, op, other, parts, width), width)
 
 
 def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tuple[Value, list[Value]]:
     """The ALU's first pipeline stage: the result of every op but MUL, RQ and SHR (SHR's left shift done
-    here), and the parts the last stage takes.
+    here), and the parts the later stages take.
 
     MUL keeps the low `width` bits of a * b, and those depend only on the halves' products: with
     a = ah * 2^h + al and b = bh * 2^h + bl (al, bl: the low h bits, unsigned), a * b = al * bl +
@@ -146,7 +147,7 @@ def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tupl
     ah * m * 2^h + al * m, so its two products share MUL's first two multipliers (their second operand is
     m for RQ, bl for MUL; MUL keeps only the low h bits of ah * bl, which do not depend on signedness). Each
     is one DSP48 (17 x 18 bits). The last two parts are the right shift's amount (RQ's, or SHR's where it
-    shifts right: its right shift is RQ's shifter, in the last stage) and RQ's ReLU flag, registered beside
+    shifts right: its right shift is RQ's shifter, in the later stages) and RQ's ReLU flag, registered beside
     them."""
     h = width // 2
     mul_bits, shift_bits = rq_layout(width)
@@ -161,9 +162,16 @@ def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tupl
     return _alu_lane_but_mul(m, op, a, b, width), parts
 
 
-def alu_lane_last(m: Module, op: Value, other: Value, parts: list[Value], width: int) -> Value:
-    """The ALU's last stage: MUL's, RQ's and SHR's results from the parts of :func:`alu_lane_first`, or the
-    other op's result. RQ and SHR shift right through one shifter, as Yosys' resource sharing paired them."""
+#: The right shift's stages (one per bit of the amount) that alu_lane_mid takes, the longest first; the rest
+#: are alu_lane_last's.
+_COARSE_SHIFTS = 3
+
+
+def alu_lane_mid(m: Module, op: Value, other: Value, parts: list[Value], width: int) -> list[Value]:
+    """The ALU's second stage, from the parts of :func:`alu_lane_first`: MUL's product, RQ's exact product
+    plus its rounding constant, and the right shift's longest steps (of RQ's sum, or of SHR's operand, the
+    first stage's result: a itself, or a shifted left, its amount then 0 here). RQ and SHR shift right through
+    one shifter, as Yosys' resource sharing paired them. Returns the parts :func:`alu_lane_last` takes."""
     h = width // 2
     mul_bits, _ = rq_layout(width)
     low, high, mid, amount, relu = parts
@@ -173,21 +181,31 @@ def alu_lane_last(m: Module, op: Value, other: Value, parts: list[Value], width:
     total = width + mul_bits + 1
     exact = low.as_signed() + (high.as_signed() << h)
     rounding = Cat(*[amount == k + 1 for k in range(total)])  # 2^(s-1), or 0 for s = 0
+    value = Mux(op == AluOp.RQ, (exact + rounding)[:total].as_signed(), other.as_signed())
+    fine = len(amount) - _COARSE_SHIFTS
+    # the last stage's result bits come from the width + 2^fine - 1 lowest: the rest need no register
+    partial = shift_right(m, value, amount[fine:], first=fine)[:width + (1 << fine) - 1]
+    return [partial, product, amount[:fine], amount >= width + mul_bits, relu]
+
+
+def alu_lane_last(m: Module, op: Value, other: Value, parts: list[Value], width: int) -> Value:
+    """The ALU's last stage: MUL's, RQ's and SHR's results from the parts of :func:`alu_lane_mid`, or the
+    other op's result."""
+    partial, product, fine, zero, relu = parts
+    shifted = shift_right(m, partial, fine)[:width]
     rq = op == AluOp.RQ
-    # SHR's operand is the first stage's result: a itself, or a shifted left (its amount then 0 here)
-    value = Mux(rq, (exact + rounding)[:total].as_signed(), other.as_signed())
-    shifted = shift_right(m, value, amount)[:width]
-    requantized = Mux((amount >= width + mul_bits) | (relu & shifted[width - 1]), 0, shifted)
+    requantized = Mux(zero | (relu & shifted[width - 1]), 0, shifted)
     return Mux(op == AluOp.MUL, product, Mux(rq, requantized, Mux(op == AluOp.SHR, shifted, other)))
 
 
-def shift_right(m: Module, value: Value, amount: Value) -> Value:
-    """`value` shifted right by `amount` (unsigned; arithmetic where `value` is signed), a multiplexer stage
-    per bit of `amount`, each a signal of `m` (an expression would repeat the one before twice). Written out
-    rather than as ``>>``: Yosys' resource sharing pairs every shift cell with every other, a SAT problem
-    each, which took minutes on a 64-lane ALU whose lanes never share."""
-    for k in range(len(amount)):
-        value = _stage(m, Mux(amount[k], value >> (1 << k), value), value.shape())
+def shift_right(m: Module, value: Value, amount: Value, *, first: int = 0) -> Value:
+    """`value` shifted right by `amount` << `first` (unsigned; arithmetic where `value` is signed): a
+    multiplexer stage per bit of `amount`, the longest shift first, each a signal of `m` (an expression would
+    repeat the one before twice). Written out rather than as ``>>``: Yosys' resource sharing pairs every
+    shift cell with every other, a SAT problem each, which took minutes on a 64-lane ALU whose lanes never
+    share."""
+    for k in reversed(range(len(amount))):
+        value = _stage(m, Mux(amount[k], value >> (1 << (first + k)), value), value.shape())
     return value
 
 

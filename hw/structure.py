@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ALU_READ_STAGES", "ALU_SRC_INTERVAL", "COMPUTE_STAGES", "FETCH_DECODE_CYCLES", "GEMM_LATENCY", "MAX_BURST",
-           "READER_BEATS", "SRC_ROWS", "STORE_LEN_DEPTH", "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
+__all__ = ["ACCUMULATE_STAGES", "ALU_READ_STAGES", "ALU_SRC_INTERVAL", "ALU_STAGES", "COMPUTE_STAGES",
+           "FETCH_DECODE_CYCLES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "SRC_ROWS", "STORE_LEN_DEPTH",
+           "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
 MAX_BURST = 16
@@ -30,9 +31,15 @@ FETCH_DECODE_CYCLES = 2
 GEMM_LATENCY = 4
 #: compute, the ALU pipe: its operands' reads (inp[src] and acc[src] in C, acc[dst] in D, registered in E).
 ALU_READ_STAGES = 3
-#: compute's stages around those of either pipe: loop generator, micro-op word, accumulate/ALU (two stages:
-#: MUL's partial products, then their sum), write back.
-COMPUTE_STAGES = 5
+#: compute, the GEMM pipe after the core: acc + sum (X), registered (Y).
+ACCUMULATE_STAGES = 2
+#: compute, the ALU pipe after its operands' reads: X (every op but SHR's right shift, MUL and RQ; their
+#: partial products), Y (the products' sums, the right shift's longest steps), Z (the rest of the shift, RQ's
+#: ReLU). SHR's, MUL's and RQ's results come two stages after the others': spec "hazard" keeps an execution
+#: of one of them from the rows of the two before it (weft.isa.semantics.hazard_reach).
+ALU_STAGES = 3
+#: compute's stages around those of either pipe: loop generator, micro-op word, write back.
+COMPUTE_STAGES = 3
 #: compute: cycles between issues of an ALU micro-op that reads acc[src]. The accumulator has one read port
 #: (two would make Yosys duplicate its block RAMs), so dst and src are read in two cycles, as in VTA's ALU.
 ALU_SRC_INTERVAL = 2

@@ -98,9 +98,9 @@ class Microarch:
     arbiter_gap: int = 2
     #: hw.compute, the GEMM pipe: loop generator, micro-op word, the GEMM core's operands, products and adder
     #: tree (the accumulator's dst read beside it), accumulate (two), write back.
-    gemm_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY
-    #: hw.compute, the ALU pipe: loop generator, micro-op word, its operands' reads, the ALU (two), write back.
-    alu_stages: int = structure.COMPUTE_STAGES + structure.ALU_READ_STAGES
+    gemm_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY + structure.ACCUMULATE_STAGES
+    #: hw.compute, the ALU pipe: loop generator, micro-op word, its operands' reads, the ALU (three), write back.
+    alu_stages: int = structure.COMPUTE_STAGES + structure.ALU_READ_STAGES + structure.ALU_STAGES
     #: hw.compute: cycles between issues of ALU micro-ops that read acc[src] (one accumulator read port).
     alu_src_interval: int = structure.ALU_SRC_INTERVAL
     #: Cycles from queueing a read burst's beats (read_latency after the AR handshake, and at least one

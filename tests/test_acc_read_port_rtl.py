@@ -21,12 +21,14 @@ CONFIG = PRESETS["tiny"]
 
 
 def alu_src_stream(op: str, triples: list[tuple[int, int, int]], iter_out: int, iter_in: int,
-                   dst: tuple[int, int], src: tuple[int, int], seed: int) -> Stream:
-    """Random accumulators, one ALU instruction reading acc[src] over `triples`, the outputs stored."""
+                   dst: tuple[int, int], src: tuple[int, int], seed: int, imm: int | None = None,
+                   span: int = 1 << 12) -> Stream:
+    """Random accumulators in [-span, span), one ALU instruction reading acc[src] (or taking `imm`) over
+    `triples`, the outputs stored (saturated to out_width: a small span keeps the results visible)."""
     c, row = CONFIG, row_bytes(CONFIG)
     rng = np.random.default_rng(seed)
     dram = Dram(1 << 16)
-    acc = rng.integers(-(1 << 12), 1 << 12, (32, c.batch * c.block_out))
+    acc = rng.integers(-span, span, (32, c.batch * c.block_out))
     acc_addr = dram.alloc(acc.size * c.acc_width // 8, align=64)
     dram.write(acc_addr, pack(acc, c.acc_width).reshape(-1))
     uop_raw = np.frombuffer(encode_uops(c, uops_from(triples)), np.uint8)
@@ -36,10 +38,11 @@ def alu_src_stream(op: str, triples: list[tuple[int, int, int]], iter_out: int, 
     p = ProgramBuilder()
     p.load(MemId.ACC, 0, acc_addr // row[MemId.ACC], 1, 32)
     p.load(MemId.UOP, 0, uop_addr // row[MemId.UOP], 1, len(triples))
-    p.alu(op, 0, len(triples), iter_out, iter_in, dst=dst, src=src, deps=["push_next"])
+    p.alu(op, 0, len(triples), iter_out, iter_in, dst=dst, src=src, imm=imm, deps=["push_next"])
     p.store(0, out_addr // row[MemId.OUT], 1, 32, deps=["pop_prev", "push_prev"])
     p.finish(deps=["pop_next"])
-    return Stream(f"alu {op} src {len(triples)} uops x{iter_out}x{iter_in}", p.insns, dram)
+    operand = "src" if imm is None else f"imm {imm}"
+    return Stream(f"alu {op} {operand} {len(triples)} uops x{iter_out}x{iter_in}", p.insns, dram)
 
 
 def test_alu_micro_ops_reading_acc_src_take_two_cycles_each_and_see_writes_two_ahead():
@@ -55,6 +58,15 @@ def test_alu_micro_ops_reading_acc_src_take_two_cycles_each_and_see_writes_two_a
         alu_src_stream("min", [(0, 3, 0), (4, 5, 0), (3, 0, 0), (6, 7, 0)], 2, 2, (0, 0), (0, 0), seed=5),
         # More micro-ops than registers: every execution reads.
         alu_src_stream("add", [(k, 20 + k, 0) for k in range(9)], 2, 1, (0, 0), (0, 0), seed=6),
+        # One per cycle, a row every second execution (a pooling reduction): X takes the result two ahead
+        # from Z; SHR, MUL and RQ (their results in Z's last step) a row every third, from F.
+        alu_src_stream("add", [(0, 0, 0), (1, 0, 0)], 4, 1, (0, 0), (0, 0), seed=7, imm=3, span=30),
+        alu_src_stream("max", [(0, 0, 0), (1, 0, 0)], 2, 2, (0, 0), (0, 0), seed=8, imm=-5, span=30),
+        alu_src_stream("mul", [(0, 0, 0), (1, 0, 0), (2, 0, 0)], 3, 1, (0, 0), (0, 0), seed=9, imm=-1, span=30),
+        alu_src_stream("shr", [(0, 0, 0), (1, 0, 0), (2, 0, 0)], 3, 1, (0, 0), (0, 0), seed=10, imm=1, span=30),
+        alu_src_stream("rq", [(0, 20, 0), (1, 21, 0), (2, 22, 0)], 3, 1, (0, 0), (0, 0), seed=11, span=30),
+        # acc[src] two ahead, one per cycle once the src rows are held: u2 reads row 0 that u0 wrote
+        alu_src_stream("add", [(0, 5, 0), (1, 6, 0), (2, 0, 0)], 3, 1, (0, 0), (0, 0), seed=12, span=30),
     ]
     for c in compare(CONFIG, streams, timing="ideal"):
         assert not c.problem, f"{c.name}: the RTL differs from the functional simulator: {c.problem}"
