@@ -11,6 +11,7 @@ from weft.config import PRESETS
 from weft.hw.regs import ErrorCode
 from weft.isa import AluOp, MemId, ProgramBuilder, encode_insns, encode_uops, uops_from
 from weft.isa.arith import pack
+from weft.isa.semantics import LATE_ALU_OPS
 from weft.sim.cosim import check_job, job_from_program, run_jobs, run_random
 from weft.sim.dram import Dram
 from weft.sim.fsim import FunctionalSimulator, SimError
@@ -83,7 +84,8 @@ def _gemm_program() -> _Program:
 
 def _alu_program() -> _Program:
     """Accumulator loads (wide and narrow, padded), every ALU op with an immediate and with an acc source
-    (reading rows written two executions before), and stores of the saturated results."""
+    (reading rows written two executions before; three for SHR, MUL and RQ, as spec "hazard" asks), and
+    stores of the saturated results."""
     c, g = CONFIG, _Program()
     acc = g.data(10, c.batch * c.block_out, c.acc_width)
     acc[:5] = np.clip(acc[:5], -400, 400) // 1000 + g.data(5, c.batch * c.block_out, 10)
@@ -91,14 +93,17 @@ def _alu_program() -> _Program:
     narrow = g.put(g.data(6, c.batch * c.block_out, c.out_width), c.out_width, c.out_row_bits // 8,
                    offset_rows=1)
     chain = g.uops([(0, 2, 0), (1, 3, 0), (2, 0, 0), (3, 1, 0)])  # rows 2, 3 read after written at distance 2
+    chain3 = g.uops([(0, 3, 0), (1, 4, 0), (2, 5, 0), (3, 0, 0)])  # row 0 read after written at distance 3
     out = g.out(40)
     p = g.p
     p.load("acc", 0, acc_addr, 2, 5, stride=5, pad=(0, 1, 1, 0))  # rows 0..17
     p.load("acc_narrow", 20, narrow, 3, 2, pad=(1, 0, 0, 1))  # rows 20..31
     p.load("uop", 0, chain, 1, 4)
+    p.load("uop", 4, chain3, 1, 4)
     for op, imm in zip(AluOp, (-5, 7, 1000, 3, -3, 300, -77), strict=True):  # RQ by an immediate: m = 300, s = 0
         p.alu(op, 0, 4, iter_out=2, dst=(4, 0), imm=imm)
-        p.alu(op, 0, 4, iter_out=2, iter_in=2, dst=(8, 4), src=(8, 4))
+        first = 4 if op in LATE_ALU_OPS else 0
+        p.alu(op, first, first + 4, iter_out=2, iter_in=2, dst=(8, 4), src=(8, 4))
     for amount in (-2, 31, -32, 33, 0, -33):  # right, left, and amounts that wrap to 6 bits
         p.alu("shr", 0, 4, dst=(0, 0), imm=amount)
     p.alu("add", 0, 4, iter_out=3, dst=(20, 0), deps=["push_next"])
