@@ -15,7 +15,7 @@ import operator
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.hdl import Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -34,7 +34,7 @@ from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, unit_of
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["Fetch", "check_insn", "check_word", "error_code", "sram_range"]
+__all__ = ["Fetch", "check_insn", "check_word", "error_code", "range_bits", "sram_range"]
 
 
 
@@ -49,17 +49,30 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Value, is_last: Value
     return error_code(m, config, checks, is_finish, is_last), unit, is_finish
 
 
-def sram_range(active: Value, sram_base: Value, height: Value, width: Value, rows: Value) -> Value:
-    """The SRAM_RANGE condition: an active transfer's box (``height * width`` rows from `sram_base`) ends
-    past the memory's `rows`."""
-    return active & (sram_base + height * width > rows)
+def range_bits(config: AcceleratorConfig) -> int:
+    """The width :func:`sram_range` multiplies at: a side of ``2**range_bits`` rows or more exceeds every
+    memory."""
+    return max(config.uop_rows, config.inp_rows, config.wgt_rows, config.acc_rows, config.out_rows).bit_length()
+
+
+def sram_range(active: Value, room: Value, height: Value, width: Value, bits: int) -> Value:
+    """The SRAM_RANGE condition: an active transfer's box (``height * width`` rows) needs more than the `room`
+    its memory has from its ``sram_base`` (the memory's rows less that base: below ``2**bits``, negative
+    when the base is past the end). A side of ``2**bits`` rows or more (`bits` from :func:`range_bits`)
+    overflows every memory unless the other side is empty, so only the low `bits` of each side are
+    multiplied: tiny's 14 x 14-bit product was its longest path after place and route."""
+    def over(side: Value) -> Value:
+        return side[bits:].any() if len(side) > bits else Const(0)
+
+    empty = (height == 0) | (width == 0)
+    return active & ((room < 0) | ((over(height) | over(width)) & ~empty) | (height[:bits] * width[:bits] > room))
 
 
 def check_word(m: Module, config: AcceleratorConfig, word: Value
                ) -> tuple[list[tuple[Value, ErrorCode]], Signal, Value, dict[str, Value]]:
     """The checks of an instruction that depend on its word alone, in the order they apply (condition,
-    error); the unit it goes to; whether it is FINISH; the operands of its :func:`sram_range` check (a user
-    may register them and multiply a cycle later)."""
+    error); the unit it goes to; whether it is FINISH; the operands of its :func:`sram_range` check but
+    `bits` (a user may register them and multiply a cycle later)."""
     c, layout = config, layout_of(config)
     head = data.View(layout.formats["finish"].as_struct_layout(), word)
     mem = data.View(layout.formats["mem"].as_struct_layout(), word)
@@ -96,6 +109,8 @@ def check_word(m: Module, config: AcceleratorConfig, word: Value
                 m.d.comb += rows.eq(count)
         with m.Default():
             m.d.comb += rows.eq(0)  # no memory: the memory id check reports it
+    room = Signal(signed(len(rows) + 1 + max(0, len(mem.sram_base) - len(rows))), name="room")
+    m.d.comb += room.eq(rows - mem.sram_base)
     looped = (op == Opcode.GEMM) | (op == Opcode.ALU)
     # The loop fields sit at different bits in the two formats (GEMM has its reset bit first).
     uop_bgn = Mux(op == Opcode.GEMM, loop.uop_bgn, alu.uop_bgn)
@@ -106,10 +121,10 @@ def check_word(m: Module, config: AcceleratorConfig, word: Value
         (bad_flags, ErrorCode.ILLEGAL_DEP_FLAG),
         ((op == Opcode.ALU) & (alu.alu_op > max(AluOp)), ErrorCode.ILLEGAL_ALU_OP),
         (active & no_pad & pads, ErrorCode.BAD_PADDING),
-        (sram_range(active, mem.sram_base, height, width, rows), ErrorCode.SRAM_RANGE),
+        (sram_range(active, room, height, width, range_bits(c)), ErrorCode.SRAM_RANGE),
         (looped & ((uop_bgn >= uop_end) | (uop_end > c.uop_rows)), ErrorCode.UOP_RANGE),
     ]
-    operands = {"active": active, "sram_base": mem.sram_base, "height": height, "width": width, "rows": rows}
+    operands = {"active": active, "room": room, "height": height, "width": width}
     return checks, unit, op == Opcode.FINISH, operands
 
 
@@ -188,7 +203,7 @@ class Fetch(wiring.Component):
             checks, staged_unit, staged_finish, operands = check_word(m, c, unpack.staged)
             ranged = [k for k, (_, err) in enumerate(checks) if err == ErrorCode.SRAM_RANGE]
             decoded = Signal(len(checks) + len(staged_unit) + 1)
-            held = {name: Signal(len(value), name=f"staged_{name}") for name, value in operands.items()}
+            held = {name: Signal(value.shape(), name=f"staged_{name}") for name, value in operands.items()}
             with m.If(unpack.stage):
                 m.d.sync += decoded.eq(Cat(*[Const(0) if k in ranged else cond for k, (cond, _) in enumerate(checks)],
                                            staged_unit, staged_finish))
@@ -199,7 +214,7 @@ class Fetch(wiring.Component):
             m.d.comb += unpack.elems.ready.eq(move)
             with m.If(move):
                 m.d.sync += [full.eq(1), word_d.eq(word), decoded_d.eq(decoded),
-                             out_of_range.eq(sram_range(**held))]
+                             out_of_range.eq(sram_range(**held, bits=range_bits(c)))]
             word, present = word_d, full
             checks = [(out_of_range if k in ranged else decoded_d[k], err) for k, (_, err) in enumerate(checks)]
             unit = decoded_d[len(checks):-1]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth import Module, Signal
+from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
 from weft.config import PRESETS
 from weft.hw.datapath import GEMM_LATENCY, AluRow, GemmCore, saturate_row, sign_extend_row
 from weft.hw.dma import RowPacker, RowUnpacker
-from weft.hw.fetch import check_insn
+from weft.hw.fetch import check_insn, range_bits, sram_range
 from weft.hw.regs import ErrorCode
 from weft.hw.unit import TokenQueue
 from weft.isa import AluOp, MemId, Opcode, arith, encode_insns, make_insns
@@ -287,6 +287,42 @@ def test_fetch_checks_instructions_in_the_functional_simulators_order(fields, la
     config = PRESETS["tiny"]
     word = int.from_bytes(encode_insns(config, _insn(**fields)), "little")
     _check_word(config, word, last, code)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "default"])
+def test_the_sram_range_check_multiplies_only_the_low_bits_but_agrees_with_the_whole_product(preset):
+    """fetch multiplies only the low range_bits of each side (a longer side overflows every memory): the
+    verdict must be the whole product's on sides at, around and far past that width, on every room."""
+    config = PRESETS[preset]
+    bits = range_bits(config)
+    assert max(config.uop_rows, config.inp_rows, config.wgt_rows, config.acc_rows) < 1 << bits
+    side_bits = bits + 5
+    m = Module()
+    active, height, width = Signal(), Signal(side_bits), Signal(side_bits)
+    room = Signal(signed(bits + 3))
+    out = Signal()
+    m.d.comb += out.eq(sram_range(active, room, height, width, bits))
+    rng = np.random.default_rng(7)
+    edges = [0, 1, 2, (1 << bits) - 1, 1 << bits, (1 << bits) + 1, (1 << side_bits) - 1]
+    rooms = [-(1 << (bits + 2)), -1, 0, 1, (1 << (bits - 1)) + 3, (1 << bits) - 1]  # room <= a memory's rows
+    cases = [(h, w, r) for h in edges for w in edges for r in rooms]
+    cases += [(int(rng.integers(0, 1 << int(rng.integers(1, side_bits + 1)))),
+               int(rng.integers(0, 1 << int(rng.integers(1, side_bits + 1)))),
+               int(rng.integers(-(1 << (bits + 2)), 1 << bits))) for _ in range(1500)]
+
+    async def bench(ctx):
+        wrong = []
+        for h, w, r in cases:
+            for a in (0, 1):
+                ctx.set(active, a)
+                ctx.set(height, h)
+                ctx.set(width, w)
+                ctx.set(room, r)
+                if ctx.get(out) != (a and h * w > r):
+                    wrong.append((a, h, w, r))
+        assert not wrong, wrong[:5]
+
+    _run(m, bench, clock=False)
 
 
 def test_fetch_rejects_an_unknown_opcode():
