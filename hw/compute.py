@@ -493,10 +493,10 @@ class ComputeUnit(UnitBase):
                      forward_x.eq(valid[before_f] & (dst[before_f] == dst["e"]))]
 
         lanes, w = c.batch * c.block_out, c.acc_width
-        old = Mux(forward_x, new_f, old_x)
+        old_row = Mux(forward_x, new_f, old_x)  # acc[dst] as X has it
         if gemm:
             sums = elements(core.sums, core.sum_bits)
-            old = elements(old, w)
+            old = elements(old_row, w)
             row_y = Signal(c.acc_row_bits)
             m.d.sync += [row_y.eq(Cat(*[Mux(d.gemm.reset, 0, (Mux(d.gemm.overwrite, 0, old[n]) + sums[n])[:w])
                                         for n in range(lanes)])),
@@ -513,7 +513,7 @@ class ComputeUnit(UnitBase):
         forward_z, operand_from_z = Signal(), Signal()
         m.d.sync += [forward_z.eq(valid["y"] & (dst["y"] == dst["e"])),
                      operand_from_z.eq(valid["y"] & (dst["y"] == operand_at))]
-        old = elements(Mux(forward_z, row_z, old), w)
+        old = elements(Mux(forward_z, row_z, old_row), w)
         src_row = elements(Mux(operand_from_z, row_z, Mux(operand_from_f, new_f, operand)), w)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
