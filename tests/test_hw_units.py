@@ -11,7 +11,7 @@ from amaranth.sim import Simulator
 from weft.config import PRESETS
 from weft.hw.datapath import GEMM_LATENCY, AluRow, GemmCore, saturate_row, sign_extend_row
 from weft.hw.dma import RowPacker, RowUnpacker
-from weft.hw.fetch import check_insn, range_bits, sram_range
+from weft.hw.fetch import Fetch, check_insn, range_bits, sram_range
 from weft.hw.regs import ErrorCode
 from weft.hw.unit import TokenQueue
 from weft.isa import AluOp, MemId, Opcode, arith, encode_insns, make_insns
@@ -323,6 +323,69 @@ def test_the_sram_range_check_multiplies_only_the_low_bits_but_agrees_with_the_w
         assert not wrong, wrong[:5]
 
     _run(m, bench, clock=False)
+
+
+@pytest.mark.parametrize(("bus", "offset", "count"), [(64, 0, 3), (128, 16, 3), (256, 16, 3), (256, 16, 4), (256, 0, 4),
+                                                    (512, 48, 2), (512, 16, 6)])
+def test_fetch_reads_a_stream_that_starts_inside_a_beat(bus, offset, count):
+    """On a bus wider than an instruction the stream may start in a beat's middle: fetch asks for exactly the
+    beats from that beat to the stream's end and dispatches each word once, in order, with its index (and
+    on narrower buses, where a word takes several beats, the same)."""
+    config = PRESETS["tiny"].replace(bus_width=bus)
+    B = bus // 8
+    insns = make_insns(count)
+    for k in range(count - 1):
+        insns[k]["opcode"], insns[k]["uop_bgn"], insns[k]["uop_end"] = Opcode.GEMM, k, k + 1
+    insns[-1]["opcode"] = Opcode.FINISH
+    words = encode_insns(config, insns)
+    base = 4 * B  # the stream's first beat
+    dram = bytes(base + offset) + words + bytes(2 * B)
+    dut = Fetch(config)
+    bursts, got = [], []
+
+    async def memory(ctx):  # AR always ready; R beats back to back, in order
+        ar, r = dut.bus.ar, dut.bus.r
+        ctx.set(ar.ready, 1)
+        beats_out: list[tuple[int, bool]] = []  # (address, last) of the beats still to send
+        async for *_, ar_valid, addr, length, r_ready in ctx.tick().sample(ar.valid, ar.payload.addr,
+                                                                           ar.payload.len, r.ready):
+            if beats_out and r_ready:
+                beats_out.pop(0)
+            if ar_valid:
+                bursts.append((addr, length + 1))
+                beats_out += [(addr + k * B, k == length) for k in range(length + 1)]
+            ctx.set(r.valid, bool(beats_out))
+            if beats_out:
+                at, last = beats_out[0]
+                ctx.set(r.payload.data, int.from_bytes(dram[at:at + B].ljust(B, bytes(1)), "little"))
+                ctx.set(r.payload.last, last)
+
+    async def bench(ctx):
+        for q in dut.queues:
+            ctx.set(q.ready, 1)
+        ctx.set(dut.insn_addr, base + offset)
+        ctx.set(dut.insn_count, count)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+        for _ in range(40 * count):
+            await ctx.tick()
+            for q in dut.queues:
+                if ctx.get(q.valid):
+                    got.append((ctx.get(q.payload.index), ctx.get(q.payload.insn)))
+            if ctx.get(dut.all_dispatched) and not ctx.get(dut.error):
+                break
+        assert not ctx.get(dut.error), (ctx.get(dut.error_code), ctx.get(dut.error_index), bursts, got)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(memory, background=True)
+    sim.add_testbench(bench)
+    sim.run()
+    start = base + offset
+    assert bursts[0][0] == start // B * B
+    assert sum(beats for _, beats in bursts) == -(-(start % B + len(words)) // B), bursts
+    assert got == [(k, int.from_bytes(words[16 * k:16 * (k + 1)], "little")) for k in range(count)]
 
 
 def test_fetch_rejects_an_unknown_opcode():
