@@ -172,10 +172,12 @@ class Fetch(wiring.Component):
         last_index = Signal(count_bits)
         m.d.sync += launch.eq(self.start)
         first = Cat(Const(0, exact_log2(B)), self.insn_addr[exact_log2(B):])
-        # The bytes from the first beat's start to the stream's end: the address's offset in its beat plus the
-        # stream's bytes (end - first without the address's carries: tiny's estimated longest path).
-        span = Signal(count_bits + exact_log2(INSN_BYTES) + 1)
-        m.d.comb += span.eq(self.insn_addr[:exact_log2(B)] + (self.insn_count << exact_log2(INSN_BYTES)))
+        # The stream's beats: from the first beat's start to the stream's end, the address's offset in its beat
+        # plus the stream's bytes (end - first without the address's carries), registered in START's cycle
+        # from the control registers written before it, so launch's burst length starts from a register.
+        beats = Signal.like(reader.cmd.payload.beats)
+        m.d.sync += beats.eq((self.insn_addr[:exact_log2(B)] + (self.insn_count << exact_log2(INSN_BYTES)) + B - 1)
+                             >> exact_log2(B))
         with m.If(launch):
             with m.If(self.insn_addr[:exact_log2(INSN_BYTES)] != 0):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.INSN_ADDR_MISALIGNED),
@@ -186,7 +188,7 @@ class Fetch(wiring.Component):
                 m.d.sync += [running.eq(1), index.eq(0), last_index.eq(self.insn_count - 1)]
                 m.d.comb += [
                     reader.cmd.valid.eq(1), reader.cmd.payload.addr.eq(first),
-                    reader.cmd.payload.beats.eq((span + B - 1) >> exact_log2(B)),
+                    reader.cmd.payload.beats.eq(beats),
                     unpack.cmd.valid.eq(1), unpack.cmd.payload.count.eq(self.insn_count),
                 ]
                 if B > INSN_BYTES:
