@@ -19,7 +19,8 @@ in the first sweep only; registers hold them for the rest, which issue one per c
 
 ====  ==========================================================================================
 A     loop generator: micro-op address, loop offsets
-B     micro-op word: row indices (range-checked); inp and wgt read addresses
+U     the micro-op word, registered as it leaves the block RAM
+B     row indices (range-checked); inp and wgt read addresses
 C     inp and wgt rows: the GEMM core's operand registers; accumulator read address src (ALU with acc[src])
 P     the GEMM core's products (the GEMM pipe only: the ALU pipe goes from C to D)
 D     the first half of the GEMM core's adder tree; accumulator read address dst; the src row is latched
@@ -263,7 +264,7 @@ class ComputeUnit(UnitBase):
         loop is done, and its inp and wgt read addresses."""
         loop = self._loop_generator(m, d, start, busy, bufs)
         gemm = dma is not None
-        valid = {s: Signal(name=f"{name}_valid_{s}") for s in ("bcpdexyf" if gemm else "bcdexyzf")}
+        valid = {s: Signal(name=f"{name}_valid_{s}") for s in ("ubcpdexyf" if gemm else "ubcdexyzf")}
         dst, src_c, reads_c, slots, src_b, wgt_b = self._row_indices(m, d, index, bufs, loop, valid)
         new_f = self._datapath(m, d, bufs, valid, dst, src_c, reads_c, slots, gemm=gemm)
         self._write_back(m, d, busy, dma, bufs, valid, dst, new_f)
@@ -389,18 +390,23 @@ class ComputeUnit(UnitBase):
     def _row_indices(self, m: Module, d: _Insn, index: Signal, bufs: _Buffers, loop: _Loop,
                      valid: dict[str, Signal]
                      ) -> tuple[dict[str, Signal], Signal, Signal, dict[str, Signal], Signal, Signal]:
-        """Stage B: the micro-op's rows plus the loop offsets, range-checked (an execution past a buffer's
+        """Stages U and B: the micro-op's rows plus the loop offsets, range-checked (an execution past a buffer's
         end aborts the loop with LOOP_RANGE). Returns the dst row registers of the later stages, the src row
         of stage C, and the inp and wgt read addresses."""
         c = self.config
-        off_b = {name: Signal(loop.off_bits + 1, name=f"{name}_off_b") for name in loop.offs}
-        reads_b, reads_c = Signal(), Signal()
-        slots = {s: Signal.like(loop.slot, name=f"slot_{s}") for s in "bcdex"}
-        m.d.sync += [valid["b"].eq(loop.issue), reads_b.eq(loop.reads), reads_c.eq(reads_b),
-                     slots["b"].eq(loop.slot), slots["c"].eq(slots["b"])]
+        off_u, off_b = ({name: Signal(loop.off_bits + 1, name=f"{name}_off_{s}") for name in loop.offs} for s in "ub")
+        reads_u, reads_b, reads_c = Signal(), Signal(), Signal()
+        slots = {s: Signal.like(loop.slot, name=f"slot_{s}") for s in "ubcdex"}
+        m.d.sync += [valid["u"].eq(loop.issue), reads_u.eq(loop.reads), slots["u"].eq(loop.slot),
+                     valid["b"].eq(valid["u"]), reads_b.eq(reads_u), slots["b"].eq(slots["u"]),
+                     reads_c.eq(reads_b), slots["c"].eq(slots["b"])]
         for name, (out_off, in_off) in loop.offs.items():
-            m.d.sync += off_b[name].eq(out_off + in_off)
-        uop = data.View(self.layout.uop.as_struct_layout(), bufs.uop_r.data)
+            m.d.sync += [off_u[name].eq(out_off + in_off), off_b[name].eq(off_u[name])]
+        # The micro-op word is registered as it leaves the block RAM (U): the RAM's output time and the sums
+        # into inp's and wgt's read addresses were tiny's longest path after place and route.
+        word_b = Signal.like(bufs.uop_r.data)
+        m.d.sync += word_b.eq(bufs.uop_r.data)
+        uop = data.View(self.layout.uop.as_struct_layout(), word_b)
         idx_bits = loop.off_bits + 2
         dst_b, src_b, wgt_b = (Signal(idx_bits, name=f"{n}_b") for n in ("dst", "src", "wgt"))
         m.d.comb += [dst_b.eq(uop.dst + off_b["dst"]), src_b.eq(uop.src + off_b["src"]),

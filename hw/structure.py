@@ -38,8 +38,9 @@ ACCUMULATE_STAGES = 2
 #: ReLU). SHR's, MUL's and RQ's results come two stages after the others': spec "hazard" keeps an execution
 #: of one of them from the rows of the two before it (weft.isa.semantics.hazard_reach).
 ALU_STAGES = 3
-#: compute's stages around those of either pipe: loop generator, micro-op word, write back.
-COMPUTE_STAGES = 3
+#: compute's stages around those of either pipe: loop generator, micro-op word (registered as it leaves the
+#: block RAM), row indices and read addresses, write back.
+COMPUTE_STAGES = 4
 #: compute: cycles between issues of an ALU micro-op that reads acc[src]. The accumulator has one read port
 #: (two would make Yosys duplicate its block RAMs), so dst and src are read in two cycles, as in VTA's ALU.
 ALU_SRC_INTERVAL = 2

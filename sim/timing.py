@@ -96,10 +96,11 @@ class Microarch:
     fifo_latency: int = 2
     #: hw.axi.ReadArbiter: the grant is registered, so the AR channel takes a request every 2 cycles.
     arbiter_gap: int = 2
-    #: hw.compute, the GEMM pipe: loop generator, micro-op word, the GEMM core's operands, products and adder
-    #: tree (the accumulator's dst read beside it), accumulate (two), write back.
+    #: hw.compute, the GEMM pipe: loop generator, micro-op word (registered), row indices, the GEMM core's
+    #: operands, products and adder tree (the accumulator's dst read beside it), accumulate (two), write back.
     gemm_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY + structure.ACCUMULATE_STAGES
-    #: hw.compute, the ALU pipe: loop generator, micro-op word, its operands' reads, the ALU (three), write back.
+    #: hw.compute, the ALU pipe: loop generator, micro-op word (registered), row indices, its operands' reads,
+    #: the ALU (three), write back.
     alu_stages: int = structure.COMPUTE_STAGES + structure.ALU_READ_STAGES + structure.ALU_STAGES
     #: hw.compute: cycles between issues of ALU micro-ops that read acc[src] (one accumulator read port).
     alu_src_interval: int = structure.ALU_SRC_INTERVAL
