@@ -140,6 +140,44 @@ def test_weft_dse_writes_csv_and_plot(model, tmp_path, capsys):
     assert stem.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_weft_dse_resumes_a_sweep_cut_short_from_its_csv(model, tmp_path, capsys):
+    """--resume keeps the rows the CSV holds for today's points (same config hash and sources) and runs only
+    the rest; a row of other sources, of another config or with an error is run again."""
+    stem = tmp_path / "sweep"
+    args = ["dse", str(model), "--config", "tiny", "--sweep", "block=4,8", "--sweep", "batch=1,2", "--area", "none",
+            "--workers", "1", "-o", str(stem)]
+    assert main(args) == 0
+    first = list(csv.DictReader(stem.with_suffix(".csv").read_text().splitlines()))
+    truth = {r["config"]: r["cycles"] for r in first}
+    assert len(first) == 4 and all(r["sources"] for r in first)
+    # Mark each row: a kept row keeps its mark, a row run again gets its true cycles back.
+    edited = [dict(r, cycles="1234567") for r in first]
+    edited[1]["sources"] = "0" * 16  # another weft made it
+    edited[2]["config_hash"] = "f" * 16  # another config of that name
+    edited[3]["error"] = "CompileError: it broke"
+    edited.append(dict(first[0], config="tiny-block16", block="16"))  # not a point of this sweep
+    with stem.with_suffix(".csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*first[0], "error"])
+        writer.writeheader()
+        writer.writerows(edited)
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    assert "resuming: 1 of 4 points" in capsys.readouterr().err
+    rows = list(csv.DictReader(stem.with_suffix(".csv").read_text().splitlines()))
+    assert [r["config"] for r in rows] == [r["config"] for r in first]
+    assert rows[0]["cycles"] == "1234567" and rows[0]["sources"] == first[0]["sources"]
+    assert [r["cycles"] for r in rows[1:]] == [truth[r["config"]] for r in rows[1:]]
+    assert not any(r.get("error") for r in rows) and sum(r["pareto"] == "True" for r in rows) >= 1
+    # Without --resume every point runs; a file that is not a sweep's CSV is refused, not run over.
+    assert main(args) == 0
+    assert [r["cycles"] for r in csv.DictReader(stem.with_suffix(".csv").read_text().splitlines())] == \
+        [truth[r["config"]] for r in first]
+    stem.with_suffix(".csv").write_bytes(b"\xff\xfe\x00garbage")
+    assert main([*args, "--resume"]) != 0
+    assert "not a sweep's CSV" in capsys.readouterr().err
+    assert stem.with_suffix(".csv").read_bytes() == b"\xff\xfe\x00garbage"
+
+
 def test_progress_bar_draws_only_when_enabled():
     shown = io.StringIO()
     assert list(progress(range(3), "t", stream=shown, enabled=True)) == [0, 1, 2]

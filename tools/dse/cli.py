@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 import time
 from pathlib import Path
@@ -14,8 +15,8 @@ from weft.errors import UsageError, read_input, user_file
 from weft.hw.synth import BOARDS
 from weft.progress import Progress
 from weft.tools.dse.knobs import DERIVED_KNOBS, KNOBS, expand_grid, parse_sweep, point_name
-from weft.tools.dse.pareto import pareto_front, plot_pareto, write_csv
-from weft.tools.dse.sweep import run_sweep
+from weft.tools.dse.pareto import pareto_front, plot_pareto, read_csv, write_csv
+from weft.tools.dse.sweep import run_sweep, sources_fingerprint
 
 __all__ = ["add_dse_arguments", "run_dse"]
 
@@ -40,6 +41,31 @@ def _summary(row: dict[str, Any], area: bool) -> str:
     return text
 
 
+def _resumable(path: Path, valid: list[tuple[dict[str, float], Any]], args: argparse.Namespace
+               ) -> dict[str, dict[str, Any]]:
+    """The rows of an earlier sweep's CSV at `path` that stand for points of `valid` today, by name: the same
+    config hash, produced by the same sources, without an error, with Yosys's area when ``--area synth`` asks
+    for it and with fsim's cycles when ``--fsim`` does. A missing file keeps nothing."""
+    if not path.exists():
+        return {}
+    try:
+        with user_file(path, "sweep to resume"):
+            rows = read_csv(path)
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise UsageError(f"{path}: not a sweep's CSV, nothing to resume from ({err})") from None
+    wanted = {cfg.name: cfg.hash for _, cfg in valid}
+    sources = sources_fingerprint()
+    kept = {}
+    for row in rows:
+        if "config" not in row or wanted.get(row["config"]) != row.get("config_hash") \
+                or row.get("sources") != sources or row.get("error") or "cycles" not in row \
+                or (args.area == "synth" and "lut" not in row) or (args.fsim and "fsim_cycles" not in row):
+            continue
+        row.pop("pareto", None)  # the front is the whole sweep's, worked out again
+        kept[row["config"]] = row
+    return kept
+
+
 def add_dse_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="an ONNX model")
     add_config_option(parser)
@@ -62,6 +88,10 @@ def add_dse_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the points on this Dask scheduler (tcp://host:8786) instead of locally")
     parser.add_argument("--seed", type=int, default=0, help="seed of the calibration inputs")
     parser.add_argument("-o", "--output", default="dse", help="output stem: STEM.csv and STEM.png")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the points STEM.csv already holds that this weft produced (the same config "
+                             "hash and sources fingerprint, no error, with the area and fsim columns asked "
+                             "for) and run only the rest: a sweep of hours cut short goes on where it stopped")
 
 
 def run_dse(args: argparse.Namespace) -> int:
@@ -74,7 +104,11 @@ def run_dse(args: argparse.Namespace) -> int:
         raise UsageError("every point of the sweep breaks a config rule; nothing to run")
     area = args.area != "none"
     stem = Path(args.output)
-    finished: list[dict[str, Any]] = []
+    kept = _resumable(stem.with_suffix(".csv"), valid, args) if args.resume else {}
+    if kept:
+        print(f"resuming: {len(kept)} of {len(valid)} points from {stem.with_suffix('.csv')}", file=sys.stderr)
+    todo = [(knobs, cfg) for knobs, cfg in valid if cfg.name not in kept]
+    finished: list[dict[str, Any]] = list(kept.values())
     with Progress(len(valid), "dse") as bar:
         def done(row: dict[str, Any]) -> None:
             # STEM.csv holds every point finished so far: a sweep of hours cut short keeps its figures.
@@ -87,8 +121,13 @@ def run_dse(args: argparse.Namespace) -> int:
                       file=sys.stderr, flush=True)
 
         started = time.monotonic()
-        rows = run_sweep(model, valid, area=area, family=args.family, seed=args.seed, workers=args.workers,
-                         scheduler=args.scheduler, on_done=done, cached_only=args.area == "cached", fsim=args.fsim)
+        for row in kept.values():
+            bar.advance(note=row["config"])
+        ran = run_sweep(model, todo, area=area, family=args.family, seed=args.seed, workers=args.workers,
+                        scheduler=args.scheduler, on_done=done, cached_only=args.area == "cached",
+                        fsim=args.fsim) if todo else []
+    by_name = {**kept, **{r["config"]: r for r in ran}}
+    rows = [by_name[cfg.name] for _, cfg in valid]
     rows += [{"config": point_name(base.name, knobs), **knobs, "error": reason} for knobs, reason in skipped]
     x = args.resource if area else "macs_per_cycle"
     front = set(pareto_front(rows, x))

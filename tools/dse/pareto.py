@@ -11,7 +11,7 @@ from typing import Any
 from weft.core.files import write_atomic
 from weft.hw.synth import BOARDS
 
-__all__ = ["pareto_front", "plot_pareto", "write_csv"]
+__all__ = ["pareto_front", "plot_pareto", "read_csv", "write_csv"]
 
 #: A resource's estimate from the geometry alone (:func:`weft.hw.synth.estimate_area`), and what it is.
 _ESTIMATES = {"bram36": "bram36_est", "dsp": "dsp_min"}
@@ -42,6 +42,27 @@ def write_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
     writer.writeheader()
     writer.writerows(rows)
     return write_atomic(Path(path), buf.getvalue().encode())
+
+
+def _value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(text, text)
+
+
+#: A sweep's columns that hold names and hashes: text even where they look like numbers.
+TEXT_COLUMNS = frozenset({"config", "config_hash", "sources", "fits", "error"})
+
+
+def read_csv(path: str | Path) -> list[dict[str, Any]]:
+    """The rows :func:`write_csv` wrote, with numbers and flags back as Python values (but the names and
+    hashes of :data:`TEXT_COLUMNS`) and empty cells left out (a column another row had)."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [{k: v if k in TEXT_COLUMNS else _value(v) for k, v in row.items() if v not in ("", None)}
+            for row in csv.DictReader(io.StringIO(text))]
 
 
 def plot_pareto(rows: list[dict[str, Any]], x: str | Sequence[str], path: str | Path, *, title: str = "weft dse",

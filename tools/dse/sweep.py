@@ -8,10 +8,13 @@ cluster's workers.
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import weft
 from weft.config import AcceleratorConfig
 from weft.core.accel_section import accel_section
 from weft.core.artifact import Artifact
@@ -22,7 +25,19 @@ from weft.runtime.dram_runner import AcceleratorImage
 from weft.runtime.fsim_device import ProgramTimer
 from weft.sim.timing import TimingModel
 
-__all__ = ["evaluate_point", "fsim_cycles", "program_cycles", "run_sweep"]
+__all__ = ["evaluate_point", "fsim_cycles", "program_cycles", "run_sweep", "sources_fingerprint"]
+
+
+def sources_fingerprint() -> str:
+    """A hash of weft's Python sources (all but its tests): a sweep's row stands for its point only while they
+    are what produced it (the compiler's programs, the timing model, the hardware), so ``--resume`` keeps a row
+    only under the same fingerprint."""
+    root = Path(weft.__file__).parent
+    packages = [d for d in sorted(root.iterdir()) if (d / "__init__.py").is_file() and d.name != "tests"]
+    digest = hashlib.sha256()
+    for path in [*sorted(root.glob("*.py")), *(f for d in packages for f in sorted(d.rglob("*.py")))]:
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def program_cycles(artifact: Artifact) -> list[int]:
@@ -69,7 +84,8 @@ def evaluate_point(model: bytes, config: dict[str, Any], knobs: dict[str, float]
 
     cfg = AcceleratorConfig.from_dict(config)
     row: dict[str, Any] = {"config": cfg.name, "config_hash": cfg.hash, **knobs,
-                           "macs_per_cycle": cfg.macs_per_cycle, "clock_mhz": cfg.clock_mhz}
+                           "macs_per_cycle": cfg.macs_per_cycle, "clock_mhz": cfg.clock_mhz,
+                           "sources": sources_fingerprint()}
     try:
         with warnings.catch_warnings():
             # A sweep compares configs on the same seeded calibration; the warning says so once per point.
