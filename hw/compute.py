@@ -418,9 +418,9 @@ class ComputeUnit(UnitBase):
             | (reads_inp & ((src_b >= c.inp_rows) | (wgt_b >= c.wgt_rows)))
             | (d.alu_inp & (src_b >= c.inp_rows))  # (an ALU instruction has no wgt fields)
             | (d.alu_src & (src_b >= c.acc_rows)))
-        # The check's verdict is registered (the micro-op's read, the sum and the compare fill B): an
-        # execution out of range is dropped in C, and so is the one behind it, which B holds then; the loop
-        # stops from the cycle after (a cycle later than the check, so it may issue one more, dropped too).
+        # The check's verdict is registered (the sum and the compare fill B): an execution out of range is
+        # dropped in C, and so is the one behind it, which B holds then; the loop stops from the cycle after,
+        # and what it issued until then (in U, and one more) finds it aborted in B and is dropped too.
         bad_c, issued_c = Signal(), Signal()
         m.d.sync += bad_c.eq(valid["b"] & bad & ~loop.aborted)
         with m.If(bad_c):
