@@ -29,6 +29,7 @@ from typing import Any
 from weft.cache import cache_dir
 from weft.config import AcceleratorConfig
 from weft.errors import WeftError
+from weft.hw.sources import hardware_fingerprint
 from weft.progress import Waiting
 
 __all__ = ["BOARDS", "Part", "SynthError", "area_of_cells", "board_fit", "cached_synthesis", "critical_path",
@@ -295,19 +296,6 @@ def board_fit(config: AcceleratorConfig, board: str, *, cache: Path | None = Non
         (estimate_area(config), "estimate from the buffer sizes and the GEMM core")
     memory = dataclasses.replace(part, bram36=part.bram36 + 8 * part.uram)
     return {**fits(area, memory), "part": part.name, "board": board, "source": source, "area": area}
-
-
-def hardware_fingerprint() -> str:
-    """A hash of the sources every generated design comes from (the modules of weft.hw and weft.isa): a cached
-    result stands for a config only while they are what produced it."""
-    import weft.hw
-    import weft.isa
-
-    digest = hashlib.sha256()
-    for package in (weft.hw, weft.isa):
-        for path in sorted(Path(package.__file__).parent.glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def cached_synthesis(config: AcceleratorConfig, family: str, cache: Path) -> dict[str, Any] | None:

@@ -42,6 +42,7 @@ from weft.cache import cache_dir
 from weft.core.files import write_atomic
 from weft.errors import UsageError, WeftError
 from weft.hw.regs import ErrorCode
+from weft.hw.sources import hardware_fingerprint
 from weft.isa.asm import format_insn
 from weft.isa.constants import MemId, Opcode
 from weft.isa.encoding import encode_insns
@@ -61,15 +62,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SIMULATORS", "CosimError", "Job", "JobResult", "build", "build_key", "cocotb_runner", "compare",
-    "default_build_root",
-    "fingerprint",
-    "job_from_program", "run_jobs", "run_random", "simulator_available", "toplevel", "verilog_path",
+    "default_build_root", "job_from_program", "run_jobs", "run_random", "simulator_available", "toplevel",
+    "verilog_path",
 ]
 
-_PACKAGE = Path(__file__).resolve().parent.parent
 TEST_MODULE = "weft.sim.cocotb_tb.test_weft"
-#: Modules of weft.hw that do not shape the Verilog (commands), left out of the build fingerprint.
-_NOT_HARDWARE = {"__init__.py", "cli.py"}
 
 
 class CosimError(WeftError):
@@ -92,21 +89,6 @@ def _simulator(sim: str) -> Simulator:
 def default_build_root() -> Path:
     """The user cache folder (:func:`weft.cache.cache_dir`): the builds go in its ``rtl/``."""
     return cache_dir()
-
-
-def fingerprint() -> str:
-    """Hash of everything the Verilog depends on besides the config: the generator's sources and the
-    Amaranth version."""
-    import amaranth
-
-    digest = hashlib.sha256(amaranth.__version__.encode())
-    sources = [p for p in sorted((_PACKAGE / "hw").glob("*.py")) if p.name not in _NOT_HARDWARE]
-    # every isa module the hardware reads: the layouts, and the routing, flag and legality rules
-    sources += [_PACKAGE / "isa" / name for name in ("constants.py", "layout.py", "encoding.py", "semantics.py",
-                                                      "program.py")]
-    for path in [*sources, _PACKAGE / "config.py"]:
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def cocotb_runner(sim: str, narration: TextIO | None = None, *, public_all: bool = True) -> Any:
@@ -178,7 +160,7 @@ STALE_BUILD_S = 3600
 
 def verilog_path(config: AcceleratorConfig, build_root: Path | None = None) -> Path:
     """The (cached) Verilog of `config`."""
-    root = (build_root or default_build_root()) / "rtl" / f"{config.hash}-{fingerprint()}"
+    root = (build_root or default_build_root()) / "rtl" / f"{config.hash}-{hardware_fingerprint()[:12]}"
     path = root / "weft_top.v"
     with _locked(root.parent / f"{root.name}.lock"):
         if not path.exists():

@@ -15,12 +15,12 @@ duty, another sequence.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from pathlib import Path
 
 import numpy as np
 
+from weft.core.files import sources_digest
 from weft.errors import UsageError
 from weft.sim.dram_timing import DramTiming
 
@@ -92,10 +92,7 @@ def open_image(path: Path, size: int, *, create: bool = False) -> np.memmap:
 
 def fingerprint() -> str:
     """Hash of the model's sources (the Verilog, the C++, the wrapper's generator): part of the build's key."""
-    digest = hashlib.sha256()
-    for path in (*MODEL_SOURCES, Path(__file__)):
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:8]
+    return sources_digest((*MODEL_SOURCES, Path(__file__)), _HERE)[:8]
 
 
 _PORT = re.compile(r"^\s*(input|output)\s+(?:\[(\d+):0\]\s+)?(\w+);", re.M)

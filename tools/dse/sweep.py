@@ -8,7 +8,6 @@ cluster's workers.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from weft.config import AcceleratorConfig
 from weft.core.accel_section import accel_section
 from weft.core.artifact import Artifact
 from weft.core.errors import CalibrationWarning, CompileError
+from weft.core.files import sources_digest
 from weft.errors import UsageError
 from weft.hw.synth import BOARDS, cached_synthesis, default_cache, estimate_area, fits, synthesize
 from weft.runtime.dram_runner import AcceleratorImage
@@ -34,10 +34,8 @@ def sources_fingerprint() -> str:
     only under the same fingerprint."""
     root = Path(weft.__file__).parent
     packages = [d for d in sorted(root.iterdir()) if (d / "__init__.py").is_file() and d.name != "tests"]
-    digest = hashlib.sha256()
-    for path in [*sorted(root.glob("*.py")), *(f for d in packages for f in sorted(d.rglob("*.py")))]:
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
+    files = [*sorted(root.glob("*.py")), *(f for d in packages for f in sorted(d.rglob("*.py")))]
+    return sources_digest(files, root)[:16]
 
 
 def program_cycles(artifact: Artifact) -> list[int]:
