@@ -29,7 +29,7 @@ from weft.hw.unit import dispatch_layout
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
 from weft.isa.program import DEP_FLAGS
-from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, unit_of
+from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, sram_rows, unit_of
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
@@ -52,7 +52,7 @@ def check_insn(m: Module, config: AcceleratorConfig, word: Value, is_last: Value
 def range_bits(config: AcceleratorConfig) -> int:
     """The width :func:`sram_range` multiplies at: a side of ``2**range_bits`` rows or more exceeds every
     memory."""
-    return max(config.uop_rows, config.inp_rows, config.wgt_rows, config.acc_rows, config.out_rows).bit_length()
+    return max(sram_rows(config).values()).bit_length()
 
 
 def sram_range(active: Value, room: Value, height: Value, width: Value, bits: int) -> Value:
@@ -101,10 +101,10 @@ def check_word(m: Module, config: AcceleratorConfig, word: Value
         height.eq(mem.y_pad_0 + mem.y_size + mem.y_pad_1),
         width.eq(mem.x_pad_0 + mem.x_size + mem.x_pad_1),
     ]
-    rows = Signal(range(max(c.uop_rows, c.inp_rows, c.wgt_rows, c.acc_rows) + 1))
+    rows_of = sram_rows(c)
+    rows = Signal(range(max(rows_of.values()) + 1))
     with m.Switch(mem.mem_id):
-        for mid, count in ((MemId.UOP, c.uop_rows), (MemId.WGT, c.wgt_rows), (MemId.INP, c.inp_rows),
-                           (MemId.ACC, c.acc_rows), (MemId.OUT, c.out_rows), (MemId.ACC_NARROW, c.acc_rows)):
+        for mid, count in rows_of.items():
             with m.Case(mid):
                 m.d.comb += rows.eq(count)
         with m.Default():

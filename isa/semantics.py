@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FLAG_QUEUE", "LATE_ALU_OPS", "MEMS", "PADDED_MEMS", "QUEUES", "QUEUE_BETWEEN", "TOKEN_QUEUES", "UNIT_NAMES",
            "BesideRule", "Check", "Hazard", "QueueSpec", "acc_bank_rows", "acc_halves", "first_hazard", "first_illegal",
-           "hazard_reach", "legality_checks", "named_row_bytes", "row_bytes", "unit_of", "units"]
+           "hazard_reach", "legality_checks", "named_row_bytes", "row_bytes", "sram_rows", "unit_of", "units"]
 
 #: Unit names, by Unit value: "load", "compute", "store".
 UNIT_NAMES = tuple(unit.name.lower() for unit in Unit)
@@ -110,6 +110,13 @@ def row_bytes(config: AcceleratorConfig) -> dict[MemId, int]:
     c = config
     return {MemId.UOP: c.uop_bits // 8, MemId.WGT: c.wgt_row_bits // 8, MemId.INP: c.inp_row_bits // 8,
             MemId.ACC: c.acc_row_bits // 8, MemId.OUT: c.out_row_bits // 8, MemId.ACC_NARROW: c.out_row_bits // 8}
+
+
+def sram_rows(config: AcceleratorConfig) -> dict[MemId, int]:
+    """Rows of the on-chip buffer each memory id addresses (an acc_narrow LOAD writes the accumulator)."""
+    c = config
+    return {MemId.UOP: c.uop_rows, MemId.WGT: c.wgt_rows, MemId.INP: c.inp_rows, MemId.ACC: c.acc_rows,
+            MemId.OUT: c.out_rows, MemId.ACC_NARROW: c.acc_rows}
 
 
 def named_row_bytes(config: AcceleratorConfig) -> dict[str, int]:

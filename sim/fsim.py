@@ -149,15 +149,10 @@ class FunctionalSimulator:
         if fdtype is None:
             raise SimError(f"config '{c.name}': GEMM products of {c.block_in} terms are too wide to simulate")
         self._fdtype = fdtype
-        rb = row_bytes(c)
-        self._mems = {
-            MemId.UOP: _Mem("uop", rb[MemId.UOP], c.uop_bits, c.uop_rows),
-            MemId.WGT: _Mem("wgt", rb[MemId.WGT], c.wgt_width, c.wgt_rows),
-            MemId.INP: _Mem("inp", rb[MemId.INP], c.inp_width, c.inp_rows),
-            MemId.ACC: _Mem("acc", rb[MemId.ACC], c.acc_width, c.acc_rows),
-            MemId.OUT: _Mem("out", rb[MemId.OUT], c.out_width, c.out_rows),
-            MemId.ACC_NARROW: _Mem("acc_narrow", rb[MemId.ACC_NARROW], c.out_width, c.acc_rows),
-        }
+        rb, rows = row_bytes(c), semantics.sram_rows(c)
+        widths = {MemId.UOP: c.uop_bits, MemId.WGT: c.wgt_width, MemId.INP: c.inp_width, MemId.ACC: c.acc_width,
+                  MemId.OUT: c.out_width, MemId.ACC_NARROW: c.out_width}
+        self._mems = {mid: _Mem(mid.name.lower(), rb[mid], widths[mid], rows[mid]) for mid in MemId}
         self._out_lo, self._out_hi = -(1 << (c.out_width - 1)), (1 << (c.out_width - 1)) - 1
         #: The inp lane each accumulator lane reads as an ALU operand from inp: lane o of a batch row
         #: reads inp lane o mod block_in.
