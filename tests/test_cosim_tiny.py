@@ -9,9 +9,9 @@ import pytest
 
 from weft.config import PRESETS
 from weft.hw.regs import ErrorCode
-from weft.isa import AluOp, MemId, ProgramBuilder, encode_insns, encode_uops, uops_from
+from weft.isa import AluOp, MemId, Opcode, ProgramBuilder, encode_insns, encode_uops, uops_from
 from weft.isa.arith import pack
-from weft.isa.semantics import LATE_ALU_OPS
+from weft.isa.semantics import LATE_ALU_OPS, hazard_reach
 from weft.sim.cosim import check_job, job_from_program, run_jobs, run_random
 from weft.sim.dram import Dram
 from weft.sim.fsim import FunctionalSimulator, SimError
@@ -82,18 +82,24 @@ def _gemm_program() -> _Program:
     return g
 
 
+def _reads_back(distance: int) -> list[tuple[int, int, int]]:
+    """Four micro-ops, execution k writing row k and reading row (k - distance) mod 4: the last ones read the
+    rows written `distance` executions before them."""
+    return [(k, (k - distance) % 4, 0) for k in range(4)]
+
+
 def _alu_program() -> _Program:
     """Accumulator loads (wide and narrow, padded), every ALU op with an immediate and with an acc source
-    (reading rows written two executions before; three for SHR, MUL and RQ, as spec "hazard" asks), and
-    stores of the saturated results."""
+    (reading rows written as few executions before as spec "hazard" allows: two, three for SHR, MUL and RQ),
+    and stores of the saturated results."""
     c, g = CONFIG, _Program()
     acc = g.data(10, c.batch * c.block_out, c.acc_width)
     acc[:5] = np.clip(acc[:5], -400, 400) // 1000 + g.data(5, c.batch * c.block_out, 10)
     acc_addr = g.put(acc, c.acc_width, c.acc_row_bits // 8, offset_rows=3)
     narrow = g.put(g.data(6, c.batch * c.block_out, c.out_width), c.out_width, c.out_row_bits // 8,
                    offset_rows=1)
-    chain = g.uops([(0, 2, 0), (1, 3, 0), (2, 0, 0), (3, 1, 0)])  # rows 2, 3 read after written at distance 2
-    chain3 = g.uops([(0, 3, 0), (1, 4, 0), (2, 5, 0), (3, 0, 0)])  # row 0 read after written at distance 3
+    chain = g.uops(_reads_back(hazard_reach(Opcode.ALU, AluOp.ADD) + 1))
+    chain3 = g.uops(_reads_back(hazard_reach(Opcode.ALU, AluOp.SHR) + 1))
     out = g.out(40)
     p = g.p
     p.load("acc", 0, acc_addr, 2, 5, stride=5, pad=(0, 1, 1, 0))  # rows 0..17
