@@ -42,8 +42,10 @@ def _burst_len(addr: Signal, remaining: Signal, bus_bytes: int, max_burst: int) 
 class BurstReader(wiring.Component):
     """Reads (bus-aligned byte address, beat count) requests as AXI bursts into a beat stream.
 
-    ``abort`` stops issuing and drops every beat still due, so a halted unit leaves the bus clean; ``idle``
-    is high when no request is in progress and no beat is outstanding or buffered.
+    A request is taken into a register (the next may be taken while the one before still issues) and starts
+    a cycle later at the earliest, its first burst the cycle after. ``abort`` stops issuing and drops every
+    request taken and every beat still due, so a halted unit leaves the bus clean; ``idle`` is high when no
+    request is waiting or in progress and no beat is outstanding or buffered.
     """
 
     def __init__(self, *, bus_bytes: int, count_bits: int, depth: int = READER_BEATS,
@@ -90,15 +92,24 @@ class BurstReader(wiring.Component):
                          length.eq(_burst_len(next_addr, next_remaining, B, self.max_burst))]
             with m.If(remaining == length):
                 m.d.sync += active.eq(0)
-        with m.If(self.abort):
-            m.d.sync += active.eq(0)
-        m.d.comb += self.cmd.ready.eq(~active & ~self.abort)
+        # The command, registered as it is taken and started from that register once the request before it
+        # has issued its last burst: the first burst's length is worked out from registers, not from the
+        # client's address arithmetic (Load2D's row address into the 4 KiB compares was tiny's longest path).
+        # A client hands its next request over while the one before is still issuing.
+        pending = Signal()
+        pending_addr = Signal.like(self.cmd.payload.addr)
+        pending_beats = Signal.like(self.cmd.payload.beats)
+        m.d.comb += self.cmd.ready.eq(~pending & ~self.abort)
         with m.If(self.cmd.valid & self.cmd.ready):
+            m.d.sync += [pending.eq(1), pending_addr.eq(self.cmd.payload.addr),
+                         pending_beats.eq(self.cmd.payload.beats)]
+        with m.If(pending & ~active):
             m.d.sync += [
-                addr.eq(self.cmd.payload.addr), remaining.eq(self.cmd.payload.beats),
-                active.eq(self.cmd.payload.beats != 0),
-                length.eq(_burst_len(self.cmd.payload.addr, self.cmd.payload.beats, B, self.max_burst)),
+                pending.eq(0), addr.eq(pending_addr), remaining.eq(pending_beats), active.eq(pending_beats != 0),
+                length.eq(_burst_len(pending_addr, pending_beats, B, self.max_burst)),
             ]
+        with m.If(self.abort):
+            m.d.sync += [active.eq(0), pending.eq(0)]
 
         r = self.bus.r
         m.d.comb += [buf.w_data.eq(r.payload.data), buf.w_en.eq(r.valid), r.ready.eq(buf.w_rdy)]
@@ -108,7 +119,7 @@ class BurstReader(wiring.Component):
             self.beats.payload.eq(buf.r_data),
             self.beats.valid.eq(buf.r_rdy & ~self.abort),
             buf.r_en.eq(self.beats.ready | self.abort),
-            self.idle.eq(~active & (reserved == 0)),
+            self.idle.eq(~active & ~pending & (reserved == 0)),
         ]
         return m
 
@@ -435,7 +446,8 @@ class Store2D(wiring.Component):
 
     Reads ``y_size * x_size`` consecutive SRAM rows from ``sram_base``; DRAM row y starts at element
     ``dram_base + y * x_stride``. Rows are written in order, one burst sequence per row, so overlapping
-    rows end as the later one wrote them. ``busy`` drops when every B response is back.
+    rows end as the later one wrote them. ``busy`` drops when every B response is back. The caller resolves
+    x_size == 0 (a no-op) itself.
     """
 
     ROW_QUEUE = 4
@@ -460,19 +472,24 @@ class Store2D(wiring.Component):
         B, E = self.bus_bytes, self.elem_bytes
         axi = self.axi
         f = Signal(self.cmd_layout)
-        total = Signal(2 * len(f.y_size))
-        m.d.comb += total.eq(f.y_size * f.x_size)
 
-        # SRAM -> row queue, one read per cycle while the queue has room for what is in flight.
+        # SRAM -> row queue, one read per cycle while the queue has room for what is in flight. The reads are
+        # counted by row and column (the caller sends x_size >= 1), not against y_size * x_size: that product
+        # into the read enable was tiny's longest path after place and route.
         m.submodules.rows = rows = fifo.SyncFIFO(width=E * 8, depth=self.ROW_QUEUE)
-        rd_pos = Signal.like(total)
+        rd_pos = Signal.like(f.sram_base)
+        rd_x, x_last = Signal.like(f.x_size), Signal.like(f.x_size)
+        rd_y = Signal.like(f.y_size)
+        reading = rd_y != f.y_size
         pending = Signal()
-        can_read = self.busy & (rd_pos != total) & (rows.level + pending < self.ROW_QUEUE)
+        can_read = self.busy & reading & (rows.level + pending < self.ROW_QUEUE)
         m.d.comb += [self.rd_addr.eq(f.sram_base + rd_pos), self.rd_en.eq(can_read),
                      rows.w_data.eq(self.rd_data), rows.w_en.eq(pending)]
         m.d.sync += pending.eq(can_read)
         with m.If(can_read):
-            m.d.sync += rd_pos.eq(rd_pos + 1)
+            m.d.sync += [rd_pos.eq(rd_pos + 1), rd_x.eq(Mux(rd_x == x_last, 0, rd_x + 1))]
+            with m.If(rd_x == x_last):
+                m.d.sync += rd_y.eq(rd_y + 1)
 
         m.submodules.packer = packer = RowPacker(bus_bytes=B, elem_bytes=E, count_bits=self.count_bits)
         m.d.comb += [packer.elems.payload.eq(rows.r_data), packer.elems.valid.eq(rows.r_rdy),
@@ -527,11 +544,12 @@ class Store2D(wiring.Component):
             m.d.sync += self.error.eq(1)
 
         all_issued = ~in_burst & (seg_y == f.y_size)
-        drained = ~len_q.r_rdy & (outstanding == 0) & ~rows.r_rdy & ~pending & (rd_pos == total)
+        drained = ~len_q.r_rdy & (outstanding == 0) & ~rows.r_rdy & ~pending & ~reading
         with m.If(self.busy & all_issued & drained & ~start_seg):
             m.d.sync += self.busy.eq(0)
         m.d.comb += self.cmd.ready.eq(~self.busy)
         with m.If(self.cmd.valid & self.cmd.ready):
-            m.d.sync += [f.eq(self.cmd.payload), self.busy.eq(1), seg_y.eq(0), rd_pos.eq(0),
-                         row_addr.eq(self.cmd.payload.dram_base), in_burst.eq(0)]
+            m.d.sync += [f.eq(self.cmd.payload), self.busy.eq(1), seg_y.eq(0), rd_pos.eq(0), rd_x.eq(0), rd_y.eq(0),
+                         x_last.eq(self.cmd.payload.x_size - 1), row_addr.eq(self.cmd.payload.dram_base),
+                         in_burst.eq(0)]
         return m

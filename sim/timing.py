@@ -96,6 +96,9 @@ class Microarch:
     fifo_latency: int = 2
     #: hw.axi.ReadArbiter: the grant is registered, so the AR channel takes a request every 2 cycles.
     arbiter_gap: int = 2
+    #: hw.dma.BurstReader: cycles from a request taken (into its command register) to its first burst's
+    #: address, when no request is ahead of it.
+    reader_start: int = 2
     #: hw.compute, the GEMM pipe: loop generator, micro-op word (registered), row indices, the GEMM core's
     #: operands, products and adder tree (the accumulator's dst read beside it), accumulate (two), write back.
     gemm_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY + structure.ACCUMULATE_STAGES
@@ -363,7 +366,7 @@ class _Run:
         self.fetch_lane = (self.insn_addr - first) // INSN_BYTES
 
     def _fetch_reader(self) -> Generator:
-        t = 1.0  # START launches fetch in cycle 0; its reader requests the first burst in cycle 1
+        t = float(self.a.reader_start)  # START launches fetch in cycle 0: its reader takes the request then
         for j, length in enumerate(self.fetch_lens):
             need = self.fetch_ends[j] - self.a.reader_beats  # beats consumed before this burst fits
             if need > len(self.fetch_taken):
@@ -539,19 +542,23 @@ class _Run:
         elem_first = 0.0  # when the first beat of the element being assembled heads the buffer
         unpack: list[float] = []  # when the unpacker takes each row
         g_prev = -math.inf
+        started = -math.inf  # when the burst reader started the previous row's request
         row_end = -math.inf  # last write of the previous DRAM row
         for yy in range(y):
             start = (base + yy * stride) * E
             aligned = start & ~(B - 1)
             row_beats = -(-(start + x * E - aligned) // B)
             lane0 = (start - aligned) // E if lanes else 0
-            c = s + 2 if yy == 0 else g_prev + 1  # the row's request enters the burst reader
+            # The row's request enters the burst reader's command register (its lane the unpack queue) once the
+            # register is free; the reader starts it when the row before has issued its last burst.
+            c = s + 2 if yy == 0 else started + 1
             if yy >= a.unpack_queue:
                 c = max(c, unpack[yy - a.unpack_queue] + 1)
+            started = max(c + a.reader_start - 1, g_prev + 1)
             u = c + a.fifo_latency if yy == 0 else max(c + a.fifo_latency, row_end + (0 if lanes else 1))
             unpack.append(u)
             cursor += x0
-            req = c + 1
+            req = started + 1  # the reader's first burst
             beat0 = 0
             for n in _bursts(aligned, row_beats, B, a.max_burst):
                 over = granted + n - a.reader_beats  # beats that must be consumed before this request
