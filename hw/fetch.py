@@ -128,10 +128,16 @@ def check_word(m: Module, config: AcceleratorConfig, word: Value
     return checks, unit, op == Opcode.FINISH, operands
 
 
+def placed_checks(checks: list[tuple[Value, ErrorCode]], is_finish: Value, is_last: Value
+                  ) -> list[tuple[Value, ErrorCode]]:
+    """`checks` and then the FINISH placement checks, in the order they apply."""
+    return [*checks, (is_finish & ~is_last, ErrorCode.FINISH_NOT_LAST), (~is_finish & is_last, ErrorCode.NO_FINISH)]
+
+
 def error_code(m: Module, config: AcceleratorConfig, checks: list[tuple[Value, ErrorCode]], is_finish: Value,
                is_last: Value) -> Signal:
     """The first failing check of `checks` and then the FINISH placement checks, or 0."""
-    checks = [*checks, (is_finish & ~is_last, ErrorCode.FINISH_NOT_LAST), (~is_finish & is_last, ErrorCode.NO_FINISH)]
+    checks = placed_checks(checks, is_finish, is_last)
     code = Signal(register_widths(config)["error_code"], name="check_code")
     for cond, err in reversed(checks):  # the first failing check wins
         with m.If(cond):
@@ -168,8 +174,10 @@ class Fetch(wiring.Component):
         launch = Signal()
         index = Signal(count_bits)
         # The stream's last index, registered at launch: insn_count - 1 worked out in the cycle fed the error
-        # code, whose verdict gates every queue's valid (tiny's longest path).
+        # code, whose verdict gates every queue's valid (tiny's longest path). `is_last` (index == last_index)
+        # is kept in a register beside index for the same reason: the comparison was the next longest.
         last_index = Signal(count_bits)
+        is_last = Signal()
         m.d.sync += launch.eq(self.start)
         first = Cat(Const(0, exact_log2(B)), self.insn_addr[exact_log2(B):])
         # The stream's beats: from the first beat's start to the stream's end, the address's offset in its beat
@@ -185,7 +193,8 @@ class Fetch(wiring.Component):
             with m.Elif(self.insn_count == 0):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.NO_FINISH), self.error_index.eq(0)]
             with m.Else():
-                m.d.sync += [running.eq(1), index.eq(0), last_index.eq(self.insn_count - 1)]
+                m.d.sync += [running.eq(1), index.eq(0), last_index.eq(self.insn_count - 1),
+                             is_last.eq(self.insn_count == 1)]
                 m.d.comb += [
                     reader.cmd.valid.eq(1), reader.cmd.payload.addr.eq(first),
                     reader.cmd.payload.beats.eq(beats),
@@ -195,7 +204,6 @@ class Fetch(wiring.Component):
                     m.d.comb += unpack.cmd.payload.lane.eq(self.insn_addr[exact_log2(INSN_BYTES):exact_log2(B)])
 
         word = unpack.elems.payload
-        is_last = index == last_index
         if B < INSN_BYTES:
             # The word is assembled in the unpacker from several beats: decode it as its last beat lands (from
             # the reader's buffer). The next cycle the whole word moves into the dispatch register, freeing
@@ -227,13 +235,15 @@ class Fetch(wiring.Component):
             checks, unit, is_finish, _ = check_word(m, c, word)
             present = unpack.elems.valid
         code = error_code(m, c, checks, is_finish, is_last)
+        # Whether any check fails, as one OR beside the priority encoder: the dispatch gate (every queue's
+        # valid) needs the verdict, not which check it was.
+        passed = ~reduce(operator.or_, [cond for cond, _ in placed_checks(checks, is_finish, is_last)])
         live = running & ~self.halt & ~self.error & present
         target_ready = Cat(*[q.ready for q in self.queues]).bit_select(unit, 1)
-        go = live & (code == 0) & target_ready
+        go = live & passed & target_ready
         for u, q in enumerate(self.queues):
-            m.d.comb += [q.payload.insn.eq(word), q.payload.index.eq(index), q.valid.eq(live & (code == 0)
-                                                                                     & (unit == u))]
-        m.d.comb += [self.dispatch.eq(go), self.stall.eq(live & (code == 0) & ~target_ready)]
+            m.d.comb += [q.payload.insn.eq(word), q.payload.index.eq(index), q.valid.eq(live & passed & (unit == u))]
+        m.d.comb += [self.dispatch.eq(go), self.stall.eq(live & passed & ~target_ready)]
         if B < INSN_BYTES:
             with m.If(go):
                 m.d.sync += full.eq(0)
@@ -242,18 +252,23 @@ class Fetch(wiring.Component):
         else:
             m.d.comb += unpack.elems.ready.eq(go)
         with m.If(go):
-            m.d.sync += index.eq(index + 1)
+            m.d.sync += [index.eq(index + 1), is_last.eq(index + 1 == last_index)]
             with m.If(is_finish):
                 m.d.sync += running.eq(0)
-        with m.If(live & (code != 0)):
+        with m.If(live & ~passed):
             # FINISH_NOT_LAST names the instruction after the FINISH, as the functional simulator does.
             m.d.sync += [self.error.eq(1), self.error_code.eq(code), running.eq(0),
                          self.error_index.eq(Mux(code == ErrorCode.FINISH_NOT_LAST, index + 1, index))]
         with m.If(reader.error & ~self.error):
             m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index)]
         stop = ~running & ~launch & ~self.start
+        # The reader is aborted from a register: start's path through its issue check into the read arbiter's
+        # grant was among tiny's longest. A cycle late is harmless: START's cycle issues nothing, and once
+        # running falls every burst is out (FINISH is the stream's last word) unless an error stopped it.
+        stopped = Signal()
+        m.d.sync += stopped.eq(stop)
         m.d.comb += [
-            reader.abort.eq(stop | self.halt),
+            reader.abort.eq(stopped | self.halt),
             self.idle.eq(stop & reader.idle),
             self.all_dispatched.eq(~running),
         ]
