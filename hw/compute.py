@@ -349,40 +349,55 @@ class ComputeUnit(UnitBase):
         }
         uop_bgn, uop_end = d.loop_field("uop_bgn"), d.loop_field("uop_end")
         iter_out, iter_in = d.loop_field("iter_out"), d.loop_field("iter_in")
+        # Whether k, j and i stand at their last values, kept in registers beside them and worked out a cycle
+        # ahead from limits registered at launch (k + 1 == uop_end - 1 is k == uop_end - 2): the comparisons
+        # with the instruction's fields and their carries were tiny's longest paths into the counters.
+        # (Fetch's UOP_RANGE check makes uop_bgn < uop_end; iter_out and iter_in are not 0 while gen is 1.)
+        ends = {name: Signal(name=f"{name}_end") for name in "kji"}
+        singles = {name: Signal(name=f"{name}_single") for name in "kj"}
+        stops = {"k": Signal.like(k, name="k_stop"), "j": Signal.like(j, name="j_stop"),
+                 "i": Signal.like(i, name="i_stop")}
+        # Without src loop factors each micro-op reads the same src row in every execution: with at most
+        # SRC_ROWS micro-ops the first sweep reads them into registers and the rest issue back to back.
+        kept = Signal()
+        first_sweep = Signal()  # i == j == 0
+        k_rel = Signal(range(SRC_ROWS))  # k - uop_bgn, while it is below SRC_ROWS
         with m.If(busy & d.looped & ~launched):
             m.d.sync += [launched.eq(1), gen.eq((iter_out != 0) & (iter_in != 0)), k.eq(uop_bgn),
-                         i.eq(0), j.eq(0), aborted.eq(0), last.eq(0)]
+                         i.eq(0), j.eq(0), aborted.eq(0), last.eq(0),
+                         ends["k"].eq(uop_bgn + 1 == uop_end), singles["k"].eq(uop_bgn + 1 == uop_end),
+                         ends["j"].eq(iter_in == 1), singles["j"].eq(iter_in == 1), ends["i"].eq(iter_out == 1),
+                         stops["k"].eq(uop_end - 2), stops["j"].eq(iter_in - 2), stops["i"].eq(iter_out - 2),
+                         kept.eq(holds_src_rows(*factors["src"], uop_end - uop_bgn)), first_sweep.eq(1),
+                         k_rel.eq(0)]
             for out_off, in_off in offs.values():
                 m.d.sync += [out_off.eq(0), in_off.eq(0)]
         with m.If(start):
             m.d.sync += launched.eq(0)
         m.d.comb += bufs.uop_r.addr.eq(k)
-        # Without src loop factors each micro-op reads the same src row in every execution: with at most
-        # SRC_ROWS micro-ops the first sweep reads them into registers and the rest issue back to back.
-        kept = holds_src_rows(*factors["src"], uop_end - uop_bgn)
-        reads = d.alu_src & ~(kept & ((i != 0) | (j != 0)))
+        reads = d.alu_src & ~(kept & ~first_sweep)
         slot = Signal(range(SRC_ROWS))  # the register of the execution's src row
-        m.d.comb += slot.eq(Mux(kept, k - uop_bgn, 0))
+        m.d.comb += slot.eq(Mux(kept, k_rel, 0))
         assert ALU_SRC_INTERVAL == 2  # a read of acc[src] waits one cycle after any issue
         issue = gen & ~aborted & ~(reads & last)
         m.d.sync += last.eq(issue)
         with m.If(issue):
-            with m.If(k == uop_end - 1):
-                m.d.sync += k.eq(uop_bgn)
-                with m.If(j == iter_in - 1):
-                    m.d.sync += j.eq(0)
+            with m.If(ends["k"]):
+                m.d.sync += [k.eq(uop_bgn), ends["k"].eq(singles["k"]), k_rel.eq(0), first_sweep.eq(0)]
+                with m.If(ends["j"]):
+                    m.d.sync += [j.eq(0), ends["j"].eq(singles["j"])]
                     for name, (out_off, in_off) in offs.items():
                         m.d.sync += [in_off.eq(0), out_off.eq(out_off + factors[name][0])]
-                    with m.If(i == iter_out - 1):
+                    with m.If(ends["i"]):
                         m.d.sync += gen.eq(0)
                     with m.Else():
-                        m.d.sync += i.eq(i + 1)
+                        m.d.sync += [i.eq(i + 1), ends["i"].eq(i == stops["i"])]
                 with m.Else():
-                    m.d.sync += j.eq(j + 1)
+                    m.d.sync += [j.eq(j + 1), ends["j"].eq(j == stops["j"])]
                     for name, (_, in_off) in offs.items():
                         m.d.sync += in_off.eq(in_off + factors[name][1])
             with m.Else():
-                m.d.sync += k.eq(k + 1)
+                m.d.sync += [k.eq(k + 1), ends["k"].eq(k == stops["k"]), k_rel.eq(k_rel + 1)]
         with m.If(aborted):
             m.d.sync += gen.eq(0)
         return _Loop(launched, gen, aborted, issue, reads, slot, offs, off_bits)
@@ -509,10 +524,13 @@ class ComputeUnit(UnitBase):
                          valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(row_y)]
             return new_f
 
-        # inp[src], read in C like the GEMM's rows, travels to X for an ALU execution that takes it.
-        inp_d, inp_e, inp_x = (Signal(c.inp_row_bits, name=f"inp_{s}") for s in "dex")
-        m.d.sync += [inp_d.eq(self.inp_data), inp_e.eq(inp_d), inp_x.eq(inp_e)]
-        inp_lanes = elements(inp_x, c.inp_width)
+        # inp[src], read in C like the GEMM's rows, travels to E for an ALU execution that takes it. In E each
+        # lane's operand other than acc[src] (the immediate or its inp lane) is chosen and registered, so X
+        # picks between that and the forwarded acc[src] only: the chain of operand multiplexers ahead of the
+        # ALU's compare was tiny's longest path.
+        inp_d, inp_e = (Signal(c.inp_row_bits, name=f"inp_{s}") for s in "de")
+        m.d.sync += [inp_d.eq(self.inp_data), inp_e.eq(inp_d)]
+        inp_lanes = elements(inp_e, c.inp_width)
         # Two executions ahead, in Z, is a result of every op but SHR, MUL and RQ (spec "hazard" keeps those
         # from it): X takes it from Z's register, as it takes F's from three ahead.
         row_z = Signal(c.acc_row_bits)  # the ALU's row but for SHR's right shift, MUL and RQ
@@ -527,10 +545,13 @@ class ComputeUnit(UnitBase):
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z
         alu_rows = []
+        takes_src = ~alu_f.use_imm & ~alu_f.src_inp
         for n in range(lanes):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
-            rhs = Mux(alu_f.use_imm, imm, Mux(alu_f.src_inp, inp_lanes[row * c.block_in + lane % c.block_in],
-                                              src_row[n]))
+            other_e = Mux(alu_f.use_imm, imm, inp_lanes[row * c.block_in + lane % c.block_in])
+            other_x = Signal(other_e.shape(), name=f"other_{n}")
+            m.d.sync += other_x.eq(other_e)
+            rhs = Mux(takes_src, src_row[n], other_x)
             other, parts = alu_lane_first(m, alu_f.alu_op, old[n], rhs, w)
             alu_rows.append(other)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])

@@ -230,9 +230,11 @@ def _alu_lane_but_mul(m: Module, op: Value, a: Value, b: Value, width: int) -> V
     # ~amount's low bits, so no negation's carry chain lies ahead of the shifter. amount >= 0: a itself,
     # which the last stage shifts right.
     left = shift_left(m, (a.as_unsigned() << 1)[:width], (~amount)[:bits - 1])
+    # MIN and MAX share one compare: MIN takes a where a < b, MAX takes b there (and a where they are equal).
+    min_max = Mux((a < b) ^ (op == AluOp.MAX), a, b)[:width]
     with_op = {
-        AluOp.MIN: Mux(a < b, a, b)[:width],
-        AluOp.MAX: Mux(a > b, a, b)[:width],
+        AluOp.MIN: min_max,
+        AluOp.MAX: min_max,
         AluOp.ADD: (a + b)[:width],
         AluOp.SHR: Mux(amount[bits - 1], left, a[:width]),
         AluOp.MOV: b[:width],
