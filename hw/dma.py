@@ -160,17 +160,20 @@ class RowUnpacker(_RowConverter):
         remaining = Signal.like(self.cmd.payload.count)
         cmd, beats, elems = self.cmd, self.beats, self.elems
         load = cmd.valid & cmd.ready
+        # Whether one element is left (or none, below), kept in a register beside the count: the count's
+        # compare ahead of the beats' ready lay on the paths back into the burst reader's buffer.
         if E <= B:
             k = B // E
-            last = remaining == 1
+            last = Signal()
             take = elems.valid & elems.ready
             m.d.comb += [elems.valid.eq(active & beats.valid), cmd.ready.eq(~active | (take & last))]
             with m.If(take):
-                m.d.sync += remaining.eq(remaining - 1)
+                m.d.sync += [remaining.eq(remaining - 1), last.eq(remaining == 2)]
                 with m.If(last):
                     m.d.sync += active.eq(0)
             with m.If(load):
-                m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count)]
+                m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count),
+                             last.eq(cmd.payload.count == 1)]
             if k == 1:
                 m.d.comb += [elems.payload.eq(beats.payload), beats.ready.eq(take)]
             else:
@@ -186,11 +189,12 @@ class RowUnpacker(_RowConverter):
             buf = Signal(E * 8)
             n = Signal(range(beats_per))
             full = Signal()
+            none_left = Signal()  # remaining == 0
             out = full & elems.ready
-            accept = active & (remaining != 0) & (~full | elems.ready)
+            accept = active & ~none_left & (~full | elems.ready)
             m.d.comb += [
                 elems.valid.eq(full), elems.payload.eq(buf), beats.ready.eq(accept),
-                cmd.ready.eq(~active | ((remaining == 0) & ~full)),
+                cmd.ready.eq(~active | (none_left & ~full)),
             ]
             with m.If(out):
                 m.d.sync += full.eq(0)
@@ -198,11 +202,12 @@ class RowUnpacker(_RowConverter):
             with m.If(self.stage):
                 m.d.sync += [buf.eq(self.staged), n.eq(n + 1)]
                 with m.If(n == beats_per - 1):
-                    m.d.sync += [full.eq(1), n.eq(0), remaining.eq(remaining - 1)]
-            with m.If(active & (remaining == 0) & ~full):
+                    m.d.sync += [full.eq(1), n.eq(0), remaining.eq(remaining - 1), none_left.eq(remaining == 1)]
+            with m.If(active & none_left & ~full):
                 m.d.sync += active.eq(0)
             with m.If(load):
-                m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count)]
+                m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count),
+                             none_left.eq(cmd.payload.count == 0)]
         return m
 
 
@@ -289,7 +294,6 @@ class Load2D(wiring.Component):
         # The tile's bounds, summed as the command is taken: the write walk's compares see registers only.
         height = Signal(len(f.y_size) + 5)
         width = Signal(len(f.x_size) + 5)
-        y_end, x_end = Signal.like(height), Signal.like(width)  # one past the last row, column of data
         empty = Signal()  # a tile of no rows or no columns
 
         # Issue: one read per DRAM row.
@@ -326,14 +330,26 @@ class Load2D(wiring.Component):
 
         # Write: walk the padded tile in row order. Whether the position holds data (not padding) is registered
         # with it, worked out for the next position ahead of the step: it gates the unpackers' ready, whose
-        # chain back into the burst reader's buffer was the design's longest path.
+        # chain back into the burst reader's buffer was the design's longest path. It is kept as two flags,
+        # the row's and the column's, which flip where the walk's next position meets a bound: equality with
+        # the bounds less one, registered as the command is taken, where the position's magnitude compares
+        # with the bounds and their carries were among tiny's longest paths. (A bound of 0 less one is all
+        # ones, which no position reaches: a side of n-bit size and 4-bit pads spans at most 2**n + 29
+        # positions, counted in n + 5 bits.)
         yy = Signal.like(height)
         xx = Signal.like(width)
         pos = Signal.like(f.sram_base)
         inside = Signal()
-        row_end = xx == width - 1
+        in_y, in_x = Signal(), Signal()
+        last_y, last_x = Signal.like(height), Signal.like(width)  # height - 1, width - 1
+        y_first, y_last = Signal.like(height), Signal.like(height)  # a data row's bounds, less one
+        x_first, x_last = Signal.like(width), Signal.like(width)
+        x_starts = Signal()  # a row starts with data: no padding before its columns
+        y_data = Signal()  # y_size != 0 (x_size is not 0: see the class)
+        row_end = xx == last_x
         next_x, next_y = Mux(row_end, 0, xx + 1), Mux(row_end, yy + 1, yy)
-        inside_next = (next_y >= f.y_pad_0) & (next_y < y_end) & (next_x >= f.x_pad_0) & (next_x < x_end)
+        in_x_next = Mux(row_end, x_starts, (in_x & (xx != x_last)) | (xx == x_first))
+        in_y_next = Mux(row_end, (in_y & (yy != y_last)) | ((yy == y_first) & y_data), in_y)
         elem_valid = Signal()
         elem_data = Signal(self.data_bits)
         for t, unp in enumerate(unpackers):
@@ -351,8 +367,9 @@ class Load2D(wiring.Component):
             self.write.data.eq(Mux(inside, elem_data, 0)),
         ]
         with m.If(step):
-            m.d.sync += [pos.eq(pos + 1), xx.eq(next_x), yy.eq(next_y), inside.eq(inside_next)]
-        finished = empty | ((yy == height - 1) & row_end & step)
+            m.d.sync += [pos.eq(pos + 1), xx.eq(next_x), yy.eq(next_y), in_x.eq(in_x_next), in_y.eq(in_y_next),
+                         inside.eq(in_x_next & in_y_next)]
+        finished = empty | ((yy == last_y) & row_end & step)
         with m.If(self.busy & finished & (~issuing | empty)):
             m.d.sync += self.busy.eq(0)
 
@@ -362,10 +379,15 @@ class Load2D(wiring.Component):
             rows, cols = p.y_pad_0 + p.y_size + p.y_pad_1, p.x_pad_0 + p.x_size + p.x_pad_1
             m.d.sync += [
                 f.eq(p), self.busy.eq(1), issue_y.eq(0), row_addr.eq(p.dram_base), yy.eq(0), xx.eq(0), pos.eq(0),
-                height.eq(rows), width.eq(cols), y_end.eq(p.y_pad_0 + p.y_size), x_end.eq(p.x_pad_0 + p.x_size),
+                height.eq(rows), width.eq(cols),
                 empty.eq((rows == 0) | (cols == 0)),
                 # position (0, 0) holds data when there is no padding before it on either axis
                 inside.eq((p.y_pad_0 == 0) & (p.y_size != 0) & (p.x_pad_0 == 0) & (p.x_size != 0)),
+                in_y.eq((p.y_pad_0 == 0) & (p.y_size != 0)), in_x.eq((p.x_pad_0 == 0) & (p.x_size != 0)),
+                x_starts.eq((p.x_pad_0 == 0) & (p.x_size != 0)), y_data.eq(p.y_size != 0),
+                last_y.eq(rows - 1), last_x.eq(cols - 1),
+                y_first.eq(p.y_pad_0 - 1), y_last.eq(p.y_pad_0 + p.y_size - 1),
+                x_first.eq(p.x_pad_0 - 1), x_last.eq(p.x_pad_0 + p.x_size - 1),
             ]
         return m
 
@@ -390,7 +412,7 @@ class RowPacker(_RowConverter):
             lane = Signal(range(k))
             acc_data = Signal(B * 8)
             acc_strb = Signal(B)
-            last = remaining == 1
+            last = Signal()  # remaining == 1, in a register: its compare fed the W channel's valid and ready
             emit = (lane == k - 1) | last
             word = Signal(B * 8)
             strb = Signal(B)
@@ -405,7 +427,7 @@ class RowPacker(_RowConverter):
             take = elems.valid & elems.ready
             m.d.comb += cmd.ready.eq(~active | (take & last))
             with m.If(take):
-                m.d.sync += [remaining.eq(remaining - 1), lane.eq(lane + 1)]
+                m.d.sync += [remaining.eq(remaining - 1), last.eq(remaining == 2), lane.eq(lane + 1)]
                 with m.If(emit):
                     m.d.sync += [acc_data.eq(0), acc_strb.eq(0)]
                 with m.Else():
@@ -414,7 +436,7 @@ class RowPacker(_RowConverter):
                     m.d.sync += active.eq(0)
             with m.If(cmd.valid & cmd.ready):
                 m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count),
-                             lane.eq(cmd.payload.lane)]
+                             last.eq(cmd.payload.count == 1), lane.eq(cmd.payload.lane)]
         elif E == B:
             m.d.comb += [
                 cmd.ready.eq(1),  # whole beats: the burst lengths alone frame the data
