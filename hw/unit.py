@@ -48,11 +48,14 @@ class TokenQueue(wiring.Component):
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
-        m.d.comb += [self.has_token.eq(self.level != 0), self.has_room.eq(self.level != self.depth)]
+        # level != 0 and level != depth, kept in registers beside the level: a unit's decision to start
+        # (these flags, through its command queue's pop into the queue's level) was among tiny's longest paths.
+        has_token, has_room = Signal(), Signal(init=1)
+        m.d.comb += [self.has_token.eq(has_token), self.has_room.eq(has_room)]
         with m.If(self.push & ~self.pop):
-            m.d.sync += self.level.eq(self.level + 1)
+            m.d.sync += [self.level.eq(self.level + 1), has_token.eq(1), has_room.eq(self.level != self.depth - 1)]
         with m.Elif(self.pop & ~self.push):
-            m.d.sync += self.level.eq(self.level - 1)
+            m.d.sync += [self.level.eq(self.level - 1), has_token.eq(self.level != 1), has_room.eq(1)]
         return m
 
 
