@@ -502,7 +502,10 @@ class ComputeUnit(UnitBase):
         # row does not change between E and X (its next read waits until X is past).
         # The stage before F: Y in the GEMM pipe, Z in the ALU's. What it holds in E's cycle, F writes in X's.
         before_f = "z" if not gemm else "y"
-        operand_at = select(held_at, slots["e"])
+        # The slot's row number as E has it, registered in D (D's read, if any, is the slot's latest): selected
+        # in E it lay ahead of the compares below on one of tiny's longest paths.
+        operand_at = Signal.like(src_c, name="operand_at")
+        m.d.sync += operand_at.eq(Mux(reads_d, src_d, select(held_at, slots["d"])))
         operand, operand_from_f = Signal(c.acc_row_bits), Signal()
         m.d.sync += [operand.eq(Mux(valid["f"] & (dst["f"] == operand_at), new_f, select(held, slots["e"]))),
                      operand_from_f.eq(valid[before_f] & (dst[before_f] == operand_at))]

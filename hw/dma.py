@@ -296,10 +296,14 @@ class Load2D(wiring.Component):
         width = Signal(len(f.x_size) + 5)
         empty = Signal()  # a tile of no rows or no columns
 
-        # Issue: one read per DRAM row.
+        # Issue: one read per DRAM row. Whether rows are left to issue, and which target the command names, are
+        # kept in registers (issue_y != y_size; target == t): their compares fed the reader's command and the
+        # unpackers' queues, among tiny's longest paths.
         issue_y = Signal.like(f.y_size)
+        issue_last = Signal.like(f.y_size)  # y_size - 1
         row_addr = Signal.like(f.dram_base)
-        issuing = issue_y != f.y_size
+        issuing = Signal()
+        to = Signal(len(self.targets))  # one-hot: the command's target
         unpackers, queues, ready = [], [], []
         for t, elem_bytes in enumerate(self.targets):
             unp = RowUnpacker(bus_bytes=B, elem_bytes=elem_bytes, count_bits=self.count_bits)
@@ -308,25 +312,25 @@ class Load2D(wiring.Component):
             m.submodules[f"unpack_queue{t}"] = q
             m.d.comb += [unp.cmd.payload.eq(q.r_data), unp.cmd.valid.eq(q.r_rdy), q.r_en.eq(unp.cmd.ready)]
             aligned, beats, lane = _segment(m, row_addr, f.x_size, elem_bytes, B)
-            select = self.busy & issuing & (f.target == t)
+            select = self.busy & issuing & to[t]
             go = select & reader.cmd.ready & q.w_rdy
             m.d.comb += [
                 q.w_data.eq(Cat(lane, f.x_size)), q.w_en.eq(go),
                 unp.beats.payload.eq(reader.beats.payload),
-                unp.beats.valid.eq(reader.beats.valid & (f.target == t)),
+                unp.beats.valid.eq(reader.beats.valid & to[t]),
             ]
             with m.If(select):
                 m.d.comb += [
                     reader.cmd.payload.addr.eq(aligned), reader.cmd.payload.beats.eq(beats),
                     reader.cmd.valid.eq(q.w_rdy),
                 ]
-            with m.If(f.target == t):
+            with m.If(to[t]):
                 m.d.comb += reader.beats.ready.eq(unp.beats.ready)
             unpackers.append(unp)
             queues.append(q)
             ready.append(go)
         with m.If(Cat(*ready).any()):
-            m.d.sync += [issue_y.eq(issue_y + 1), row_addr.eq(row_addr + f.x_stride)]
+            m.d.sync += [issue_y.eq(issue_y + 1), row_addr.eq(row_addr + f.x_stride), issuing.eq(issue_y != issue_last)]
 
         # Write: walk the padded tile in row order. Whether the position holds data (not padding) is registered
         # with it, worked out for the next position ahead of the step: it gates the unpackers' ready, whose
@@ -353,7 +357,7 @@ class Load2D(wiring.Component):
         elem_valid = Signal()
         elem_data = Signal(self.data_bits)
         for t, unp in enumerate(unpackers):
-            with m.If(f.target == t):
+            with m.If(to[t]):
                 m.d.comb += [elem_valid.eq(unp.elems.valid), elem_data.eq(unp.elems.payload),
                              unp.elems.ready.eq(self.busy & inside)]
         writing = self.busy & ~empty & (yy != height)
@@ -379,6 +383,8 @@ class Load2D(wiring.Component):
             rows, cols = p.y_pad_0 + p.y_size + p.y_pad_1, p.x_pad_0 + p.x_size + p.x_pad_1
             m.d.sync += [
                 f.eq(p), self.busy.eq(1), issue_y.eq(0), row_addr.eq(p.dram_base), yy.eq(0), xx.eq(0), pos.eq(0),
+                issuing.eq(p.y_size != 0), issue_last.eq(p.y_size - 1),
+                to.eq(Cat(*[p.target == t for t in range(len(self.targets))])),
                 height.eq(rows), width.eq(cols),
                 empty.eq((rows == 0) | (cols == 0)),
                 # position (0, 0) holds data when there is no padding before it on either axis
