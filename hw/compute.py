@@ -548,7 +548,10 @@ class ComputeUnit(UnitBase):
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z
         alu_rows = []
-        takes_src = ~alu_f.use_imm & ~alu_f.src_inp
+        # Registered: it selects every lane's operand, and the instruction's fields are there cycles before its
+        # first execution reaches X.
+        takes_src = Signal()
+        m.d.sync += takes_src.eq(~alu_f.use_imm & ~alu_f.src_inp)
         for n in range(lanes):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
             other_e = Mux(alu_f.use_imm, imm, inp_lanes[row * c.block_in + lane % c.block_in])

@@ -46,6 +46,9 @@ class BurstReader(wiring.Component):
     a cycle later at the earliest, its first burst the cycle after. ``abort`` stops issuing and drops every
     request taken and every beat still due, so a halted unit leaves the bus clean; ``idle`` is high when no
     request is waiting or in progress and no beat is outstanding or buffered.
+
+    ``bus.ar.ready`` must stay low in the cycle after a burst is taken, as :class:`weft.hw.axi.ReadArbiter`
+    keeps it (it registers each grant): the reader's buffer room check is a cycle behind an issue.
     """
 
     def __init__(self, *, bus_bytes: int, count_bits: int, depth: int = READER_BEATS,
@@ -77,14 +80,26 @@ class BurstReader(wiring.Component):
         # from the address and beats left after it, so it does not lie ahead of the arbiter's grant.
         length = Signal(range(self.max_burst + 1))
 
+        pending = Signal()
+        pending_addr = Signal.like(self.cmd.payload.addr)
+        pending_beats = Signal.like(self.cmd.payload.beats)
+        starting = pending & ~active
+        first_length = _burst_len(pending_addr, pending_beats, B, self.max_burst)
+
         ar = self.bus.ar
+        issued = ar.valid & ar.ready
+        taken = buf.r_rdy & buf.r_en
+        # Whether the next burst fits the buffer (reserved + length <= depth), registered: the sum and compare
+        # lay ahead of the arbiter's grant on tiny's longest path. It is worked out for the state after a
+        # cycle without an issue; after an issue the arbiter holds its grant for a cycle, when the flag is
+        # not looked at, and it is exact again the cycle after.
+        fits = Signal()
+        m.d.sync += fits.eq(reserved - taken + Mux(starting, first_length, length) <= self.depth)
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
-            ar.valid.eq(active & ~self.abort & (reserved + length <= self.depth)),
+            ar.valid.eq(active & ~self.abort & fits),
         ]
-        issued = ar.valid & ar.ready
-        taken = buf.r_rdy & buf.r_en
         m.d.sync += reserved.eq(reserved + Mux(issued, length, 0) - taken)
         next_addr, next_remaining = addr + (length << exact_log2(B)), remaining - length
         with m.If(issued):
@@ -96,18 +111,13 @@ class BurstReader(wiring.Component):
         # has issued its last burst: the first burst's length is worked out from registers, not from the
         # client's address arithmetic (Load2D's row address into the 4 KiB compares was tiny's longest path).
         # A client hands its next request over while the one before is still issuing.
-        pending = Signal()
-        pending_addr = Signal.like(self.cmd.payload.addr)
-        pending_beats = Signal.like(self.cmd.payload.beats)
         m.d.comb += self.cmd.ready.eq(~pending & ~self.abort)
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += [pending.eq(1), pending_addr.eq(self.cmd.payload.addr),
                          pending_beats.eq(self.cmd.payload.beats)]
-        with m.If(pending & ~active):
-            m.d.sync += [
-                pending.eq(0), addr.eq(pending_addr), remaining.eq(pending_beats), active.eq(pending_beats != 0),
-                length.eq(_burst_len(pending_addr, pending_beats, B, self.max_burst)),
-            ]
+        with m.If(starting):
+            m.d.sync += [pending.eq(0), addr.eq(pending_addr), remaining.eq(pending_beats),
+                         active.eq(pending_beats != 0), length.eq(first_length)]
         with m.If(self.abort):
             m.d.sync += [active.eq(0), pending.eq(0)]
 
@@ -551,9 +561,12 @@ class Store2D(wiring.Component):
         aw_done = axi.awvalid & axi.awready
         b_done = axi.bvalid & axi.bready
         m.d.sync += outstanding.eq(outstanding + aw_done - b_done)
+        # The row's last burst: what remains fits before the 4 KiB boundary and in one burst (remaining ==
+        # length without the length's multiplexers, which lay ahead of in_burst on one of tiny's longest paths).
+        last_burst = (remaining <= self.max_burst) & ((remaining << exact_log2(B)) + addr[:12] <= 4096)
         with m.If(aw_done):
             m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length)]
-            with m.If(remaining == length):
+            with m.If(last_burst):
                 m.d.sync += in_burst.eq(0)
 
         # W: packed beats, WLAST from the burst lengths.

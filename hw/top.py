@@ -184,7 +184,10 @@ class Core(wiring.Component):
         earliest = Const((1 << len(stuck_index)) - 1, len(stuck_index))
         for unit in units.values():
             earliest = Mux(unit.pending & (unit.head_index < earliest), unit.head_index, earliest)
-        m.d.comb += stuck_index.eq(earliest)
+        # Registered: its chain of compares lay ahead of the error registers on one of tiny's longest paths.
+        # A deadlock is declared after DEADLOCK_CYCLES cycles in which no unit starts and fetch dispatches
+        # nothing, so the heads, and the index, are a cycle old then and the same.
+        m.d.sync += stuck_index.eq(earliest)
         finish_early = Signal()
         sources = [
             (fetch.error, fetch.error_code, fetch.error_index),
