@@ -9,6 +9,9 @@ latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every c
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.hdl import Value
 from amaranth.lib import wiring
@@ -231,16 +234,16 @@ def _alu_lane_but_mul(m: Module, op: Value, a: Value, b: Value, width: int) -> V
     # which the last stage shifts right.
     left = shift_left(m, (a.as_unsigned() << 1)[:width], (~amount)[:bits - 1])
     # MIN and MAX share one compare: MIN takes a where a < b, MAX takes b there (and a where they are equal).
+    # Their result is chosen last, so only one multiplexer follows the compare's carry chain.
     min_max = Mux((a < b) ^ (op == AluOp.MAX), a, b)[:width]
     with_op = {
-        AluOp.MIN: min_max,
-        AluOp.MAX: min_max,
         AluOp.ADD: (a + b)[:width],
         AluOp.SHR: Mux(amount[bits - 1], left, a[:width]),
         AluOp.MOV: b[:width],
     }
+    rest = select([with_op.get(code, with_op[AluOp.ADD]) for code in range(1 << len(op))], op)
     # Every other code (MUL's and RQ's, which alu_lane_last replaces, and the unused one) gives MIN's result.
-    return select([with_op.get(code, with_op[AluOp.MIN]) for code in range(1 << len(op))], op)
+    return Mux(reduce(operator.or_, [op == code for code in with_op]), rest, min_max)
 
 
 class AluRow(wiring.Component):

@@ -181,13 +181,19 @@ class Core(wiring.Component):
         deadlock = Signal()
         # A deadlock names the earliest instruction a unit waits to start, as the functional simulator does.
         stuck_index = Signal.like(self.error_index)
-        earliest = Const((1 << len(stuck_index)) - 1, len(stuck_index))
-        for unit in units.values():
-            earliest = Mux(unit.pending & (unit.head_index < earliest), unit.head_index, earliest)
-        # Registered: its chain of compares lay ahead of the error registers on one of tiny's longest paths.
-        # A deadlock is declared after DEADLOCK_CYCLES cycles in which no unit starts and fetch dispatches
-        # nothing, so the heads, and the index, are a cycle old then and the same.
-        m.d.sync += stuck_index.eq(earliest)
+        # The earliest of the waiting heads, a register per step of a tree of compares: the chain of compares lay
+        # ahead of the error registers on one of tiny's longest paths. A deadlock is declared after
+        # DEADLOCK_CYCLES cycles in which no unit starts and fetch dispatches nothing, so the heads are the
+        # same the steps' few cycles before, and so is the index. (None waiting: all ones.)
+        none = Const((1 << len(stuck_index)) - 1, len(stuck_index))
+        level = [Mux(unit.pending, unit.head_index, none) for unit in units.values()]
+        while len(level) > 1:
+            pairs = [Mux(level[k + 1] < level[k], level[k + 1], level[k]) if k + 1 < len(level) else level[k]
+                     for k in range(0, len(level), 2)]
+            level = [Signal.like(stuck_index, name="stuck_step") for _ in pairs]
+            m.d.sync += [reg.eq(value) for reg, value in zip(level, pairs, strict=True)]
+        assert len(units) <= 4 < DEADLOCK_CYCLES  # two steps
+        m.d.comb += stuck_index.eq(level[0])
         finish_early = Signal()
         sources = [
             (fetch.error, fetch.error_code, fetch.error_index),
