@@ -265,8 +265,8 @@ class ComputeUnit(UnitBase):
         loop = self._loop_generator(m, d, start, busy, bufs)
         gemm = dma is not None
         valid = {s: Signal(name=f"{name}_valid_{s}") for s in ("ubcpdexyf" if gemm else "ubcdexyzf")}
-        dst, src_c, reads_c, slots, src_b, wgt_b = self._row_indices(m, d, index, bufs, loop, valid)
-        new_f = self._datapath(m, d, bufs, valid, dst, src_c, reads_c, slots, gemm=gemm)
+        dst, src_c, reads_b, reads_c, slots, src_b, wgt_b = self._row_indices(m, d, index, bufs, loop, valid)
+        new_f = self._datapath(m, d, bufs, valid, dst, src_b, src_c, reads_b, reads_c, slots, gemm=gemm)
         self._write_back(m, d, busy, dma, bufs, valid, dst, new_f)
         drained = ~Cat(*valid.values()).any()
         return d.looped & loop.launched & ~loop.gen & drained, src_b, wgt_b
@@ -305,10 +305,14 @@ class ComputeUnit(UnitBase):
             m.d.comb += [out.en.eq(g_out | (a.o_en & (upper(a.w_addr) == b))),
                          out.addr.eq(Mux(g_out, local(g.w_addr), local(a.w_addr))),
                          out.data.eq(Mux(g_out, g.o_data, a.o_data))]
+        # Each bank's read data registered as it leaves the RAM, with no logic before the register: a pipe
+        # sees its read's row two cycles after its address, from the bank it addressed.
+        read = [Signal(c.acc_row_bits, name=f"acc_read_{b}") for b in range(2)]
+        m.d.sync += [reg.eq(rp.data) for reg, (rp, _) in zip(read, banks, strict=True)]
         for pipe in (g, a):
-            sel = Signal(name=f"{pipe.r_addr.name}_bank")
-            m.d.sync += sel.eq(upper(pipe.r_addr))
-            m.d.comb += pipe.r_data.eq(Mux(sel, banks[1][0].data, banks[0][0].data))
+            sel, sel_1 = Signal(name=f"{pipe.r_addr.name}_bank"), Signal(name=f"{pipe.r_addr.name}_bank_1")
+            m.d.sync += [sel.eq(upper(pipe.r_addr)), sel_1.eq(sel)]
+            m.d.comb += pipe.r_data.eq(Mux(sel_1, read[1], read[0]))
 
     def _loads(self, m: Module, d: _Insn, start: Signal, busy: Signal, uop_w: memory.WritePort
                ) -> tuple[Load2D, Value]:
@@ -404,10 +408,11 @@ class ComputeUnit(UnitBase):
 
     def _row_indices(self, m: Module, d: _Insn, index: Signal, bufs: _Buffers, loop: _Loop,
                      valid: dict[str, Signal]
-                     ) -> tuple[dict[str, Signal], Signal, Signal, dict[str, Signal], Signal, Signal]:
+                     ) -> tuple[dict[str, Signal], Signal, Signal, Signal, dict[str, Signal], Signal, Signal]:
         """Stages U and B: the micro-op's rows plus the loop offsets, range-checked (an execution past a buffer's
         end aborts the loop with LOOP_RANGE). Returns the dst row registers of the later stages, the src row
-        of stage C, and the inp and wgt read addresses."""
+        of stage C, whether B's and C's executions read acc[src], the slots, and the inp and wgt read addresses
+        (B's src row is inp's)."""
         c = self.config
         off_u, off_b = ({name: Signal(loop.off_bits + 1, name=f"{name}_off_{s}") for name in loop.offs} for s in "ub")
         reads_u, reads_b, reads_c = Signal(), Signal(), Signal()
@@ -447,10 +452,11 @@ class ComputeUnit(UnitBase):
         src_c = Signal(c.acc_index_bits)
         m.d.sync += [issued_c.eq(valid["b"] & ~loop.aborted & ~bad_c), dst["c"].eq(dst_b), src_c.eq(src_b)]
         m.d.comb += valid["c"].eq(issued_c & ~bad_c)
-        return dst, src_c, reads_c, slots, src_b, wgt_b
+        return dst, src_c, reads_b, reads_c, slots, src_b, wgt_b
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
-                  src_c: Signal, reads_c: Signal, slots: dict[str, Signal], *, gemm: bool) -> Signal:
+                  src_b: Value, src_c: Signal, reads_b: Signal, reads_c: Signal, slots: dict[str, Signal], *,
+                  gemm: bool) -> Signal:
         """Stages C, P (the GEMM pipe's), D and E (the GEMM core; accumulator reads), X and Y (acc + sum in the
         GEMM pipe, the ALU op in the ALU pipe). Returns the new accumulator row of stage F."""
         c = self.config
@@ -474,24 +480,33 @@ class ComputeUnit(UnitBase):
         m.d.sync += [valid["d"].eq(enter_valid), dst["d"].eq(enter_dst), src_d.eq(src_c),
                      reads_d.eq(valid["c"] & reads_c), slots["d"].eq(slots["c"]), slots["e"].eq(slots["d"]),
                      slots["x"].eq(slots["e"])]
+        # The accumulator is read a stage ahead of the data's use, acc[src] in B and acc[dst] as the execution
+        # enters the pipe (C, or the GEMM's P), and the banks' read data are registered as they leave the
+        # block RAMs (:meth:`_banks`): the RAMs' output time and the multiplexers after it were tiny's
+        # longest path. In B an ALU execution that reads acc[src] reads it; C is empty then (it issued a cycle
+        # after the one before it). An execution dropped in C may have read: reads have no effect.
         m.d.comb += [
-            # In C an ALU execution that reads acc[src] reads it; D is empty then (it issued a cycle after the
-            # one before it).
-            bufs.r_addr.eq(Mux(valid["c"] & reads_c, src_c, dst["d"])),
-            bufs.r_active.eq((valid["c"] & reads_c) | valid["d"]),
+            bufs.r_addr.eq(Mux(valid["b"] & reads_b, src_b, enter_dst)),
+            bufs.r_active.eq((valid["b"] & reads_b) | enter_valid),
         ]
         new_f = Signal(c.acc_row_bits)
-        # acc[src], read in C (or written by F now), latched in D with its row in the execution's slot; it
+        # The read sees the writes up to its own cycle; F's write in the cycle after it, which the registered
+        # data miss, is taken from `new_f_1` (new_f a cycle late) where F wrote the row read.
+        new_f_1 = Signal.like(new_f)
+        src_written, dst_written = Signal(), Signal()
+        m.d.sync += [new_f_1.eq(new_f), src_written.eq(valid["f"] & (dst["f"] == src_c)),
+                     dst_written.eq(valid["f"] & (dst["f"] == dst["d"]))]
+        # acc[src], read in B (or written by F since), latched in D with its row in the execution's slot; it
         # serves X until the slot's next read, which D latches after the last execution using this one has
         # passed X (a read waits a cycle after any issue). Every F write to a held row lands in its register,
         # and X takes the one F writes in its own cycle: an execution sees the writes two or more ahead of
         # it, as with dst.
         held = [Signal(c.acc_row_bits, name=f"src_row_{n}") for n in range(SRC_ROWS)]
         held_at = [Signal.like(src_c, name=f"src_at_{n}") for n in range(SRC_ROWS)]
+        src_read = Mux(valid["f"] & (dst["f"] == src_d), new_f, Mux(src_written, new_f_1, bufs.r_data))
         for n in range(SRC_ROWS):
             with m.If(reads_d & (slots["d"] == n)):
-                m.d.sync += [held[n].eq(Mux(valid["f"] & (dst["f"] == src_d), new_f, bufs.r_data)),
-                             held_at[n].eq(src_d)]
+                m.d.sync += [held[n].eq(src_read), held_at[n].eq(src_d)]
             with m.Elif(valid["f"] & (dst["f"] == held_at[n])):
                 m.d.sync += held[n].eq(new_f)
         # (a tree of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
@@ -506,14 +521,12 @@ class ComputeUnit(UnitBase):
         # in E it lay ahead of the compares below on one of tiny's longest paths.
         operand_at = Signal.like(src_c, name="operand_at")
         m.d.sync += operand_at.eq(Mux(reads_d, src_d, select(held_at, slots["d"])))
-        operand, operand_from_f = Signal(c.acc_row_bits), Signal()
-        m.d.sync += [operand.eq(Mux(valid["f"] & (dst["f"] == operand_at), new_f, select(held, slots["e"]))),
-                     operand_from_f.eq(valid[before_f] & (dst[before_f] == operand_at))]
+        operand_e = Mux(valid["f"] & (dst["f"] == operand_at), new_f, select(held, slots["e"]))
         old_x = Signal(c.acc_row_bits)
         forward_x = Signal()  # X takes acc[dst] from F, which writes it then
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
-                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, bufs.r_data)),
+                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, Mux(dst_written, new_f_1, bufs.r_data))),
                      forward_x.eq(valid[before_f] & (dst[before_f] == dst["e"]))]
 
         lanes, w = c.batch * c.block_out, c.acc_width
@@ -528,36 +541,38 @@ class ComputeUnit(UnitBase):
             return new_f
 
         # inp[src], read in C like the GEMM's rows, travels to E for an ALU execution that takes it. In E each
-        # lane's operand other than acc[src] (the immediate or its inp lane) is chosen and registered, so X
-        # picks between that and the forwarded acc[src] only: the chain of operand multiplexers ahead of the
-        # ALU's compare was tiny's longest path.
+        # lane's operand is chosen as far as E can (acc[src] as the slot's register has it, the immediate or
+        # its inp lane) and registered, with whether X takes the row Z or F holds then instead: X picks
+        # among three. The chain of operand multiplexers ahead of the ALU's compare was tiny's longest path.
         inp_d, inp_e = (Signal(c.inp_row_bits, name=f"inp_{s}") for s in "de")
         m.d.sync += [inp_d.eq(self.inp_data), inp_e.eq(inp_d)]
         inp_lanes = elements(inp_e, c.inp_width)
+        alu_f = d.alu
+        imm = alu_f.imm.as_signed()
+        # Registered: it selects every lane's operand, and the instruction's fields are there cycles before its
+        # first execution reaches E.
+        takes_src = Signal()
+        m.d.sync += takes_src.eq(~alu_f.use_imm & ~alu_f.src_inp)
         # Two executions ahead, in Z, is a result of every op but SHR, MUL and RQ (spec "hazard" keeps those
         # from it): X takes it from Z's register, as it takes F's from three ahead.
         row_z = Signal(c.acc_row_bits)  # the ALU's row but for SHR's right shift, MUL and RQ
-        forward_z, operand_from_z = Signal(), Signal()
+        forward_z, operand_from_z, operand_from_f = Signal(), Signal(), Signal()
         m.d.sync += [forward_z.eq(valid["y"] & (dst["y"] == dst["e"])),
-                     operand_from_z.eq(valid["y"] & (dst["y"] == operand_at))]
+                     operand_from_z.eq(takes_src & valid["y"] & (dst["y"] == operand_at)),
+                     operand_from_f.eq(takes_src & valid[before_f] & (dst[before_f] == operand_at))]
         old = elements(Mux(forward_z, row_z, old_row), w)
-        src_row = elements(Mux(operand_from_z, row_z, Mux(operand_from_f, new_f, operand)), w)
-        alu_f = d.alu
-        imm = alu_f.imm.as_signed()
+        from_z, from_f, src_e = elements(row_z, w), elements(new_f, w), elements(operand_e, w)
         row_y = Signal(c.acc_row_bits)
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z
         alu_rows = []
-        # Registered: it selects every lane's operand, and the instruction's fields are there cycles before its
-        # first execution reaches X.
-        takes_src = Signal()
-        m.d.sync += takes_src.eq(~alu_f.use_imm & ~alu_f.src_inp)
         for n in range(lanes):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
-            other_e = Mux(alu_f.use_imm, imm, inp_lanes[row * c.block_in + lane % c.block_in])
-            other_x = Signal(other_e.shape(), name=f"other_{n}")
-            m.d.sync += other_x.eq(other_e)
-            rhs = Mux(takes_src, src_row[n], other_x)
+            given = Mux(alu_f.use_imm, imm, inp_lanes[row * c.block_in + lane % c.block_in])
+            operand_x_e = Mux(takes_src, src_e[n], given)
+            operand_x = Signal(operand_x_e.shape(), name=f"operand_{n}")
+            m.d.sync += operand_x.eq(operand_x_e)
+            rhs = Mux(operand_from_z, from_z[n], Mux(operand_from_f, from_f[n], operand_x))
             other, parts = alu_lane_first(m, alu_f.alu_op, old[n], rhs, w)
             alu_rows.append(other)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
