@@ -205,23 +205,25 @@ class Fetch(wiring.Component):
 
         word = unpack.elems.payload
         if B < INSN_BYTES:
-            # The word is assembled in the unpacker from several beats: decode it as its last beat lands (from
-            # the reader's buffer). The next cycle the whole word moves into the dispatch register, freeing
-            # the unpacker for the next one, while the range check multiplies its registered operands into a
-            # register of its own: a word goes out from the cycle after (FETCH_DECODE_CYCLES), and neither the
-            # buffer's read, the multiply nor the dispatch shares a cycle with another. The unpacker gives a
+            # The word is assembled in the unpacker from several beats. As its last beat lands (from the reader's
+            # buffer) the range check's operands are summed into registers; the next cycle the whole word moves
+            # into the dispatch register, freeing the unpacker for the next one, with the other checks worked
+            # out from the unpacker's register (not from the buffer's block RAM, whose output time ahead of the
+            # checks was one of tiny's longest paths), while the range check multiplies its registered operands
+            # into a register of its own: a word goes out from the cycle after (FETCH_DECODE_CYCLES), and neither
+            # the buffer's read, the multiply nor the dispatch shares a cycle with another. The unpacker gives a
             # word only to an empty register, so the queues' ready does not reach back into the reader.
-            assert FETCH_DECODE_CYCLES == 2  # the checks as the last beat lands, then the range check's multiply
-            checks, staged_unit, staged_finish, operands = check_word(m, c, unpack.staged)
+            assert FETCH_DECODE_CYCLES == 2  # the range check's sums as the last beat lands, then its multiply
+            *_, operands = check_word(m, c, unpack.staged)
+            checks, word_unit, word_finish, _ = check_word(m, c, word)
             ranged = [k for k, (_, err) in enumerate(checks) if err == ErrorCode.SRAM_RANGE]
-            decoded = Signal(len(checks) + len(staged_unit) + 1)
+            decoded = Cat(*[Const(0) if k in ranged else cond for k, (cond, _) in enumerate(checks)],
+                          word_unit, word_finish)
             held = {name: Signal(value.shape(), name=f"staged_{name}") for name, value in operands.items()}
             with m.If(unpack.stage):
-                m.d.sync += decoded.eq(Cat(*[Const(0) if k in ranged else cond for k, (cond, _) in enumerate(checks)],
-                                           staged_unit, staged_finish))
                 m.d.sync += [held[name].eq(value) for name, value in operands.items()]
             full = Signal()  # the dispatch register holds a word
-            word_d, decoded_d, out_of_range = Signal.like(word), Signal.like(decoded), Signal()
+            word_d, decoded_d, out_of_range = Signal.like(word), Signal(len(decoded)), Signal()
             move = unpack.elems.valid & ~full
             m.d.comb += unpack.elems.ready.eq(move)
             with m.If(move):
