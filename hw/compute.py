@@ -274,8 +274,8 @@ class ComputeUnit(UnitBase):
     def _banks(self, m: Module, g: _Buffers, a: _Buffers) -> None:
         """The accumulator as two banks, its lower and upper half, each with one read and one write port: a
         pipe's access goes to the bank of its row; where both use one bank (which only a program breaking the
-        "beside" rule does) the GEMM pipe's read and the ALU pipe's write win. Each bank's read port sees its
-        write port's data."""
+        "beside" rule does) the GEMM pipe's read and the ALU pipe's write win. A read sees the writes before
+        its cycle; the pipes forward their own writes since (:meth:`_datapath`)."""
         c = self.config
         half = acc_bank_rows(c)
         banks = []
@@ -283,7 +283,7 @@ class ComputeUnit(UnitBase):
             mem = memory.Memory(shape=c.acc_row_bits, depth=c.acc_rows - half if b else half, init=[])
             m.submodules[f"acc_bank{b}"] = mem
             w = mem.write_port()
-            banks.append((mem.read_port(transparent_for=(w,)), w))
+            banks.append((mem.read_port(), w))
 
         def upper(addr: Value) -> Value:
             return addr >= half
@@ -490,11 +490,17 @@ class ComputeUnit(UnitBase):
             bufs.r_active.eq((valid["b"] & reads_b) | enter_valid),
         ]
         new_f = Signal(c.acc_row_bits)
-        # The read sees the writes up to its own cycle; F's write in the cycle after it, which the registered
-        # data miss, is taken from `new_f_1` (new_f a cycle late) where F wrote the row read.
-        new_f_1 = Signal.like(new_f)
-        src_written, dst_written = Signal(), Signal()
-        m.d.sync += [new_f_1.eq(new_f), src_written.eq(valid["f"] & (dst["f"] == src_c)),
+        # The read sees the writes before its own cycle (the RAMs are not transparent: that too was logic after
+        # their output). F's writes in the read's cycle and the one after, which the data miss, are taken from
+        # `new_f_2` and `new_f_1` (new_f two and one cycles late) where F wrote the row read: flags worked out
+        # as F writes and carried to the stage that takes the data (D for src, E for dst).
+        new_f_1, new_f_2 = Signal.like(new_f), Signal.like(new_f)
+        src_written_2, src_written_1, src_written = Signal(), Signal(), Signal()
+        dst_written_2, dst_written_1, dst_written = Signal(), Signal(), Signal()
+        m.d.sync += [new_f_1.eq(new_f), new_f_2.eq(new_f_1),
+                     src_written_2.eq(valid["f"] & (dst["f"] == src_b[:len(src_c)])), src_written_1.eq(src_written_2),
+                     src_written.eq(valid["f"] & (dst["f"] == src_c)),
+                     dst_written_2.eq(valid["f"] & (dst["f"] == enter_dst)), dst_written_1.eq(dst_written_2),
                      dst_written.eq(valid["f"] & (dst["f"] == dst["d"]))]
         # acc[src], read in B (or written by F since), latched in D with its row in the execution's slot; it
         # serves X until the slot's next read, which D latches after the last execution using this one has
@@ -503,7 +509,8 @@ class ComputeUnit(UnitBase):
         # it, as with dst.
         held = [Signal(c.acc_row_bits, name=f"src_row_{n}") for n in range(SRC_ROWS)]
         held_at = [Signal.like(src_c, name=f"src_at_{n}") for n in range(SRC_ROWS)]
-        src_read = Mux(valid["f"] & (dst["f"] == src_d), new_f, Mux(src_written, new_f_1, bufs.r_data))
+        src_read = Mux(valid["f"] & (dst["f"] == src_d), new_f,
+                       Mux(src_written, new_f_1, Mux(src_written_1, new_f_2, bufs.r_data)))
         for n in range(SRC_ROWS):
             with m.If(reads_d & (slots["d"] == n)):
                 m.d.sync += [held[n].eq(src_read), held_at[n].eq(src_d)]
@@ -526,7 +533,8 @@ class ComputeUnit(UnitBase):
         forward_x = Signal()  # X takes acc[dst] from F, which writes it then
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
-                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f, Mux(dst_written, new_f_1, bufs.r_data))),
+                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f,
+                                  Mux(dst_written, new_f_1, Mux(dst_written_1, new_f_2, bufs.r_data)))),
                      forward_x.eq(valid[before_f] & (dst[before_f] == dst["e"]))]
 
         lanes, w = c.batch * c.block_out, c.acc_width
