@@ -93,8 +93,16 @@ class BurstReader(wiring.Component):
         # lay ahead of the arbiter's grant on tiny's longest path. It is worked out for the state after a
         # cycle without an issue; after an issue the arbiter holds its grant for a cycle, when the flag is
         # not looked at, and it is exact again the cycle after.
+        # A starting request's first length is the least of its beats, the beats to the 4 KiB boundary and the
+        # longest burst: it fits where any of them does, three compares side by side rather than the least's
+        # chain of compares and multiplexers ahead of one (that chain from the request's address was tiny's
+        # longest path). The boundary's beats fit where the room's bytes reach it from the address.
+        room = Signal(range(self.depth + 2))  # beats the buffer has room for after this cycle's take
+        m.d.comb += room.eq(self.depth + taken - reserved)
+        first_fits = ((pending_beats <= room) | (self.max_burst <= room)
+                      | ((room << exact_log2(B)) + pending_addr[:12] >= 4096))
         fits = Signal()
-        m.d.sync += fits.eq(reserved - taken + Mux(starting, first_length, length) <= self.depth)
+        m.d.sync += fits.eq(Mux(starting, first_fits, length <= room))
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
