@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from amaranth import Cat, Const, Module, Mux, ShapeLike, Signal, signed, unsigned
+from amaranth.hdl import Value
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
@@ -97,12 +98,17 @@ class BurstReader(wiring.Component):
         # longest burst: it fits where any of them does, three compares side by side rather than the least's
         # chain of compares and multiplexers ahead of one (that chain from the request's address was tiny's
         # longest path). The boundary's beats fit where the room's bytes reach it from the address.
-        room = Signal(range(self.depth + 2))  # beats the buffer has room for after this cycle's take
-        m.d.comb += room.eq(self.depth + taken - reserved)
-        first_fits = ((pending_beats <= room) | (self.max_burst <= room)
-                      | ((room << exact_log2(B)) + pending_addr[:12] >= 4096))
+        # Both verdicts are worked out, for the room with and without this cycle's take, and the take (the
+        # consumer's ready, through the unpackers) picks one at the end.
+        def fits_in(room: Value) -> Value:
+            first_fits = ((pending_beats <= room) | (self.max_burst <= room)
+                          | ((room << exact_log2(B)) + pending_addr[:12] >= 4096))
+            return Mux(starting, first_fits, length <= room)
+
+        room = Signal(range(self.depth + 1))  # beats the buffer has room for, before this cycle's take
+        m.d.comb += room.eq(self.depth - reserved)
         fits = Signal()
-        m.d.sync += fits.eq(Mux(starting, first_fits, length <= room))
+        m.d.sync += fits.eq(Mux(taken, fits_in(room + 1), fits_in(room)))
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
