@@ -77,15 +77,17 @@ class BurstReader(wiring.Component):
         addr = Signal(ADDR_BITS)
         remaining = Signal.like(self.cmd.payload.beats)
         reserved = Signal(range(self.depth + 1))  # beats requested and not yet taken from the buffer
-        # The next burst's length, registered: worked out when the command arrives and, after each burst,
-        # from the address and beats left after it, so it does not lie ahead of the arbiter's grant.
+        # The next burst's length, registered: worked out when the command starts and, the cycle after each
+        # burst (`settling`, when the arbiter holds its grant), from the address and beats left after it, which
+        # are registered as the burst issues: neither the sums nor the 4 KiB compares lie ahead of the grant,
+        # nor one after the other (the length through the sums into the compares was tiny's longest path).
         length = Signal(range(self.max_burst + 1))
+        settling = Signal()
 
         pending = Signal()
         pending_addr = Signal.like(self.cmd.payload.addr)
         pending_beats = Signal.like(self.cmd.payload.beats)
         starting = pending & ~active
-        first_length = _burst_len(pending_addr, pending_beats, B, self.max_burst)
 
         ar = self.bus.ar
         issued = ar.valid & ar.ready
@@ -93,17 +95,19 @@ class BurstReader(wiring.Component):
         # Whether the next burst fits the buffer (reserved + length <= depth), registered: the sum and compare
         # lay ahead of the arbiter's grant on tiny's longest path. It is worked out for the state after a
         # cycle without an issue; after an issue the arbiter holds its grant for a cycle, when the flag is
-        # not looked at, and it is exact again the cycle after.
-        # A starting request's first length is the least of its beats, the beats to the 4 KiB boundary and the
-        # longest burst: it fits where any of them does, three compares side by side rather than the least's
-        # chain of compares and multiplexers ahead of one (that chain from the request's address was tiny's
-        # longest path). The boundary's beats fit where the room's bytes reach it from the address.
-        # Both verdicts are worked out, for the room with and without this cycle's take, and the take (the
-        # consumer's ready, through the unpackers) picks one at the end.
+        # not looked at, and it is exact again the cycle after. Where the length is still to be worked out
+        # (a request starting, or settling after a burst), it is the least of the beats left, the beats to
+        # the 4 KiB boundary and the longest burst, so the burst fits where any of those does: three compares
+        # side by side rather than the least's chain of compares and multiplexers ahead of one. Both verdicts
+        # are worked out, for the room with and without this cycle's take, and the take (the consumer's
+        # ready, through the unpackers) picks one at the end.
+        def fits_from(at: Value, beats: Value, room: Value) -> Value:
+            return ((beats <= room) | (self.max_burst <= room)
+                    | ((room << exact_log2(B)) + at[:12] >= 4096))  # the boundary's beats: the room's bytes reach it
+
         def fits_in(room: Value) -> Value:
-            first_fits = ((pending_beats <= room) | (self.max_burst <= room)
-                          | ((room << exact_log2(B)) + pending_addr[:12] >= 4096))
-            return Mux(starting, first_fits, length <= room)
+            return Mux(starting, fits_from(pending_addr, pending_beats, room),
+                       Mux(settling, fits_from(addr, remaining, room), length <= room))
 
         room = Signal(range(self.depth + 1))  # beats the buffer has room for, before this cycle's take
         m.d.comb += room.eq(self.depth - reserved)
@@ -112,15 +116,15 @@ class BurstReader(wiring.Component):
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
-            ar.valid.eq(active & ~self.abort & fits),
+            ar.valid.eq(active & ~self.abort & fits & ~settling),
         ]
-        m.d.sync += reserved.eq(reserved + Mux(issued, length, 0) - taken)
-        next_addr, next_remaining = addr + (length << exact_log2(B)), remaining - length
+        m.d.sync += [reserved.eq(reserved + Mux(issued, length, 0) - taken), settling.eq(issued)]
         with m.If(issued):
-            m.d.sync += [addr.eq(next_addr), remaining.eq(next_remaining),
-                         length.eq(_burst_len(next_addr, next_remaining, B, self.max_burst))]
+            m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length)]
             with m.If(remaining == length):
                 m.d.sync += active.eq(0)
+        with m.If(settling):
+            m.d.sync += length.eq(_burst_len(addr, remaining, B, self.max_burst))
         # The command, registered as it is taken and started from that register once the request before it
         # has issued its last burst: the first burst's length is worked out from registers, not from the
         # client's address arithmetic (Load2D's row address into the 4 KiB compares was tiny's longest path).
@@ -131,7 +135,8 @@ class BurstReader(wiring.Component):
                          pending_beats.eq(self.cmd.payload.beats)]
         with m.If(starting):
             m.d.sync += [pending.eq(0), addr.eq(pending_addr), remaining.eq(pending_beats),
-                         active.eq(pending_beats != 0), length.eq(first_length)]
+                         active.eq(pending_beats != 0),
+                         length.eq(_burst_len(pending_addr, pending_beats, B, self.max_burst))]
         with m.If(self.abort):
             m.d.sync += [active.eq(0), pending.eq(0)]
 
