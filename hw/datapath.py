@@ -149,9 +149,9 @@ def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tupl
     (al * bh + ah * bl) * 2^h modulo 2^width. RQ needs all of a * m (m: b's low h + 2 bits, signed) =
     ah * m * 2^h + al * m, so its two products share MUL's first two multipliers (their second operand is
     m for RQ, bl for MUL; MUL keeps only the low h bits of ah * bl, which do not depend on signedness). Each
-    is one DSP48 (17 x 18 bits). The last two parts are the right shift's amount (RQ's, or SHR's where it
-    shifts right: its right shift is RQ's shifter, in the later stages) and RQ's ReLU flag, registered beside
-    them."""
+    is one DSP48 (17 x 18 bits). The last three parts are the right shift's amount (RQ's, or SHR's where it
+    shifts right: its right shift is RQ's shifter, in the later stages), RQ's ReLU flag and RQ's rounding
+    constant, registered beside them."""
     h = width // 2
     mul_bits, shift_bits = rq_layout(width)
     al, ah, bl, bh = a.as_unsigned()[:h], a.as_signed()[h:].as_signed(), b.as_unsigned()[:h], b.as_unsigned()[h:]
@@ -160,8 +160,13 @@ def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tupl
     assert bits <= shift_bits
     amount = b[:bits].as_signed()
     right = Mux(amount[bits - 1], 0, amount[:bits - 1])
-    parts = [al * second, ah * second, (al * bh)[:width - h],
-             Mux(op == AluOp.SHR, right, b[mul_bits:mul_bits + shift_bits]), b[mul_bits + shift_bits]]
+    shift = Mux(op == AluOp.SHR, right, b[mul_bits:mul_bits + shift_bits])
+    # RQ's rounding constant 2^(s-1) (0 for s = 0), decoded here from its amount so that the second stage's
+    # sum does not wait on the decoder: |a * m| <= 2^(width + mul_bits - 2), so with s < width + mul_bits the
+    # constant and the sum fit width + mul_bits + 1 signed bits; from s = width + mul_bits on, the result is 0.
+    rq_amount = b[mul_bits:mul_bits + shift_bits]
+    rounding = Cat(*[rq_amount == k + 1 for k in range(width + mul_bits + 1)])
+    parts = [al * second, ah * second, (al * bh)[:width - h], shift, b[mul_bits + shift_bits], rounding]
     return _alu_lane_but_mul(m, op, a, b, width), parts
 
 
@@ -177,13 +182,10 @@ def alu_lane_mid(m: Module, op: Value, other: Value, parts: list[Value], width: 
     one shifter, as Yosys' resource sharing paired them. Returns the parts :func:`alu_lane_last` takes."""
     h = width // 2
     mul_bits, _ = rq_layout(width)
-    low, high, mid, amount, relu = parts
+    low, high, mid, amount, relu, rounding = parts
     product = (low[:width] + ((high[:width - h] + mid) << h))[:width]
-    # RQ: |a * m| <= 2^(width + mul_bits - 2), so with s < width + mul_bits the rounding constant 2^(s-1) and
-    # the sum fit width + mul_bits + 1 signed bits; from s = width + mul_bits on, the result is 0.
-    total = width + mul_bits + 1
+    total = width + mul_bits + 1  # RQ's sum (alu_lane_first)
     exact = low.as_signed() + (high.as_signed() << h)
-    rounding = Cat(*[amount == k + 1 for k in range(total)])  # 2^(s-1), or 0 for s = 0
     value = Mux(op == AluOp.RQ, (exact + rounding)[:total].as_signed(), other.as_signed())
     fine = len(amount) - _COARSE_SHIFTS
     # the last stage's result bits come from the width + 2^fine - 1 lowest: the rest need no register
