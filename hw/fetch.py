@@ -186,11 +186,15 @@ class Fetch(wiring.Component):
         beats = Signal.like(reader.cmd.payload.beats)
         m.d.sync += beats.eq((self.insn_addr[:exact_log2(B)] + (self.insn_count << exact_log2(INSN_BYTES)) + B - 1)
                              >> exact_log2(B))
+        # The launch's verdicts on the stream, registered in START's cycle like `beats` (the compares fed the
+        # unpacker's and the reader's command enables).
+        misaligned, empty = Signal(), Signal()
+        m.d.sync += [misaligned.eq(self.insn_addr[:exact_log2(INSN_BYTES)] != 0), empty.eq(self.insn_count == 0)]
         with m.If(launch):
-            with m.If(self.insn_addr[:exact_log2(INSN_BYTES)] != 0):
+            with m.If(misaligned):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.INSN_ADDR_MISALIGNED),
                              self.error_index.eq(0)]
-            with m.Elif(self.insn_count == 0):
+            with m.Elif(empty):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.NO_FINISH), self.error_index.eq(0)]
             with m.Else():
                 m.d.sync += [running.eq(1), index.eq(0), last_index.eq(self.insn_count - 1),

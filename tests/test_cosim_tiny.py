@@ -4,6 +4,8 @@ instructions (error code and index read back over AXI-Lite, then a clean next ru
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from weft.config import PRESETS
 from weft.hw.regs import ErrorCode
 from weft.isa import AluOp, MemId, Opcode, ProgramBuilder, encode_insns, encode_uops, uops_from
 from weft.isa.arith import pack
+from weft.isa.constants import INSN_BYTES
 from weft.isa.semantics import LATE_ALU_OPS, hazard_reach
 from weft.sim.cosim import check_job, job_from_program, run_jobs, run_random
 from weft.sim.dram import Dram
@@ -240,6 +243,27 @@ def test_illegal_instructions_stop_with_an_error_code_read_over_axi_lite():
         assert rep["violations"] == [], name
     assert check_job(CONFIG, results[-1], image.data, follow_up.p.insns) == ""
     assert results[-1].report["status"] == {"busy": 0, "done": 1, "error": 0}
+
+
+@pytest.mark.rtl("verilator")
+def test_a_misaligned_or_empty_stream_stops_at_launch():
+    """Fetch's launch checks (worked out in START's cycle): INSN_ADDR off the instruction size and INSN_COUNT
+    0 each stop the run at index 0 with their code; the same program aligned then runs cleanly."""
+    g = _gemm_program()
+    good = job_from_program(CONFIG, g.p.insns, g.dram)
+    misaligned = dataclasses.replace(good, insn_addr=good.insn_addr + INSN_BYTES // 2, label="misaligned")
+    empty = dataclasses.replace(good, insn_count=0, label="empty")
+    image = Dram(good.dram.size)
+    image.data[:] = good.dram
+    FunctionalSimulator(CONFIG).run(image, good.insn_addr, good.insn_count)
+    results = run_jobs(CONFIG, "verilator", [misaligned, empty, good], timing="pynq")
+    for job, result, code in zip((misaligned, empty), results, (ErrorCode.INSN_ADDR_MISALIGNED, ErrorCode.NO_FINISH),
+                                 strict=False):
+        rep = result.report
+        assert rep["status"] == {"busy": 0, "done": 1, "error": 1}, job.label
+        assert (rep["error_code"], rep["error_index"]) == (code, 0), job.label
+    assert results[2].report["status"] == {"busy": 0, "done": 1, "error": 0}
+    assert check_job(CONFIG, results[2], image.data, g.p.insns) == ""
 
 
 @pytest.mark.rtl("icarus")
