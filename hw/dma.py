@@ -543,9 +543,10 @@ class Store2D(wiring.Component):
         m.d.comb += [self.rd_addr.eq(f.sram_base + rd_pos), self.rd_en.eq(can_read),
                      rows.w_data.eq(self.rd_data), rows.w_en.eq(pending)]
         m.d.sync += pending.eq(can_read)
+        row_read = rd_x == x_last
         with m.If(can_read):
-            m.d.sync += [rd_pos.eq(rd_pos + 1), rd_x.eq(Mux(rd_x == x_last, 0, rd_x + 1))]
-            with m.If(rd_x == x_last):
+            m.d.sync += [rd_pos.eq(rd_pos + 1), rd_x.eq(Mux(row_read, 0, rd_x + 1))]
+            with m.If(row_read):
                 m.d.sync += rd_y.eq(rd_y + 1)
 
         m.submodules.packer = packer = RowPacker(bus_bytes=B, elem_bytes=E, count_bits=self.count_bits)
@@ -583,8 +584,18 @@ class Store2D(wiring.Component):
         # The row's last burst: what remains fits before the 4 KiB boundary and in one burst (remaining ==
         # length without the length's multiplexers, which lay ahead of in_burst on one of tiny's longest paths).
         last_burst = (remaining <= self.max_burst) & ((remaining << exact_log2(B)) + addr[:12] <= 4096)
+        # The burst after one that is not a row's last starts at the 4 KiB boundary where that comes before a
+        # whole longest burst, else a longest burst on: two sums from the address side by side, not the
+        # length's compares and multiplexers into one (the address through the length back into itself
+        # was tiny's longest path). After a row's last burst the next row reloads both.
+        assert self.max_burst * B <= 4096
+        s = exact_log2(B)
+        to_boundary = addr[:12] > 4096 - self.max_burst * B
         with m.If(aw_done):
-            m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length)]
+            m.d.sync += [
+                addr.eq(Mux(to_boundary, Cat(Const(0, 12), addr[12:] + 1), addr + self.max_burst * B)),
+                remaining.eq(Mux(to_boundary, remaining + addr[s:12] - (1 << (12 - s)), remaining - self.max_burst)),
+            ]
             with m.If(last_burst):
                 m.d.sync += in_burst.eq(0)
 
