@@ -16,16 +16,21 @@ from __future__ import annotations
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
-from weft.isa.constants import AXI_ADDR_BITS
+from weft.isa.constants import AXI_ADDR_BITS, AXI_BOUNDARY_BYTES
 
 __all__ = [
-    "ADDR_BITS", "BURST_INCR", "RESP_OKAY", "ReadArbiter", "axi4_lite_signature", "axi4_read_signature",
+    "ADDR_BITS", "BOUNDARY_BITS", "BOUNDARY_BYTES", "BURST_INCR",
+    "RESP_OKAY", "ReadArbiter", "axi4_lite_signature", "axi4_read_signature",
     "axi4_signature", "axi4_write_signature", "read_client_signature",
 ]
 
 #: DRAM byte address width (owned by the ISA constants, which the runtime imports without amaranth).
 ADDR_BITS = AXI_ADDR_BITS
+#: No burst crosses a 4 KiB boundary: an address's low BOUNDARY_BITS are its offset within its 4 KiB page.
+BOUNDARY_BYTES = AXI_BOUNDARY_BYTES
+BOUNDARY_BITS = exact_log2(AXI_BOUNDARY_BYTES)
 BURST_INCR = 1
 RESP_OKAY = 0
 #: AxCACHE "normal non-cacheable bufferable": safe on the Zynq HP ports.

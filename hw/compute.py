@@ -358,7 +358,7 @@ class ComputeUnit(UnitBase):
         # with the instruction's fields and their carries were tiny's longest paths into the counters.
         # (Fetch's UOP_RANGE check makes uop_bgn < uop_end; iter_out and iter_in are not 0 while gen is 1.)
         ends = {name: Signal(name=f"{name}_end") for name in "kji"}
-        singles = {name: Signal(name=f"{name}_single") for name in "kj"}
+        singles = {name: Signal(name=f"{name}_single") for name in "kj"}  # what ends[k], ends[j] restart from
         stops = {"k": Signal.like(k, name="k_stop"), "j": Signal.like(j, name="j_stop"),
                  "i": Signal.like(i, name="i_stop")}
         # Without src loop factors each micro-op reads the same src row in every execution: with at most
@@ -369,13 +369,14 @@ class ComputeUnit(UnitBase):
         with m.If(busy & d.looped & ~launched):
             m.d.sync += [launched.eq(1), gen.eq((iter_out != 0) & (iter_in != 0)), k.eq(uop_bgn),
                          i.eq(0), j.eq(0), aborted.eq(0), last.eq(0),
-                         ends["k"].eq(uop_bgn + 1 == uop_end), singles["k"].eq(uop_bgn + 1 == uop_end),
-                         ends["j"].eq(iter_in == 1), singles["j"].eq(iter_in == 1), ends["i"].eq(iter_out == 1),
+                         ends["i"].eq(iter_out == 1),
                          stops["k"].eq(uop_end - 2), stops["j"].eq(iter_in - 2), stops["i"].eq(iter_out - 2),
                          kept.eq(holds_src_rows(*factors["src"], uop_end - uop_bgn)), first_sweep.eq(1),
                          k_rel.eq(0)]
             for out_off, in_off in offs.values():
                 m.d.sync += [out_off.eq(0), in_off.eq(0)]
+            for name, single in (("k", uop_bgn + 1 == uop_end), ("j", iter_in == 1)):
+                m.d.sync += [ends[name].eq(single), singles[name].eq(single)]
         with m.If(start):
             m.d.sync += launched.eq(0)
         m.d.comb += bufs.uop_r.addr.eq(k)

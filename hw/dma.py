@@ -24,7 +24,16 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
-from weft.hw.axi import ADDR_BITS, BURST_INCR, CACHE_BITS, RESP_OKAY, axi4_write_signature, read_client_signature
+from weft.hw.axi import (
+    ADDR_BITS,
+    BOUNDARY_BITS,
+    BOUNDARY_BYTES,
+    BURST_INCR,
+    CACHE_BITS,
+    RESP_OKAY,
+    axi4_write_signature,
+    read_client_signature,
+)
 from weft.hw.structure import MAX_BURST, READER_BEATS, STORE_LEN_DEPTH, STORE_SEG_DEPTH, UNPACK_DEPTH
 from weft.isa.layout import Format
 
@@ -33,11 +42,27 @@ __all__ = ["LOAD_FIELDS", "STORE_FIELDS", "BurstReader", "Load2D", "RowPacker", 
 
 
 
-def _burst_len(addr: Signal, remaining: Signal, bus_bytes: int, max_burst: int) -> Signal:
-    """Beats of the next burst: the remaining beats, at most `max_burst`, never crossing 4 KiB."""
-    to_boundary = (4096 - addr[:12]) >> exact_log2(bus_bytes)
+# The burst rule, here only: a burst from bus-aligned `addr` with `beats` left is the least of those beats,
+# the longest burst and the beats to the next 4 KiB boundary. `_burst_len` works the least out; the two
+# verdicts after it compare with it without its chain of compares and multiplexers (each sat on one of tiny's
+# longest paths), from the address's offset in its 4 KiB page and sums side by side.
+def _burst_len(addr: Value, beats: Value, bus_bytes: int, max_burst: int) -> Value:
+    """Beats of the next burst: the beats left, at most `max_burst`, never crossing 4 KiB."""
+    to_boundary = (BOUNDARY_BYTES - addr[:BOUNDARY_BITS]) >> exact_log2(bus_bytes)
     limit = Mux(to_boundary < max_burst, to_boundary, max_burst)
-    return Mux(remaining < limit, remaining, limit)
+    return Mux(beats < limit, beats, limit)
+
+
+def _burst_len_at_most(addr: Value, beats: Value, room: Value, bus_bytes: int, max_burst: int) -> Value:
+    """``_burst_len(addr, beats) <= room``: any of the three is at most `room` (for the boundary's beats:
+    the room's bytes reach the boundary)."""
+    return ((beats <= room) | (max_burst <= room)
+            | ((room << exact_log2(bus_bytes)) + addr[:BOUNDARY_BITS] >= BOUNDARY_BYTES))
+
+
+def _burst_takes_all(addr: Value, beats: Value, bus_bytes: int, max_burst: int) -> Value:
+    """``_burst_len(addr, beats) == beats``: the beats fit one burst and end by the boundary."""
+    return (beats <= max_burst) & ((beats << exact_log2(bus_bytes)) + addr[:BOUNDARY_BITS] <= BOUNDARY_BYTES)
 
 
 class BurstReader(wiring.Component):
@@ -56,7 +81,7 @@ class BurstReader(wiring.Component):
                  max_burst: int = MAX_BURST):
         if max_burst > depth:
             raise ValueError(f"burst of {max_burst} beats does not fit a buffer of {depth} beats")
-        if max_burst * bus_bytes > 4096:
+        if max_burst * bus_bytes > BOUNDARY_BYTES:
             raise ValueError(f"{max_burst} beats of {bus_bytes} bytes cross 4 KiB")
         self.bus_bytes, self.depth, self.max_burst = bus_bytes, depth, max_burst
         bits = bus_bytes * 8
@@ -96,18 +121,12 @@ class BurstReader(wiring.Component):
         # lay ahead of the arbiter's grant on tiny's longest path. It is worked out for the state after a
         # cycle without an issue; after an issue the arbiter holds its grant for a cycle, when the flag is
         # not looked at, and it is exact again the cycle after. Where the length is still to be worked out
-        # (a request starting, or settling after a burst), it is the least of the beats left, the beats to
-        # the 4 KiB boundary and the longest burst, so the burst fits where any of those does: three compares
-        # side by side rather than the least's chain of compares and multiplexers ahead of one. Both verdicts
-        # are worked out, for the room with and without this cycle's take, and the take (the consumer's
-        # ready, through the unpackers) picks one at the end.
-        def fits_from(at: Value, beats: Value, room: Value) -> Value:
-            return ((beats <= room) | (self.max_burst <= room)
-                    | ((room << exact_log2(B)) + at[:12] >= 4096))  # the boundary's beats: the room's bytes reach it
-
+        # (a request starting, or settling after a burst), the verdict compares with what the length will be
+        # (`_burst_len_at_most`). Both verdicts are worked out, for the room with and without this cycle's
+        # take, and the take (the consumer's ready, through the unpackers) picks one at the end.
         def fits_in(room: Value) -> Value:
-            return Mux(starting, fits_from(pending_addr, pending_beats, room),
-                       Mux(settling, fits_from(addr, remaining, room), length <= room))
+            return Mux(starting, _burst_len_at_most(pending_addr, pending_beats, room, B, self.max_burst),
+                       Mux(settling, _burst_len_at_most(addr, remaining, room, B, self.max_burst), length <= room))
 
         room = Signal(range(self.depth + 1))  # beats the buffer has room for, before this cycle's take
         m.d.comb += room.eq(self.depth - reserved)
@@ -581,20 +600,22 @@ class Store2D(wiring.Component):
         aw_done = axi.awvalid & axi.awready
         b_done = axi.bvalid & axi.bready
         m.d.sync += outstanding.eq(outstanding + aw_done - b_done)
-        # The row's last burst: what remains fits before the 4 KiB boundary and in one burst (remaining ==
-        # length without the length's multiplexers, which lay ahead of in_burst on one of tiny's longest paths).
-        last_burst = (remaining <= self.max_burst) & ((remaining << exact_log2(B)) + addr[:12] <= 4096)
+        # The row's last burst: the one that takes all that remains (the length's multiplexers lay ahead of
+        # in_burst on one of tiny's longest paths).
+        last_burst = _burst_takes_all(addr, remaining, B, self.max_burst)
         # The burst after one that is not a row's last starts at the 4 KiB boundary where that comes before a
         # whole longest burst, else a longest burst on: two sums from the address side by side, not the
         # length's compares and multiplexers into one (the address through the length back into itself
         # was tiny's longest path). After a row's last burst the next row reloads both.
-        assert self.max_burst * B <= 4096
+        assert self.max_burst * B <= BOUNDARY_BYTES
         s = exact_log2(B)
-        to_boundary = addr[:12] > 4096 - self.max_burst * B
+        to_boundary = addr[:BOUNDARY_BITS] > BOUNDARY_BYTES - self.max_burst * B
+        next_page = Cat(Const(0, BOUNDARY_BITS), addr[BOUNDARY_BITS:] + 1)
+        beats_to_page = (BOUNDARY_BYTES >> s) - addr[s:BOUNDARY_BITS]  # a constant's sum: remaining's one adder
         with m.If(aw_done):
             m.d.sync += [
-                addr.eq(Mux(to_boundary, Cat(Const(0, 12), addr[12:] + 1), addr + self.max_burst * B)),
-                remaining.eq(Mux(to_boundary, remaining + addr[s:12] - (1 << (12 - s)), remaining - self.max_burst)),
+                addr.eq(Mux(to_boundary, next_page, addr + self.max_burst * B)),
+                remaining.eq(Mux(to_boundary, remaining - beats_to_page, remaining - self.max_burst)),
             ]
             with m.If(last_burst):
                 m.d.sync += in_burst.eq(0)

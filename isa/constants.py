@@ -16,6 +16,7 @@ INSN_BITS = 128
 __all__ = [
     "ALU_OP_BITS",
     "AXI_ADDR_BITS",
+    "AXI_BOUNDARY_BYTES",
     "DRAM_ADDR_BITS",
     "DRAM_STRIDE_BITS",
     "IMM_BITS",
@@ -38,6 +39,9 @@ PAD_BITS = 4
 #: DRAM byte address width on the AXI bus (the Zynq HP ports are 32-bit): the hardware's master ports, the
 #: driver's address checks and the artifact's DRAM bound all follow it.
 AXI_ADDR_BITS = 32
+#: An AXI burst never crosses a boundary of this many bytes (AXI4, A3.4.1): the DMA's bursts, the timing
+#: model's burst split and the testbench DRAM's protocol check all follow it.
+AXI_BOUNDARY_BYTES = 4096
 #: Every DRAM region of an artifact (a value's buffer, a program, constants) starts on a multiple of this
 #: many bytes: the functional simulator tracks DRAM races by lines of this size.
 DRAM_ALIGN_BYTES = 64

@@ -49,7 +49,7 @@ import numpy as np
 from weft.errors import WeftError
 from weft.hw import structure
 from weft.hw.regs import COUNTERS
-from weft.isa.constants import INSN_BYTES, MemId, Opcode, Unit
+from weft.isa.constants import AXI_BOUNDARY_BYTES, INSN_BYTES, MemId, Opcode, Unit
 from weft.isa.layout import INSN_FIELD_NAMES
 from weft.isa.program import DEP_FLAGS
 from weft.isa.semantics import FLAG_QUEUE, QUEUES, UNIT_NAMES, row_bytes, units
@@ -94,6 +94,9 @@ class Microarch:
     fetch_decode_cycles: int = structure.FETCH_DECODE_CYCLES
     #: amaranth.lib.fifo.SyncFIFOBuffered: cycles from a write into an empty queue to its read.
     fifo_latency: int = 2
+    #: hw.unit and the engines: cycles from an instruction's start to its engine's first action (the unit
+    #: registers the instruction; the engine, a DMA or the compute loop generator, its command).
+    command_cycles: int = 2
     #: hw.axi.ReadArbiter: the grant is registered, so the AR channel takes a request every 2 cycles.
     arbiter_gap: int = 2
     #: hw.dma.BurstReader: cycles from a request taken (into its command register) to its first burst's
@@ -245,7 +248,7 @@ def _bursts(addr: int, beats: int, bus_bytes: int, max_burst: int) -> list[int]:
     """Lengths of the bursts of a read or write of `beats` beats from bus-aligned `addr` (hw.dma._burst_len)."""
     out = []
     while beats:
-        to_boundary = (4096 - addr % 4096) // bus_bytes
+        to_boundary = (AXI_BOUNDARY_BYTES - addr % AXI_BOUNDARY_BYTES) // bus_bytes
         n = min(beats, max_burst, to_boundary)
         out.append(n)
         addr += n * bus_bytes
@@ -505,9 +508,10 @@ class _Run:
             self.counters["mac_active"] += self.mac_execs[i]
             if op == Opcode.ALU:
                 self.counters["alu_active"] += execs
-            # Decode (1), loop launch (1), one issue per execution, then the pipeline drains. An execution that
-            # reads acc[src] waits alu_src_interval - 1 cycles after the issue before it; without src loop
-            # factors and with at most SRC_ROWS micro-ops only the first sweep reads (registers hold the rows).
+            # Decode and loop launch (command_cycles), one issue per execution, then the pipeline drains. An
+            # execution that reads acc[src] waits alu_src_interval - 1 cycles after the issue before it; without
+            # src loop factors and with at most SRC_ROWS micro-ops only the first sweep reads (registers hold the
+            # rows).
             # An operand from inp comes through inp's own read port: no wait.
             waits = 0
             if op == Opcode.ALU and not r[_F["use_imm"]] and not r[_F["src_inp"]] and execs:
@@ -515,7 +519,8 @@ class _Run:
                 kept = structure.holds_src_rows(r[_F["src_factor_out"]], r[_F["src_factor_in"]], uops)
                 waits = (uops if kept else execs) - 1
             stages = self.a.gemm_stages if op == Opcode.GEMM else self.a.alu_stages
-            return s + 2 + (execs - 1 + waits * (self.a.alu_src_interval - 1) + stages if execs else 0)
+            issues = execs - 1 + waits * (self.a.alu_src_interval - 1) + stages if execs else 0
+            return s + self.a.command_cycles + issues
         if r[_F["x_size"]] == 0:
             return s + 1
         if op == Opcode.STORE:
@@ -531,10 +536,10 @@ class _Run:
         y0, y1, x0, x1 = (r[_F[k]] for k in ("y_pad_0", "y_pad_1", "x_pad_0", "x_pad_1"))
         width, height = x0 + x + x1, y0 + y + y1
         if not width or not height:
-            return s + 3
+            return s + a.command_cycles + 1
         lanes = B // E if E <= B else 0  # elements per beat (0: an element takes several beats)
         per = E // B if E > B else 1  # beats per element
-        cursor = s + 2 + y0 * width  # next SRAM write slot (the DMA starts writing padding in cycle s + 2)
+        cursor = s + a.command_cycles + y0 * width  # next SRAM write slot (the DMA starts with the padding)
         gap = self.read_gap
         granted = 0
         taken: list[tuple[int, float]] = []  # (beats granted up to this burst, when its last beat is consumed)
@@ -551,7 +556,7 @@ class _Run:
             lane0 = (start - aligned) // E if lanes else 0
             # The row's request enters the burst reader's command register (its lane the unpack queue) once the
             # register is free; the reader starts it when the row before has issued its last burst.
-            c = s + 2 if yy == 0 else started + 1
+            c = s + a.command_cycles if yy == 0 else started + 1
             if yy >= a.unpack_queue:
                 c = max(c, unpack[yy - a.unpack_queue] + 1)
             started = max(c + a.reader_start - 1, g_prev + 1)
@@ -609,7 +614,7 @@ class _Run:
         E = self.m.elem_bytes[MemId.OUT]
         y, x, stride, base = r[_F["y_size"]], r[_F["x_size"]], r[_F["x_stride"]], r[_F["dram_base"]]
         if y == 0:
-            return s + 3
+            return s + a.command_cycles + 1
         lanes = B // E if E < B else 0
         per = E // B if E > B else 1
         gap = self.write_gap  # >= 1: one beat per cycle at most
@@ -625,7 +630,7 @@ class _Run:
             aligned = start & ~(B - 1)
             row_beats = -(-(start + x * E - aligned) // B)
             lane0 = (start - aligned) // E if lanes else 0
-            seg = s + 2 if yy == 0 else aw_prev + 1
+            seg = s + a.command_cycles if yy == 0 else aw_prev + 1
             if yy >= a.store_seg_queue:
                 seg = max(seg, seg_taken[yy - a.store_seg_queue] + 1)
             if lanes:

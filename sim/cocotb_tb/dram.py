@@ -28,6 +28,7 @@ from cocotbext.axi.axi_ram import AxiRamRead, AxiRamWrite
 from cocotbext.axi.constants import AxiBurstType, AxiResp
 from cocotbext.axi.memory import Memory
 
+from weft.isa.constants import AXI_BOUNDARY_BYTES
 from weft.sim.dram_model import pause_pattern
 from weft.sim.dram_timing import TIMINGS, DramTiming
 
@@ -61,7 +62,7 @@ class _Checker:
             bad("more than 256 beats")
         if addr % self.bus_bytes:
             bad("address not aligned to the bus width")
-        if (addr & 0xFFF) + length * self.bus_bytes > 0x1000:
+        if addr % AXI_BOUNDARY_BYTES + length * self.bus_bytes > AXI_BOUNDARY_BYTES:
             bad("crosses a 4 KiB boundary")
 
 
