@@ -34,7 +34,7 @@ from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, sram_rows, unit_of
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["Fetch", "check_insn", "check_word", "error_code", "range_bits", "sram_range"]
+__all__ = ["Fetch", "check_insn", "check_word", "error_code", "range_bits", "sram_range", "sram_range_parts"]
 
 
 
@@ -61,11 +61,18 @@ def sram_range(active: Value, room: Value, height: Value, width: Value, bits: in
     when the base is past the end). A side of ``2**bits`` rows or more (`bits` from :func:`range_bits`)
     overflows every memory unless the other side is empty, so only the low `bits` of each side are
     multiplied: tiny's 14 x 14-bit product was its longest path after place and route."""
+    product, coarse = sram_range_parts(active, room, height, width, bits)
+    return coarse | (active & (product > room))
+
+
+def sram_range_parts(active: Value, room: Value, height: Value, width: Value, bits: int) -> tuple[Value, Value]:
+    """:func:`sram_range` in two parts a user may register apart: the sides' product and the verdict
+    without its compare with the room (the condition is ``coarse | (active & (product > room))``)."""
     def over(side: Value) -> Value:
         return side[bits:].any() if len(side) > bits else Const(0)
 
     empty = (height == 0) | (width == 0)
-    return active & ((room < 0) | ((over(height) | over(width)) & ~empty) | (height[:bits] * width[:bits] > room))
+    return height[:bits] * width[:bits], active & ((room < 0) | ((over(height) | over(width)) & ~empty))
 
 
 def check_word(m: Module, config: AcceleratorConfig, word: Value
@@ -210,14 +217,16 @@ class Fetch(wiring.Component):
         word = unpack.elems.payload
         if B < INSN_BYTES:
             # The word is assembled in the unpacker from several beats. As its last beat lands (from the reader's
-            # buffer) the range check's operands are summed into registers; the next cycle the whole word moves
-            # into the dispatch register, freeing the unpacker for the next one, with the other checks worked
-            # out from the unpacker's register (not from the buffer's block RAM, whose output time ahead of the
-            # checks was one of tiny's longest paths), while the range check multiplies its registered operands
-            # into a register of its own: a word goes out from the cycle after (FETCH_DECODE_CYCLES), and neither
-            # the buffer's read, the multiply nor the dispatch shares a cycle with another. The unpacker gives a
-            # word only to an empty register, so the queues' ready does not reach back into the reader.
-            assert FETCH_DECODE_CYCLES == 2  # the range check's sums as the last beat lands, then its multiply
+            # buffer) the range check's operands are summed into registers; the cycle after, the whole word
+            # moves into the check register, freeing the unpacker for the next one, with the other checks
+            # worked out from the unpacker's register (not from the buffer's block RAM, whose output time ahead
+            # of the checks was one of tiny's longest paths) and the range check's sides multiplied; the cycle
+            # after, it moves into the dispatch register with the product's compare with the room. A word goes
+            # out from the cycle after that (FETCH_DECODE_CYCLES): the buffer's read, the multiply (a DSP
+            # block's, through routing, into the compare was tiny's longest path), the compare and the dispatch
+            # each have a cycle of their own. The check register takes a word as its own moves on; the dispatch
+            # register only when empty, so the queues' ready does not reach back into the reader.
+            assert FETCH_DECODE_CYCLES == 3  # the range check's sums, its multiply, its compare: then dispatch
             *_, operands = check_word(m, c, unpack.staged)
             checks, word_unit, word_finish, _ = check_word(m, c, word)
             ranged = [k for k, (_, err) in enumerate(checks) if err == ErrorCode.SRAM_RANGE]
@@ -226,13 +235,21 @@ class Fetch(wiring.Component):
             held = {name: Signal(value.shape(), name=f"staged_{name}") for name, value in operands.items()}
             with m.If(unpack.stage):
                 m.d.sync += [held[name].eq(value) for name, value in operands.items()]
-            full = Signal()  # the dispatch register holds a word
-            word_d, decoded_d, out_of_range = Signal.like(word), Signal(len(decoded)), Signal()
-            move = unpack.elems.valid & ~full
+            product, coarse = sram_range_parts(**held, bits=range_bits(c))
+            values = {"word": word, "decoded": decoded, "product": product, "coarse": coarse,
+                      "active": held["active"], "room": held["room"]}
+            checked = {name: Signal.like(value, name=f"checked_{name}") for name, value in values.items()}
+            full_c, full = Signal(), Signal()  # the check and the dispatch registers hold a word
+            advance = full_c & ~full
+            move = unpack.elems.valid & (~full_c | ~full)  # (~full_c | advance)
             m.d.comb += unpack.elems.ready.eq(move)
+            word_d, decoded_d, out_of_range = Signal.like(word), Signal(len(decoded)), Signal()
+            with m.If(advance):
+                m.d.sync += [full_c.eq(0), full.eq(1), word_d.eq(checked["word"]), decoded_d.eq(checked["decoded"]),
+                             out_of_range.eq(checked["coarse"]
+                                             | (checked["active"] & (checked["product"] > checked["room"])))]
             with m.If(move):
-                m.d.sync += [full.eq(1), word_d.eq(word), decoded_d.eq(decoded),
-                             out_of_range.eq(sram_range(**held, bits=range_bits(c)))]
+                m.d.sync += [full_c.eq(1), *[checked[name].eq(value) for name, value in values.items()]]
             word, present = word_d, full
             checks = [(out_of_range if k in ranged else decoded_d[k], err) for k, (_, err) in enumerate(checks)]
             unit = decoded_d[len(checks):-1]
@@ -253,8 +270,8 @@ class Fetch(wiring.Component):
         if B < INSN_BYTES:
             with m.If(go):
                 m.d.sync += full.eq(0)
-            with m.If(launch):  # (a word left by an error or a halt)
-                m.d.sync += full.eq(0)
+            with m.If(launch):  # (words left by an error or a halt)
+                m.d.sync += [full.eq(0), full_c.eq(0)]
         else:
             m.d.comb += unpack.elems.ready.eq(go)
         with m.If(go):

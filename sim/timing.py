@@ -404,7 +404,8 @@ class _Run:
                 self.fetch_wait = None
 
         d_prev = 0.0
-        moved = 0.0  # when the last word left the unpacker for the dispatch register
+        moved = 0.0  # when the last word left the unpacker
+        entered = [0.0] * (a.fetch_decode_cycles - 1)  # when the last word entered each register after it
         depth = self.c.cmd_queue_depth
         lanes = B // INSN_BYTES
         for k in range(self.n):
@@ -414,10 +415,15 @@ class _Run:
                 for beat in range(k * per, (k + 1) * per):
                     accept = max(accept + (beat > k * per), (yield from arrival(beat)) + a.fifo_latency)
                     consumed(beat, accept)
-                # Whole a cycle after its last beat, the word moves into the empty dispatch register, and
-                # goes out from FETCH_DECODE_CYCLES after its last beat.
-                moved = max(accept + 1, d_prev + 1)
-                ready = moved + a.fetch_decode_cycles - 1
+                # Whole a cycle after its last beat, the word moves through the registers after the unpacker
+                # (the check registers, then the dispatch register), a cycle each at the least: a check
+                # register takes a word as its own moves on, the dispatch register only once empty. It goes
+                # out from the cycle after the last (FETCH_DECODE_CYCLES after its last beat at the earliest).
+                for r in range(len(entered)):
+                    earliest = accept + 1 if r == 0 else entered[r - 1] + 1
+                    entered[r] = max(earliest, entered[r + 1] if r + 1 < len(entered) else d_prev + 1)
+                moved = entered[0]
+                ready = entered[-1] + 1
             else:
                 beat = (self.fetch_lane + k) // lanes
                 ready = max((yield from arrival(beat)) + a.fifo_latency, d_prev + 1)
