@@ -519,40 +519,51 @@ class ComputeUnit(UnitBase):
                 m.d.sync += held[n].eq(new_f)
         # (a tree of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
         # from time 0 on, where a combinational process whose inputs never change may never run)
-        # The operand is chosen in E, from the slot's register as it will be in X (with the row F writes in
-        # E's cycle, which lands in the register then), and registered; whether X takes the row F writes in
-        # its own cycle instead is decided in E too: what Y holds then is what F writes next. The slot's
-        # row does not change between E and X (its next read waits until X is past).
-        # The stage before F: Y in the GEMM pipe, Z in the ALU's. What it holds in E's cycle, F writes in X's.
-        before_f = "z" if not gemm else "y"
+        # X takes its operands from registers alone: E chooses them and registers them. acc[src] comes from
+        # the slot's register as it will be in X (with the row F writes in E's cycle, which lands in the
+        # register then; the slot's row does not change between E and X: its next read waits until X is
+        # past). The rows the executions ahead hand over in X's cycle (F's write, and in the ALU pipe Z's row)
+        # E takes as it has them: what the stage before F (Y in the GEMM pipe, Z in the ALU's) makes in E's
+        # cycle (`f_next`, new_f's next value), and what Y holds then (`row_y`, Z's register next). Whether a
+        # row is the one an execution ahead writes is worked out in D from the stages a step further back,
+        # and registered. The forwarding multiplexers in X, ahead of the ALU's compare and of the
+        # accumulate, were among tiny's longest paths.
+        f_in_d = "y" if not gemm else "x"  # where, in D's cycle, the execution is that F holds in X's
+        f_next = Signal(c.acc_row_bits)
+        row_y = Signal(c.acc_row_bits)
         # The slot's row number as E has it, registered in D (D's read, if any, is the slot's latest): selected
         # in E it lay ahead of the compares below on one of tiny's longest paths.
         operand_at = Signal.like(src_c, name="operand_at")
-        m.d.sync += operand_at.eq(Mux(reads_d, src_d, select(held_at, slots["d"])))
+        operand_at_d = Signal.like(src_c)
+        m.d.comb += operand_at_d.eq(Mux(reads_d, src_d, select(held_at, slots["d"])))
+        m.d.sync += operand_at.eq(operand_at_d)
         operand_e = Mux(valid["f"] & (dst["f"] == operand_at), new_f, select(held, slots["e"]))
-        old_x = Signal(c.acc_row_bits)
-        forward_x = Signal()  # X takes acc[dst] from F, which writes it then
+        # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before F (three ahead), before the rows read
+        dst_from_y, dst_from_f = Signal(), Signal()
+        from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
+        m.d.sync += [dst_from_y.eq(from_y),
+                     dst_from_f.eq(~from_y & valid[f_in_d] & (dst[f_in_d] == dst["d"]))]
+        old_x = Signal(c.acc_row_bits)  # acc[dst] as X has it
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
-                     old_x.eq(Mux(valid["f"] & (dst["f"] == dst["e"]), new_f,
-                                  Mux(dst_written, new_f_1, Mux(dst_written_1, new_f_2, bufs.r_data)))),
-                     forward_x.eq(valid[before_f] & (dst[before_f] == dst["e"]))]
+                     old_x.eq(Mux(dst_from_f, f_next, Mux(dst_from_y, row_y, Mux(
+                         valid["f"] & (dst["f"] == dst["e"]), new_f,
+                         Mux(dst_written, new_f_1, Mux(dst_written_1, new_f_2, bufs.r_data)))))),
+                     new_f.eq(f_next)]
 
         lanes, w = c.batch * c.block_out, c.acc_width
-        old_row = Mux(forward_x, new_f, old_x)  # acc[dst] as X has it
+        old = elements(old_x, w)
         if gemm:
             sums = elements(core.sums, core.sum_bits)
-            old = elements(old_row, w)
-            row_y = Signal(c.acc_row_bits)
             m.d.sync += [row_y.eq(Cat(*[Mux(d.gemm.reset, 0, (Mux(d.gemm.overwrite, 0, old[n]) + sums[n])[:w])
                                         for n in range(lanes)])),
-                         valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"]), new_f.eq(row_y)]
+                         valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"])]
+            m.d.comb += f_next.eq(row_y)
             return new_f
 
         # inp[src], read in C like the GEMM's rows, travels to E for an ALU execution that takes it. In E each
-        # lane's operand is chosen as far as E can (acc[src] as the slot's register has it, the immediate or
-        # its inp lane) and registered, with whether X takes the row Z or F holds then instead: X picks
-        # among three. The chain of operand multiplexers ahead of the ALU's compare was tiny's longest path.
+        # lane's operand is chosen (acc[src] as the slot's register has it or an execution ahead hands it
+        # over, the immediate or its inp lane) and registered.
         inp_d, inp_e = (Signal(c.inp_row_bits, name=f"inp_{s}") for s in "de")
         m.d.sync += [inp_d.eq(self.inp_data), inp_e.eq(inp_d)]
         inp_lanes = elements(inp_e, c.inp_width)
@@ -562,26 +573,23 @@ class ComputeUnit(UnitBase):
         # first execution reaches E.
         takes_src = Signal()
         m.d.sync += takes_src.eq(~alu_f.use_imm & ~alu_f.src_inp)
-        # Two executions ahead, in Z, is a result of every op but SHR, MUL and RQ (spec "hazard" keeps those
-        # from it): X takes it from Z's register, as it takes F's from three ahead.
+        # Two executions ahead, in Z in X's cycle, is a result of every op but SHR, MUL and RQ (spec "hazard"
+        # keeps those from it): Y's row in E's cycle, as F's in X's is `f_next` in E's.
         row_z = Signal(c.acc_row_bits)  # the ALU's row but for SHR's right shift, MUL and RQ
-        forward_z, operand_from_z, operand_from_f = Signal(), Signal(), Signal()
-        m.d.sync += [forward_z.eq(valid["y"] & (dst["y"] == dst["e"])),
-                     operand_from_z.eq(takes_src & valid["y"] & (dst["y"] == operand_at)),
-                     operand_from_f.eq(takes_src & valid[before_f] & (dst[before_f] == operand_at))]
-        old = elements(Mux(forward_z, row_z, old_row), w)
-        from_z, from_f, src_e = elements(row_z, w), elements(new_f, w), elements(operand_e, w)
-        row_y = Signal(c.acc_row_bits)
+        src_from_y, src_from_f = Signal(), Signal()
+        src_y = valid["x"] & (dst["x"] == operand_at_d)
+        m.d.sync += [src_from_y.eq(takes_src & src_y),
+                     src_from_f.eq(takes_src & ~src_y & valid[f_in_d] & (dst[f_in_d] == operand_at_d))]
+        from_y, from_f, src_e = elements(row_y, w), elements(f_next, w), elements(operand_e, w)
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z
         alu_rows = []
         for n in range(lanes):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
             given = Mux(alu_f.use_imm, imm, inp_lanes[row * c.block_in + lane % c.block_in])
-            operand_x_e = Mux(takes_src, src_e[n], given)
-            operand_x = Signal(operand_x_e.shape(), name=f"operand_{n}")
-            m.d.sync += operand_x.eq(operand_x_e)
-            rhs = Mux(operand_from_z, from_z[n], Mux(operand_from_f, from_f[n], operand_x))
+            operand_x_e = Mux(src_from_f, from_f[n], Mux(src_from_y, from_y[n], Mux(takes_src, src_e[n], given)))
+            rhs = Signal(operand_x_e.shape(), name=f"operand_{n}")
+            m.d.sync += rhs.eq(operand_x_e)
             other, parts = alu_lane_first(m, alu_f.alu_op, old[n], rhs, w)
             alu_rows.append(other)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
@@ -590,8 +598,9 @@ class ComputeUnit(UnitBase):
             parts_z.append([Signal(part.shape(), name=f"shift_{k}_{n}") for k, part in enumerate(mids)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_z[n], mids, strict=True)]
         m.d.sync += [row_y.eq(Cat(*alu_rows)), row_z.eq(row_y), valid["z"].eq(valid["y"]), dst["z"].eq(dst["y"])]
-        alu_row = Cat(*[alu_lane_last(m, alu_f.alu_op, row_z.word_select(n, w), parts_z[n], w) for n in range(lanes)])
-        m.d.sync += [valid["f"].eq(valid["z"]), dst["f"].eq(dst["z"]), new_f.eq(alu_row)]
+        m.d.comb += f_next.eq(Cat(*[alu_lane_last(m, alu_f.alu_op, row_z.word_select(n, w), parts_z[n], w)
+                                    for n in range(lanes)]))
+        m.d.sync += [valid["f"].eq(valid["z"]), dst["f"].eq(dst["z"])]
         return new_f
 
     def _write_back(self, m: Module, d: _Insn, busy: Signal, dma: Load2D | None, bufs: _Buffers,
