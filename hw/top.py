@@ -222,7 +222,10 @@ class Core(wiring.Component):
             m.d.sync += self.running.eq(1)
         finished = self.running & compute.finished & quiet & ~self.error
         leftovers = (queues[Unit.LOAD].level != 0) | (queues[Unit.STORE].level != 0)
-        m.d.comb += finish_early.eq(finished & leftovers)
+        # FINISH_EARLY is registered (its run ends a cycle later): fetch's idle through `finished` into the
+        # error capture's enables was among tiny's longest paths. `finished` holds meanwhile: nothing is left
+        # to run but the loads or stores queued behind the units' stopped instructions.
+        m.d.sync += finish_early.eq(finished & leftovers)
         stop = (finished & ~leftovers) | (self.running & self.error & quiet)
         m.d.comb += self.ended.eq(stop)
         with m.If(stop):
