@@ -101,7 +101,11 @@ class BurstReader(wiring.Component):
         active = Signal()
         addr = Signal(ADDR_BITS)
         remaining = Signal.like(self.cmd.payload.beats)
-        reserved = Signal(range(self.depth + 1))  # beats requested and not yet taken from the buffer
+        # The beats the buffer has room for: its depth less the beats requested and not yet taken from it. It
+        # is kept in a register, and so is one more than it (the room after a take), so that the room check
+        # below starts from registers, not from a difference and a sum of them.
+        room = Signal(range(self.depth + 1), init=self.depth)
+        room_1 = Signal(range(self.depth + 2), init=self.depth + 1)
         # The next burst's length, registered: worked out when the command starts and, the cycle after each
         # burst (`settling`, when the arbiter holds its grant), from the address and beats left after it, which
         # are registered as the burst issues: neither the sums nor the 4 KiB compares lie ahead of the grant,
@@ -117,8 +121,8 @@ class BurstReader(wiring.Component):
         ar = self.bus.ar
         issued = ar.valid & ar.ready
         taken = buf.r_rdy & buf.r_en
-        # Whether the next burst fits the buffer (reserved + length <= depth), registered: the sum and compare
-        # lay ahead of the arbiter's grant on tiny's longest path. It is worked out for the state after a
+        # Whether the next burst fits the buffer (length <= room), registered: the compare lay ahead of the
+        # arbiter's grant on tiny's longest path. It is worked out for the state after a
         # cycle without an issue; after an issue the arbiter holds its grant for a cycle, when the flag is
         # not looked at, and it is exact again the cycle after. Where the length is still to be worked out
         # (a request starting, or settling after a burst), the verdict compares with what the length will be
@@ -128,16 +132,16 @@ class BurstReader(wiring.Component):
             return Mux(starting, _burst_len_at_most(pending_addr, pending_beats, room, B, self.max_burst),
                        Mux(settling, _burst_len_at_most(addr, remaining, room, B, self.max_burst), length <= room))
 
-        room = Signal(range(self.depth + 1))  # beats the buffer has room for, before this cycle's take
-        m.d.comb += room.eq(self.depth - reserved)
         fits = Signal()
-        m.d.sync += fits.eq(Mux(taken, fits_in(room + 1), fits_in(room)))
+        m.d.sync += fits.eq(Mux(taken, fits_in(room_1), fits_in(room)))
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
             ar.valid.eq(active & ~self.abort & fits & ~settling),
         ]
-        m.d.sync += [reserved.eq(reserved + Mux(issued, length, 0) - taken), settling.eq(issued)]
+        for register in (room, room_1):
+            m.d.sync += register.eq(register - Mux(issued, length, 0) + taken)
+        m.d.sync += settling.eq(issued)
         with m.If(issued):
             m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length)]
             with m.If(remaining == length):
@@ -167,7 +171,7 @@ class BurstReader(wiring.Component):
             self.beats.payload.eq(buf.r_data),
             self.beats.valid.eq(buf.r_rdy & ~self.abort),
             buf.r_en.eq(self.beats.ready | self.abort),
-            self.idle.eq(~active & ~pending & (reserved == 0)),
+            self.idle.eq(~active & ~pending & (room == self.depth)),
         ]
         return m
 
@@ -339,9 +343,6 @@ class Load2D(wiring.Component):
         wiring.connect(m, wiring.flipped(self.bus), reader.bus)
         m.d.comb += self.error.eq(reader.error)
         f = Signal(self.cmd_layout)
-        # The tile's bounds, summed as the command is taken: the write walk's compares see registers only.
-        height = Signal(len(f.y_size) + 5)
-        width = Signal(len(f.x_size) + 5)
         empty = Signal()  # a tile of no rows or no columns
 
         # Issue: one read per DRAM row. Whether rows are left to issue, and which target the command names, are
@@ -387,18 +388,21 @@ class Load2D(wiring.Component):
         # the bounds less one, registered as the command is taken, where the position's magnitude compares
         # with the bounds and their carries were among tiny's longest paths. (A bound of 0 less one is all
         # ones, which no position reaches: a side of n-bit size and 4-bit pads spans at most 2**n + 29
-        # positions, counted in n + 5 bits.)
-        yy = Signal.like(height)
-        xx = Signal.like(width)
+        # positions, counted in n + 5 bits.) Whether the walk is at a row's last column, in the last row, or
+        # past the tile are flags of the same kind, so that the step and the end of the walk (the unit's busy)
+        # see registers, not compares of the position with the bounds.
+        yy = Signal(len(f.y_size) + 5)
+        xx = Signal(len(f.x_size) + 5)
         pos = Signal.like(f.sram_base)
         inside = Signal()
         in_y, in_x = Signal(), Signal()
-        last_y, last_x = Signal.like(height), Signal.like(width)  # height - 1, width - 1
-        y_first, y_last = Signal.like(height), Signal.like(height)  # a data row's bounds, less one
-        x_first, x_last = Signal.like(width), Signal.like(width)
+        row_end, last_row, walked = Signal(), Signal(), Signal()
+        one_col = Signal()  # a tile one column wide: every position ends its row
+        y_stop, x_stop = Signal.like(yy), Signal.like(xx)  # the tile's height and width less two
+        y_first, y_last = Signal.like(yy), Signal.like(yy)  # a data row's bounds, less one
+        x_first, x_last = Signal.like(xx), Signal.like(xx)
         x_starts = Signal()  # a row starts with data: no padding before its columns
         y_data = Signal()  # y_size != 0 (x_size is not 0: see the class)
-        row_end = xx == last_x
         next_x, next_y = Mux(row_end, 0, xx + 1), Mux(row_end, yy + 1, yy)
         in_x_next = Mux(row_end, x_starts, (in_x & (xx != x_last)) | (xx == x_first))
         in_y_next = Mux(row_end, (in_y & (yy != y_last)) | ((yy == y_first) & y_data), in_y)
@@ -408,7 +412,7 @@ class Load2D(wiring.Component):
             with m.If(to[t]):
                 m.d.comb += [elem_valid.eq(unp.elems.valid), elem_data.eq(unp.elems.payload),
                              unp.elems.ready.eq(self.busy & inside)]
-        writing = self.busy & ~empty & (yy != height)
+        writing = self.busy & ~empty & ~walked
         step = writing & (~inside | elem_valid)
         # The write is registered: the reader's buffer (a block RAM) through the unpacker into a target's write
         # port (the accumulator's through its bank muxes) was the design's longest path. The last write is in
@@ -420,8 +424,11 @@ class Load2D(wiring.Component):
         ]
         with m.If(step):
             m.d.sync += [pos.eq(pos + 1), xx.eq(next_x), yy.eq(next_y), in_x.eq(in_x_next), in_y.eq(in_y_next),
-                         inside.eq(in_x_next & in_y_next)]
-        finished = empty | ((yy == last_y) & row_end & step)
+                         inside.eq(in_x_next & in_y_next), row_end.eq(Mux(row_end, one_col, xx == x_stop)),
+                         walked.eq(last_row & row_end)]
+            with m.If(row_end):
+                m.d.sync += last_row.eq(yy == y_stop)
+        finished = empty | (last_row & row_end & step)
         with m.If(self.busy & finished & (~issuing | empty)):
             m.d.sync += self.busy.eq(0)
 
@@ -433,13 +440,13 @@ class Load2D(wiring.Component):
                 f.eq(p), self.busy.eq(1), issue_y.eq(0), row_addr.eq(p.dram_base), yy.eq(0), xx.eq(0), pos.eq(0),
                 issuing.eq(p.y_size != 0), issue_last.eq(p.y_size - 1),
                 to.eq(Cat(*[p.target == t for t in range(len(self.targets))])),
-                height.eq(rows), width.eq(cols),
                 empty.eq((rows == 0) | (cols == 0)),
                 # position (0, 0) holds data when there is no padding before it on either axis
                 inside.eq((p.y_pad_0 == 0) & (p.y_size != 0) & (p.x_pad_0 == 0) & (p.x_size != 0)),
                 in_y.eq((p.y_pad_0 == 0) & (p.y_size != 0)), in_x.eq((p.x_pad_0 == 0) & (p.x_size != 0)),
                 x_starts.eq((p.x_pad_0 == 0) & (p.x_size != 0)), y_data.eq(p.y_size != 0),
-                last_y.eq(rows - 1), last_x.eq(cols - 1),
+                row_end.eq(cols == 1), one_col.eq(cols == 1), last_row.eq(rows == 1), walked.eq(0),
+                y_stop.eq(rows - 2), x_stop.eq(cols - 2),
                 y_first.eq(p.y_pad_0 - 1), y_last.eq(p.y_pad_0 + p.y_size - 1),
                 x_first.eq(p.x_pad_0 - 1), x_last.eq(p.x_pad_0 + p.x_size - 1),
             ]
