@@ -65,6 +65,7 @@ from weft.hw.datapath import (
     alu_lane_first,
     alu_lane_last,
     alu_lane_mid,
+    alu_last_selects,
     elements,
     saturate_row,
     select,
@@ -598,7 +599,10 @@ class ComputeUnit(UnitBase):
             parts_z.append([Signal(part.shape(), name=f"shift_{k}_{n}") for k, part in enumerate(mids)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_z[n], mids, strict=True)]
         m.d.sync += [row_y.eq(Cat(*alu_rows)), row_z.eq(row_y), valid["z"].eq(valid["y"]), dst["z"].eq(dst["y"])]
-        m.d.comb += f_next.eq(Cat(*[alu_lane_last(m, alu_f.alu_op, row_z.word_select(n, w), parts_z[n], w)
+        # Z's selects, registered (the instruction's opcode is there cycles before its first execution is in Z)
+        selects = {name: Signal(name=f"alu_{name}_z") for name in alu_last_selects(alu_f.alu_op)}
+        m.d.sync += [selects[name].eq(value) for name, value in alu_last_selects(alu_f.alu_op).items()]
+        m.d.comb += f_next.eq(Cat(*[alu_lane_last(m, selects, row_z.word_select(n, w), parts_z[n], w)
                                     for n in range(lanes)]))
         m.d.sync += [valid["f"].eq(valid["z"]), dst["f"].eq(dst["z"])]
         return new_f

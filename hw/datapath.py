@@ -21,8 +21,8 @@ from weft.hw.structure import GEMM_LATENCY
 from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
-__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "elements",
-           "saturate_row", "select", "sign_extend_row"]
+__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "alu_last_selects",
+           "elements", "saturate_row", "select", "sign_extend_row"]
 
 #: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
 DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
@@ -137,7 +137,7 @@ def alu_lane(m: Module, op: Value, a: Value, b: Value, width: int) -> Value:
     operand, both signed `width`-bit; the result wraps at `width` bits. :func:`alu_lane_first`,
     :func:`alu_lane_mid` and :func:`alu_lane_last`, in one cycle."""
     other, parts = alu_lane_first(m, op, a, b, width)
-    return alu_lane_last(m, op, other, alu_lane_mid(m, op, other, parts, width), width)
+    return alu_lane_last(m, alu_last_selects(op), other, alu_lane_mid(m, op, other, parts, width), width)
 
 
 def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tuple[Value, list[Value]]:
@@ -193,14 +193,19 @@ def alu_lane_mid(m: Module, op: Value, other: Value, parts: list[Value], width: 
     return [partial, product, amount[:fine], amount >= width + mul_bits, relu]
 
 
-def alu_lane_last(m: Module, op: Value, other: Value, parts: list[Value], width: int) -> Value:
+def alu_last_selects(op: Value) -> dict[str, Value]:
+    """The opcode's decodes that :func:`alu_lane_last` selects with, in every lane: a pipeline registers
+    them (the opcode's decoders ahead of the lanes' multiplexers were among tiny's longest paths)."""
+    return {"mul": op == AluOp.MUL, "rq": op == AluOp.RQ, "shr": op == AluOp.SHR}
+
+
+def alu_lane_last(m: Module, selects: dict[str, Value], other: Value, parts: list[Value], width: int) -> Value:
     """The ALU's last stage: MUL's, RQ's and SHR's results from the parts of :func:`alu_lane_mid`, or the
-    other op's result."""
+    other op's result (`selects`: :func:`alu_last_selects` of the opcode)."""
     partial, product, fine, zero, relu = parts
     shifted = shift_right(m, partial, fine)[:width]
-    rq = op == AluOp.RQ
     requantized = Mux(zero | (relu & shifted[width - 1]), 0, shifted)
-    return Mux(op == AluOp.MUL, product, Mux(rq, requantized, Mux(op == AluOp.SHR, shifted, other)))
+    return Mux(selects["mul"], product, Mux(selects["rq"], requantized, Mux(selects["shr"], shifted, other)))
 
 
 def shift_right(m: Module, value: Value, amount: Value, *, first: int = 0) -> Value:
