@@ -241,9 +241,11 @@ class ComputeUnit(UnitBase):
         for insn, st, busy, young, retire, other_busy in ((insns[0], start_g, busy_g, young_g, retire_g, busy_a),
                                                           (insns[1], start_a, busy_a, young_a, retire_a, busy_g)):
             index = Signal.like(self.cmd.payload.index)
+            # Loaded whenever the pipe is idle, as in UnitBase.gate (nothing reads it then), not at the start.
+            with m.If(~busy):
+                m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index)]
             with m.If(st):
-                m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index), busy.eq(1),
-                             young.eq(other_busy)]
+                m.d.sync += [busy.eq(1), young.eq(other_busy)]
             with m.If(retire):
                 m.d.sync += [busy.eq(0), young.eq(0)]
             slots.append((insn, index, st, busy))

@@ -119,8 +119,14 @@ class UnitBase(wiring.Component):
                 m.d.comb += getattr(self, f"{queue}_pop").eq(start & getattr(head, flag))
             else:
                 m.d.comb += getattr(self, f"{queue}_push").eq(done & getattr(current, flag))
+        # The head is loaded whenever the unit is idle, so the instruction it starts is the one it holds: the
+        # start (worked out from the queues' flags) is not the enable of every bit of the register (that
+        # fanout, through the command queue's pop into its level, was among tiny's longest paths). Nothing
+        # reads the register while the unit is idle.
+        with m.If(~self.busy):
+            m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index)]
         with m.If(start):
-            m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index), self.busy.eq(1)]
+            m.d.sync += self.busy.eq(1)
         with m.If(done):
             m.d.sync += self.busy.eq(0)
         return insn, index, start
