@@ -534,12 +534,11 @@ class ComputeUnit(UnitBase):
         f_in_d = "y" if not gemm else "x"  # where, in D's cycle, the execution is that F holds in X's
         f_next = Signal(c.acc_row_bits)
         row_y = Signal(c.acc_row_bits)
-        # The slot's row number as E has it, registered in D (D's read, if any, is the slot's latest): selected
-        # in E it lay ahead of the compares below on one of tiny's longest paths.
+        # acc[src]'s row number is the execution's src index whether it reads the row or its slot holds it: a
+        # slot holds a micro-op's row, which without src loop factors is the same in every sweep. (Selected
+        # from the slots' row numbers, it lay ahead of the compares below on tiny's longest paths.)
         operand_at = Signal.like(src_c, name="operand_at")
-        operand_at_d = Signal.like(src_c)
-        m.d.comb += operand_at_d.eq(Mux(reads_d, src_d, select(held_at, slots["d"])))
-        m.d.sync += operand_at.eq(operand_at_d)
+        m.d.sync += operand_at.eq(src_d)
         operand_e = Mux(valid["f"] & (dst["f"] == operand_at), new_f, select(held, slots["e"]))
         # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before F (three ahead), before the rows read
         dst_from_y, dst_from_f = Signal(), Signal()
@@ -580,9 +579,9 @@ class ComputeUnit(UnitBase):
         # keeps those from it): Y's row in E's cycle, as F's in X's is `f_next` in E's.
         row_z = Signal(c.acc_row_bits)  # the ALU's row but for SHR's right shift, MUL and RQ
         src_from_y, src_from_f = Signal(), Signal()
-        src_y = valid["x"] & (dst["x"] == operand_at_d)
+        src_y = valid["x"] & (dst["x"] == src_d)
         m.d.sync += [src_from_y.eq(takes_src & src_y),
-                     src_from_f.eq(takes_src & ~src_y & valid[f_in_d] & (dst[f_in_d] == operand_at_d))]
+                     src_from_f.eq(takes_src & ~src_y & valid[f_in_d] & (dst[f_in_d] == src_d))]
         from_y, from_f, src_e = elements(row_y, w), elements(f_next, w), elements(operand_e, w)
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z

@@ -586,6 +586,10 @@ class Store2D(wiring.Component):
         # Segments (one per DRAM row) and their bursts on AW; burst lengths queue up for WLAST.
         m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=len(axi.awlen), depth=STORE_LEN_DEPTH)
         seg_y = Signal.like(f.y_size)
+        # Whether rows are left to address (seg_y != y_size), kept in a register beside seg_y: the compare
+        # lay ahead of the AW address's enable on one of tiny's longest paths.
+        segs_left = Signal()
+        seg_last = Signal.like(f.y_size)  # y_size - 1
         row_addr = Signal.like(f.dram_base)
         in_burst = Signal()
         addr = Signal(ADDR_BITS)
@@ -593,10 +597,11 @@ class Store2D(wiring.Component):
         aligned, beats, lane = _segment(m, row_addr, f.x_size, E, B)
         length = Signal(range(self.max_burst + 1))
         m.d.comb += length.eq(_burst_len(addr, remaining, B, self.max_burst))
-        start_seg = self.busy & ~in_burst & (seg_y != f.y_size) & seg_q.w_rdy
+        start_seg = self.busy & ~in_burst & segs_left & seg_q.w_rdy
         m.d.comb += [seg_q.w_data.eq(Cat(lane, f.x_size)), seg_q.w_en.eq(start_seg)]
         with m.If(start_seg):
             m.d.sync += [in_burst.eq(1), addr.eq(aligned), remaining.eq(beats), seg_y.eq(seg_y + 1),
+                         segs_left.eq(seg_y != seg_last),
                          row_addr.eq(row_addr + f.x_stride)]
         m.d.comb += [
             axi.awaddr.eq(addr), axi.awlen.eq(length - 1), axi.awsize.eq(exact_log2(B)),
@@ -642,13 +647,14 @@ class Store2D(wiring.Component):
         with m.If(b_done & (axi.bresp != RESP_OKAY)):
             m.d.sync += self.error.eq(1)
 
-        all_issued = ~in_burst & (seg_y == f.y_size)
+        all_issued = ~in_burst & ~segs_left
         drained = ~len_q.r_rdy & (outstanding == 0) & ~rows.r_rdy & ~pending & ~reading
         with m.If(self.busy & all_issued & drained & ~start_seg):
             m.d.sync += self.busy.eq(0)
         m.d.comb += self.cmd.ready.eq(~self.busy)
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += [f.eq(self.cmd.payload), self.busy.eq(1), seg_y.eq(0), rd_pos.eq(0), rd_x.eq(0), rd_y.eq(0),
+                         segs_left.eq(self.cmd.payload.y_size != 0), seg_last.eq(self.cmd.payload.y_size - 1),
                          x_last.eq(self.cmd.payload.x_size - 1), row_addr.eq(self.cmd.payload.dram_base),
                          in_burst.eq(0)]
         return m
