@@ -45,7 +45,8 @@ __all__ = ["LOAD_FIELDS", "STORE_FIELDS", "BurstReader", "Load2D", "RowPacker", 
 # The burst rule, here only: a burst from bus-aligned `addr` with `beats` left is the least of those beats,
 # the longest burst and the beats to the next 4 KiB boundary. `_burst_len` works the least out; the two
 # verdicts after it compare with it without its chain of compares and multiplexers (each sat on one of tiny's
-# longest paths), from the address's offset in its 4 KiB page and sums side by side.
+# longest paths), from the address's offset in its 4 KiB page and sums side by side (Store2D picks its
+# length with the second).
 def _burst_len(addr: Value, beats: Value, bus_bytes: int, max_burst: int) -> Value:
     """Beats of the next burst: the beats left, at most `max_burst`, never crossing 4 KiB."""
     to_boundary = (BOUNDARY_BYTES - addr[:BOUNDARY_BITS]) >> exact_log2(bus_bytes)
@@ -595,35 +596,40 @@ class Store2D(wiring.Component):
         addr = Signal(ADDR_BITS)
         remaining = Signal(self.count_bits)
         aligned, beats, lane = _segment(m, row_addr, f.x_size, E, B)
-        length = Signal(range(self.max_burst + 1))
-        m.d.comb += length.eq(_burst_len(addr, remaining, B, self.max_burst))
         start_seg = self.busy & ~in_burst & segs_left & seg_q.w_rdy
         m.d.comb += [seg_q.w_data.eq(Cat(lane, f.x_size)), seg_q.w_en.eq(start_seg)]
         with m.If(start_seg):
             m.d.sync += [in_burst.eq(1), addr.eq(aligned), remaining.eq(beats), seg_y.eq(seg_y + 1),
                          segs_left.eq(seg_y != seg_last),
                          row_addr.eq(row_addr + f.x_stride)]
-        m.d.comb += [
-            axi.awaddr.eq(addr), axi.awlen.eq(length - 1), axi.awsize.eq(exact_log2(B)),
-            axi.awburst.eq(BURST_INCR), axi.awcache.eq(CACHE_BITS), axi.awvalid.eq(in_burst & len_q.w_rdy),
-            len_q.w_data.eq(length - 1), len_q.w_en.eq(axi.awvalid & axi.awready),
-        ]
-        outstanding = Signal(16)  # bursts whose B response is due
-        aw_done = axi.awvalid & axi.awready
-        b_done = axi.bvalid & axi.bready
-        m.d.sync += outstanding.eq(outstanding + aw_done - b_done)
         # The row's last burst: the one that takes all that remains (the length's multiplexers lay ahead of
         # in_burst on one of tiny's longest paths).
         last_burst = _burst_takes_all(addr, remaining, B, self.max_burst)
-        # The burst after one that is not a row's last starts at the 4 KiB boundary where that comes before a
-        # whole longest burst, else a longest burst on: two sums from the address side by side, not the
-        # length's compares and multiplexers into one (the address through the length back into itself
-        # was tiny's longest path). After a row's last burst the next row reloads both.
+        # A burst that is not a row's last ends at the 4 KiB boundary where that comes before a whole longest
+        # burst, else it is a longest burst; the burst after it starts there: two sums from the address side
+        # by side, not the length's compares and multiplexers into one (the address through the length back
+        # into itself was tiny's longest path). After a row's last burst the next row reloads both.
         assert self.max_burst * B <= BOUNDARY_BYTES
         s = exact_log2(B)
         to_boundary = addr[:BOUNDARY_BITS] > BOUNDARY_BYTES - self.max_burst * B
         next_page = Cat(Const(0, BOUNDARY_BITS), addr[BOUNDARY_BITS:] + 1)
         beats_to_page = (BOUNDARY_BYTES >> s) - addr[s:BOUNDARY_BITS]  # a constant's sum: remaining's one adder
+        # AWLEN (the burst's length less one) from those verdicts: the compares side by side, then two
+        # multiplexers, where `_burst_len`'s chain of compares and multiplexers from the address into the
+        # length queue was tiny's longest path at 76.8 MHz. (The boundary's beats less one are the address's
+        # beat bits inverted.)
+        awlen = Signal.like(axi.awlen)
+        m.d.comb += awlen.eq(Mux(last_burst, remaining - 1,
+                                 Mux(to_boundary, ~addr[s:BOUNDARY_BITS], self.max_burst - 1)))
+        m.d.comb += [
+            axi.awaddr.eq(addr), axi.awlen.eq(awlen), axi.awsize.eq(exact_log2(B)),
+            axi.awburst.eq(BURST_INCR), axi.awcache.eq(CACHE_BITS), axi.awvalid.eq(in_burst & len_q.w_rdy),
+            len_q.w_data.eq(awlen), len_q.w_en.eq(axi.awvalid & axi.awready),
+        ]
+        outstanding = Signal(16)  # bursts whose B response is due
+        aw_done = axi.awvalid & axi.awready
+        b_done = axi.bvalid & axi.bready
+        m.d.sync += outstanding.eq(outstanding + aw_done - b_done)
         with m.If(aw_done):
             m.d.sync += [
                 addr.eq(Mux(to_boundary, next_page, addr + self.max_burst * B)),
