@@ -133,8 +133,12 @@ class BurstReader(wiring.Component):
             return Mux(starting, _burst_len_at_most(pending_addr, pending_beats, room, B, self.max_burst),
                        Mux(settling, _burst_len_at_most(addr, remaining, room, B, self.max_burst), length <= room))
 
-        fits = Signal()
-        m.d.sync += fits.eq(Mux(taken, fits_in(room_1), fits_in(room)))
+        # (The two verdicts are registered apart and the take picks between them after the registers: as one
+        # multiplexer ahead of a register, Yosys' opt_share merged the two compares into one on multiplexed
+        # operands, so the take led again into the compare's carry chain.)
+        fits_without, fits_with, took = Signal(), Signal(), Signal()
+        m.d.sync += [fits_without.eq(fits_in(room)), fits_with.eq(fits_in(room_1)), took.eq(taken)]
+        fits = Mux(took, fits_with, fits_without)
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
