@@ -123,12 +123,12 @@ class BurstReader(wiring.Component):
         issued = ar.valid & ar.ready
         taken = buf.r_rdy & buf.r_en
         # Whether the next burst fits the buffer (length <= room), registered: the compare lay ahead of the
-        # arbiter's grant on tiny's longest path. It is worked out for the state after a
-        # cycle without an issue; after an issue the arbiter holds its grant for a cycle, when the flag is
-        # not looked at, and it is exact again the cycle after. Where the length is still to be worked out
-        # (a request starting, or settling after a burst), the verdict compares with what the length will be
-        # (`_burst_len_at_most`). Both verdicts are worked out, for the room with and without this cycle's
-        # take, and the take (the consumer's ready, through the unpackers) picks one at the end.
+        # arbiter's grant on tiny's longest path. It is worked out for the state after a cycle without an
+        # issue; after an issue the arbiter holds its grant for a cycle, when the flag is not looked at, and it
+        # is exact again the cycle after. Where the length is still to be worked out (a request starting, or
+        # settling after a burst), the verdict compares with what the length will be (`_burst_len_at_most`).
+        # Both verdicts are worked out, for the room with and without this cycle's take, and the take (the
+        # consumer's ready, through the unpackers) picks one.
         def fits_in(room: Value) -> Value:
             return Mux(starting, _burst_len_at_most(pending_addr, pending_beats, room, B, self.max_burst),
                        Mux(settling, _burst_len_at_most(addr, remaining, room, B, self.max_burst), length <= room))

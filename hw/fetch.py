@@ -34,7 +34,8 @@ from weft.isa.semantics import FLAG_QUEUE, MEMS, PADDED_MEMS, sram_rows, unit_of
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["Fetch", "check_insn", "check_word", "error_code", "range_bits", "sram_range", "sram_range_parts"]
+__all__ = ["Fetch", "check_insn", "check_word", "error_code", "range_bits", "sram_range", "sram_range_joined",
+           "sram_range_parts"]
 
 
 
@@ -61,13 +62,17 @@ def sram_range(active: Value, room: Value, height: Value, width: Value, bits: in
     when the base is past the end). A side of ``2**bits`` rows or more (`bits` from :func:`range_bits`)
     overflows every memory unless the other side is empty, so only the low `bits` of each side are
     multiplied: tiny's 14 x 14-bit product was its longest path after place and route."""
-    product, coarse = sram_range_parts(active, room, height, width, bits)
+    return sram_range_joined(*sram_range_parts(active, room, height, width, bits), active, room)
+
+
+def sram_range_joined(product: Value, coarse: Value, active: Value, room: Value) -> Value:
+    """:func:`sram_range` from its :func:`sram_range_parts`."""
     return coarse | (active & (product > room))
 
 
 def sram_range_parts(active: Value, room: Value, height: Value, width: Value, bits: int) -> tuple[Value, Value]:
     """:func:`sram_range` in two parts a user may register apart: the sides' product and the verdict
-    without its compare with the room (the condition is ``coarse | (active & (product > room))``)."""
+    without its compare with the room (:func:`sram_range_joined` joins them)."""
     def over(side: Value) -> Value:
         return side[bits:].any() if len(side) > bits else Const(0)
 
@@ -246,8 +251,8 @@ class Fetch(wiring.Component):
             word_d, decoded_d, out_of_range = Signal.like(word), Signal(len(decoded)), Signal()
             with m.If(advance):
                 m.d.sync += [full_c.eq(0), full.eq(1), word_d.eq(checked["word"]), decoded_d.eq(checked["decoded"]),
-                             out_of_range.eq(checked["coarse"]
-                                             | (checked["active"] & (checked["product"] > checked["room"])))]
+                             out_of_range.eq(sram_range_joined(checked["product"], checked["coarse"],
+                                                               checked["active"], checked["room"]))]
             with m.If(move):
                 m.d.sync += [full_c.eq(1), *[checked[name].eq(value) for name, value in values.items()]]
             word, present = word_d, full
