@@ -176,14 +176,14 @@ class ComputeUnit(UnitBase):
         m = Module()
         c = self.config
         done_g, done_a = Signal(), Signal()
-        (insn_g, index_g, start_g, busy_g), (insn_a, index_a, start_a, busy_a) = self._issue(m, done_g, done_a)
-        head = self.view(insn_g, "finish")
-        is_gemm = head.opcode == Opcode.GEMM
+        ((insn_g, index_g, start_g, busy_g, kind_g),
+         (insn_a, index_a, start_a, busy_a, kind_a)) = self._issue(m, done_g, done_a)
+        is_gemm = kind_g[Opcode.GEMM]
         d_g = _Insn(mem=self.view(insn_g, "mem"), gemm=self.view(insn_g, "gemm"), alu=self.view(insn_g, "alu"),
-                    is_load=head.opcode == Opcode.LOAD, is_gemm=is_gemm, is_alu=Const(0),
-                    is_finish=head.opcode == Opcode.FINISH, looped=is_gemm, alu_src=Const(0), alu_inp=Const(0))
+                    is_load=kind_g[Opcode.LOAD], is_gemm=is_gemm, is_alu=Const(0),
+                    is_finish=kind_g[Opcode.FINISH], looped=is_gemm, alu_src=Const(0), alu_inp=Const(0))
         alu = self.view(insn_a, "alu")
-        is_alu = self.view(insn_a, "finish").opcode == Opcode.ALU
+        is_alu = kind_a[Opcode.ALU]
         d_a = _Insn(mem=self.view(insn_a, "mem"), gemm=self.view(insn_a, "gemm"), alu=alu, is_load=Const(0),
                     is_gemm=Const(0), is_alu=is_alu, is_finish=Const(0), looped=is_alu,
                     alu_src=is_alu & ~alu.use_imm & ~alu.src_inp, alu_inp=is_alu & ~alu.use_imm & alu.src_inp)
@@ -206,13 +206,12 @@ class ComputeUnit(UnitBase):
                      done_a.eq(busy_a & done_loop_a)]
         return m
 
-    def _issue(self, m: Module, done_g: Signal, done_a: Signal
-               ) -> tuple[tuple[Signal, Signal, Signal, Signal], tuple[Signal, Signal, Signal, Signal]]:
+    def _issue(self, m: Module, done_g: Signal, done_a: Signal) -> tuple[tuple, tuple]:
         """In-order issue to the two pipes (spec "beside"): GEMM (and the unit's loads and FINISH, with both
         pipes idle) to the first, ALU to the second. The head starts when its tokens are there, its pipe is
         free and, unless it has beside set, the other pipe too. An instruction retires (pushes, frees its
         pipe) when done, but one that pushes not before the other pipe's older instruction has. Returns (instruction,
-        index, start pulse, busy) of each pipe."""
+        index, start pulse, busy, whether the instruction is of each opcode) of each pipe."""
         head = self.view(self.cmd.payload.insn, "finish")
         h_alu = head.opcode == Opcode.ALU
         beside: Value = Const(0)
@@ -238,17 +237,23 @@ class ComputeUnit(UnitBase):
         retire_g = busy_g & done_g & ~(young_g & busy_a & pushes[0])
         retire_a = busy_a & done_a & ~(young_a & busy_g & pushes[1])
         slots = []
-        for insn, st, busy, young, retire, other_busy in ((insns[0], start_g, busy_g, young_g, retire_g, busy_a),
-                                                          (insns[1], start_a, busy_a, young_a, retire_a, busy_g)):
+        for name, insn, st, busy, young, retire, other_busy in (
+                ("gemm", insns[0], start_g, busy_g, young_g, retire_g, busy_a),
+                ("alu", insns[1], start_a, busy_a, young_a, retire_a, busy_g)):
             index = Signal.like(self.cmd.payload.index)
-            # Loaded whenever the pipe is idle, as in UnitBase.gate (nothing reads it then), not at the start.
+            # Loaded whenever the pipe is idle, as in UnitBase.gate (nothing reads it then), not at the start;
+            # its opcode decoded beside it, so the loop's launch (whose fanout is every loop register) starts
+            # from a register.
+            kind = {op: Signal(name=f"{name}_is_{op.name.lower()}") for op in (Opcode.LOAD, Opcode.GEMM,
+                                                                            Opcode.FINISH, Opcode.ALU)}
             with m.If(~busy):
-                m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index)]
+                m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index),
+                             *[kind[op].eq(head.opcode == op) for op in kind]]
             with m.If(st):
                 m.d.sync += [busy.eq(1), young.eq(other_busy)]
             with m.If(retire):
                 m.d.sync += [busy.eq(0), young.eq(0)]
-            slots.append((insn, index, st, busy))
+            slots.append((insn, index, st, busy, kind))
         with m.If(retire_a):  # the older one is gone: the next in its pipe is younger
             m.d.sync += young_g.eq(0)
         with m.If(retire_g):
