@@ -516,14 +516,27 @@ class ComputeUnit(UnitBase):
         # passed X (a read waits a cycle after any issue). Every F write to a held row lands in its register,
         # and X takes the one F writes in its own cycle: an execution sees the writes two or more ahead of
         # it, as with dst.
+        # Whether F writes a row in a cycle is worked out the cycle before, from the stage before F and the
+        # row's number as it will be, and registered (`f_writes`): the compares of F's row number ahead of
+        # these registers' enables and multiplexers (every bit of every held row) were tiny's longest path
+        # after place and route at 81.0 MHz.
+        before_f = "z" if not gemm else "y"
+
+        def f_writes(row_next: Value, name: str) -> Signal:
+            flag = Signal(name=f"f_writes_{name}")
+            m.d.sync += flag.eq(valid[before_f] & (dst[before_f] == row_next))
+            return flag
+
         held = [Signal(c.acc_row_bits, name=f"src_row_{n}") for n in range(SRC_ROWS)]
         held_at = [Signal.like(src_c, name=f"src_at_{n}") for n in range(SRC_ROWS)]
-        src_read = Mux(valid["f"] & (dst["f"] == src_d), new_f,
+        src_read = Mux(f_writes(src_c, "src_d"), new_f,
                        Mux(src_written, new_f_1, Mux(src_written_1, new_f_2, bufs.r_data)))
         for n in range(SRC_ROWS):
-            with m.If(reads_d & (slots["d"] == n)):
+            fills = reads_d & (slots["d"] == n)
+            written = f_writes(Mux(fills, src_d, held_at[n]), f"held_{n}")
+            with m.If(fills):
                 m.d.sync += [held[n].eq(src_read), held_at[n].eq(src_d)]
-            with m.Elif(valid["f"] & (dst["f"] == held_at[n])):
+            with m.Elif(written):
                 m.d.sync += held[n].eq(new_f)
         # (a tree of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
         # from time 0 on, where a combinational process whose inputs never change may never run)
@@ -539,12 +552,10 @@ class ComputeUnit(UnitBase):
         f_in_d = "y" if not gemm else "x"  # where, in D's cycle, the execution is that F holds in X's
         f_next = Signal(c.acc_row_bits)
         row_y = Signal(c.acc_row_bits)
-        # acc[src]'s row number is the execution's src index whether it reads the row or its slot holds it: a
-        # slot holds a micro-op's row, which without src loop factors is the same in every sweep. (Selected
-        # from the slots' row numbers, it lay ahead of the compares below on tiny's longest paths.)
-        operand_at = Signal.like(src_c, name="operand_at")
-        m.d.sync += operand_at.eq(src_d)
-        operand_e = Mux(valid["f"] & (dst["f"] == operand_at), new_f, select(held, slots["e"]))
+        # acc[src]'s row number is the execution's src index (src_d in D) whether it reads the row or its slot
+        # holds it: a slot holds a micro-op's row, which without src loop factors is the same in every sweep.
+        # (Selected from the slots' row numbers, it lay ahead of the compares on tiny's longest paths.)
+        operand_e = Mux(f_writes(src_d, "operand"), new_f, select(held, slots["e"]))
         # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before F (three ahead), before the rows read
         dst_from_y, dst_from_f = Signal(), Signal()
         from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
@@ -554,7 +565,7 @@ class ComputeUnit(UnitBase):
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
                      old_x.eq(Mux(dst_from_f, f_next, Mux(dst_from_y, row_y, Mux(
-                         valid["f"] & (dst["f"] == dst["e"]), new_f,
+                         f_writes(dst["d"], "dst_e"), new_f,
                          Mux(dst_written, new_f_1, Mux(dst_written_1, new_f_2, bufs.r_data)))))),
                      new_f.eq(f_next)]
 
