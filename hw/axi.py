@@ -117,10 +117,10 @@ class ReadArbiter(wiring.Component):
         with m.If(busy & axi.arready):
             m.d.sync += busy.eq(0)
         # Round robin: the first requesting client after the last one granted.
+        order = [[(last + step) % n for step in range(1, n + 1)] for last in range(n)]
         with m.If(~busy):
             grant = Signal(range(n))
             found = Signal()
-            order = [[(last + step) % n for step in range(1, n + 1)] for last in range(n)]
             with m.Switch(last_grant):
                 for last in range(n):
                     with m.Case(last):
@@ -133,8 +133,14 @@ class ReadArbiter(wiring.Component):
                     for k in range(n):
                         with m.Case(k):
                             client = self.clients[k].ar
-                            m.d.comb += client.ready.eq(1)
                             m.d.sync += [axi.araddr.eq(client.payload.addr), axi.arlen.eq(client.payload.len)]
+        # Each client's ready, written out on its own: no client ahead of it in the round's order requests.
+        # (Taken from the grant, which selects the address and length, it came through that multiplexer's
+        # high-fanout select into every register the client updates on an issue: tiny's longest paths.)
+        for k in range(n):
+            ahead = [Cat(*[self.clients[j].ar.valid for j in order[last][:order[last].index(k)]]).any()
+                     for last in range(n)]
+            m.d.comb += self.clients[k].ar.ready.eq(~busy & ~Cat(*ahead).bit_select(last_grant, 1))
         # R: route by RID.
         for k in range(n):
             r = self.clients[k].r
