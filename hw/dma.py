@@ -43,15 +43,23 @@ __all__ = ["LOAD_FIELDS", "STORE_FIELDS", "BurstReader", "Load2D", "RowPacker", 
 
 
 # The burst rule, here only: a burst from bus-aligned `addr` with `beats` left is the least of those beats,
-# the longest burst and the beats to the next 4 KiB boundary. `_burst_len` works the least out; the two
-# verdicts after it compare with it without its chain of compares and multiplexers (each sat on one of tiny's
-# longest paths), from the address's offset in its 4 KiB page and sums side by side (Store2D picks its
-# length with the second).
-def _burst_len(addr: Value, beats: Value, bus_bytes: int, max_burst: int) -> Value:
-    """Beats of the next burst: the beats left, at most `max_burst`, never crossing 4 KiB."""
-    to_boundary = (BOUNDARY_BYTES - addr[:BOUNDARY_BITS]) >> exact_log2(bus_bytes)
-    limit = Mux(to_boundary < max_burst, to_boundary, max_burst)
-    return Mux(beats < limit, beats, limit)
+# the longest burst and the beats to the next 4 KiB boundary. Nothing works the least out as a chain of
+# compares and multiplexers (each such chain sat on one of tiny's longest paths): `_burst_len` picks it with
+# two verdicts worked out side by side (the beats fit one burst and end by the boundary; the boundary comes
+# before a whole longest burst), and `_burst_len_at_most` compares with it, from the address's offset in its
+# 4 KiB page and sums side by side.
+def _boundary_first(addr: Value, bus_bytes: int, max_burst: int) -> Value:
+    """Whether the 4 KiB boundary comes before a whole longest burst from `addr` ends."""
+    return addr[:BOUNDARY_BITS] > BOUNDARY_BYTES - max_burst * bus_bytes
+
+
+def _burst_len(addr: Value, beats: Value, bus_bytes: int, max_burst: int, *, less: int = 0) -> Value:
+    """Beats of the next burst (less `less`, folded into each choice): the beats left, at most `max_burst`,
+    never crossing 4 KiB."""
+    s = exact_log2(bus_bytes)
+    to_boundary = ((BOUNDARY_BYTES >> s) - less) - addr[s:BOUNDARY_BITS]
+    return Mux(_burst_takes_all(addr, beats, bus_bytes, max_burst), beats - less,
+               Mux(_boundary_first(addr, bus_bytes, max_burst), to_boundary, max_burst - less))
 
 
 def _burst_len_at_most(addr: Value, beats: Value, room: Value, bus_bytes: int, max_burst: int) -> Value:
@@ -615,16 +623,13 @@ class Store2D(wiring.Component):
         # into itself was tiny's longest path). After a row's last burst the next row reloads both.
         assert self.max_burst * B <= BOUNDARY_BYTES
         s = exact_log2(B)
-        to_boundary = addr[:BOUNDARY_BITS] > BOUNDARY_BYTES - self.max_burst * B
+        to_boundary = _boundary_first(addr, B, self.max_burst)
         next_page = Cat(Const(0, BOUNDARY_BITS), addr[BOUNDARY_BITS:] + 1)
         beats_to_page = (BOUNDARY_BYTES >> s) - addr[s:BOUNDARY_BITS]  # a constant's sum: remaining's one adder
-        # AWLEN (the burst's length less one) from those verdicts: the compares side by side, then two
-        # multiplexers, where `_burst_len`'s chain of compares and multiplexers from the address into the
-        # length queue was tiny's longest path at 76.8 MHz. (The boundary's beats less one are the address's
-        # beat bits inverted.)
+        # AWLEN, the burst's length less one (the length's chain of compares and multiplexers from the address
+        # into the length queue was tiny's longest path at 76.8 MHz)
         awlen = Signal.like(axi.awlen)
-        m.d.comb += awlen.eq(Mux(last_burst, remaining - 1,
-                                 Mux(to_boundary, ~addr[s:BOUNDARY_BITS], self.max_burst - 1)))
+        m.d.comb += awlen.eq(_burst_len(addr, remaining, B, self.max_burst, less=1))
         m.d.comb += [
             axi.awaddr.eq(addr), axi.awlen.eq(awlen), axi.awsize.eq(exact_log2(B)),
             axi.awburst.eq(BURST_INCR), axi.awcache.eq(CACHE_BITS), axi.awvalid.eq(in_burst & len_q.w_rdy),
