@@ -223,8 +223,8 @@ class Core(wiring.Component):
         finished = self.running & compute.finished & quiet & ~self.error
         leftovers = (queues[Unit.LOAD].level != 0) | (queues[Unit.STORE].level != 0)
         # FINISH_EARLY is registered (its run ends a cycle later): fetch's idle through `finished` into the
-        # error capture's enables was among tiny's longest paths. `finished` holds meanwhile: nothing is left
-        # to run but the loads or stores queued behind the units' stopped instructions.
+        # error capture's enables was among tiny's longest paths. The verdict stands whatever the cycle after
+        # brings: FINISH has executed with loads or stores left in their queues.
         m.d.sync += finish_early.eq(finished & leftovers)
         stop = (finished & ~leftovers) | (self.running & self.error & quiet)
         m.d.comb += self.ended.eq(stop)
