@@ -86,6 +86,10 @@ __all__ = ["ComputeUnit"]
 # Load2D targets of the compute unit, by position.
 _UOP, _ACC, _ACC_NARROW = range(3)
 
+#: What the issue gives each compute pipe: its instruction register, the instruction's index, the start pulse,
+#: busy, and whether the instruction is of each opcode (registered beside it).
+_Slot = tuple[Signal, Signal, Signal, Signal, dict[Opcode, Signal]]
+
 
 @dataclass(frozen=True)
 class _Insn:
@@ -206,7 +210,7 @@ class ComputeUnit(UnitBase):
                      done_a.eq(busy_a & done_loop_a)]
         return m
 
-    def _issue(self, m: Module, done_g: Signal, done_a: Signal) -> tuple[tuple, tuple]:
+    def _issue(self, m: Module, done_g: Signal, done_a: Signal) -> tuple[_Slot, _Slot]:
         """In-order issue to the two pipes (spec "beside"): GEMM (and the unit's loads and FINISH, with both
         pipes idle) to the first, ALU to the second. The head starts when its tokens are there, its pipe is
         free and, unless it has beside set, the other pipe too. An instruction retires (pushes, frees its

@@ -53,13 +53,18 @@ def _boundary_first(addr: Value, bus_bytes: int, max_burst: int) -> Value:
     return addr[:BOUNDARY_BITS] > BOUNDARY_BYTES - max_burst * bus_bytes
 
 
+def _beats_to_boundary(addr: Value, bus_bytes: int, *, less: int = 0) -> Value:
+    """The beats from bus-aligned `addr` to the next 4 KiB boundary, less `less`: a constant's difference."""
+    s = exact_log2(bus_bytes)
+    return ((BOUNDARY_BYTES >> s) - less) - addr[s:BOUNDARY_BITS]
+
+
 def _burst_len(addr: Value, beats: Value, bus_bytes: int, max_burst: int, *, less: int = 0) -> Value:
     """Beats of the next burst (less `less`, folded into each choice): the beats left, at most `max_burst`,
     never crossing 4 KiB."""
-    s = exact_log2(bus_bytes)
-    to_boundary = ((BOUNDARY_BYTES >> s) - less) - addr[s:BOUNDARY_BITS]
     return Mux(_burst_takes_all(addr, beats, bus_bytes, max_burst), beats - less,
-               Mux(_boundary_first(addr, bus_bytes, max_burst), to_boundary, max_burst - less))
+               Mux(_boundary_first(addr, bus_bytes, max_burst), _beats_to_boundary(addr, bus_bytes, less=less),
+                   max_burst - less))
 
 
 def _burst_len_at_most(addr: Value, beats: Value, room: Value, bus_bytes: int, max_burst: int) -> Value:
@@ -622,10 +627,8 @@ class Store2D(wiring.Component):
         # by side, not the length's compares and multiplexers into one (the address through the length back
         # into itself was tiny's longest path). After a row's last burst the next row reloads both.
         assert self.max_burst * B <= BOUNDARY_BYTES
-        s = exact_log2(B)
         to_boundary = _boundary_first(addr, B, self.max_burst)
         next_page = Cat(Const(0, BOUNDARY_BITS), addr[BOUNDARY_BITS:] + 1)
-        beats_to_page = (BOUNDARY_BYTES >> s) - addr[s:BOUNDARY_BITS]  # a constant's sum: remaining's one adder
         # AWLEN, the burst's length less one (the length's chain of compares and multiplexers from the address
         # into the length queue was tiny's longest path at 76.8 MHz)
         awlen = Signal.like(axi.awlen)
@@ -642,7 +645,7 @@ class Store2D(wiring.Component):
         with m.If(aw_done):
             m.d.sync += [
                 addr.eq(Mux(to_boundary, next_page, addr + self.max_burst * B)),
-                remaining.eq(Mux(to_boundary, remaining - beats_to_page, remaining - self.max_burst)),
+                remaining.eq(Mux(to_boundary, remaining - _beats_to_boundary(addr, B), remaining - self.max_burst)),
             ]
             with m.If(last_burst):
                 m.d.sync += in_burst.eq(0)
