@@ -65,7 +65,7 @@ from weft.hw.datapath import (
     alu_lane_first,
     alu_lane_last,
     alu_lane_mid,
-    alu_last_selects,
+    alu_selects,
     elements,
     saturate_row,
     select,
@@ -88,7 +88,7 @@ _UOP, _ACC, _ACC_NARROW = range(3)
 
 #: What the issue gives each compute pipe: its instruction register, the instruction's index, the start pulse,
 #: busy, and whether the instruction is of each opcode (registered beside it).
-_Slot = tuple[Signal, Signal, Signal, Signal, dict[Opcode, Signal]]
+_Slot = tuple[Signal, Signal, Signal, Signal, dict[str, Signal]]
 
 
 @dataclass(frozen=True)
@@ -182,15 +182,15 @@ class ComputeUnit(UnitBase):
         done_g, done_a = Signal(), Signal()
         ((insn_g, index_g, start_g, busy_g, kind_g),
          (insn_a, index_a, start_a, busy_a, kind_a)) = self._issue(m, done_g, done_a)
-        is_gemm = kind_g[Opcode.GEMM]
+        is_gemm = kind_g["gemm"]
         d_g = _Insn(mem=self.view(insn_g, "mem"), gemm=self.view(insn_g, "gemm"), alu=self.view(insn_g, "alu"),
-                    is_load=kind_g[Opcode.LOAD], is_gemm=is_gemm, is_alu=Const(0),
-                    is_finish=kind_g[Opcode.FINISH], looped=is_gemm, alu_src=Const(0), alu_inp=Const(0))
+                    is_load=kind_g["load"], is_gemm=is_gemm, is_alu=Const(0),
+                    is_finish=kind_g["finish"], looped=is_gemm, alu_src=Const(0), alu_inp=Const(0))
         alu = self.view(insn_a, "alu")
-        is_alu = kind_a[Opcode.ALU]
+        is_alu = kind_a["alu"]
         d_a = _Insn(mem=self.view(insn_a, "mem"), gemm=self.view(insn_a, "gemm"), alu=alu, is_load=Const(0),
                     is_gemm=Const(0), is_alu=is_alu, is_finish=Const(0), looped=is_alu,
-                    alu_src=is_alu & ~alu.use_imm & ~alu.src_inp, alu_inp=is_alu & ~alu.use_imm & alu.src_inp)
+                    alu_src=kind_a["alu_src"], alu_inp=kind_a["alu_inp"])
         m.submodules.uop_mem = uop_mem = memory.Memory(shape=c.uop_bits, depth=c.uop_rows, init=[])
         bufs_g = _pipe_buffers(c, uop_mem.read_port(), "gemm")
         bufs_a = _pipe_buffers(c, uop_mem.read_port(), "alu")
@@ -216,7 +216,7 @@ class ComputeUnit(UnitBase):
         free and, unless it has beside set, the other pipe too. An instruction retires (pushes, frees its
         pipe) when done, but one that pushes not before the other pipe's older instruction has. Returns (instruction,
         index, start pulse, busy, whether the instruction is of each opcode) of each pipe."""
-        head = self.view(self.cmd.payload.insn, "finish")
+        head, head_alu = self.view(self.cmd.payload.insn, "finish"), self.view(self.cmd.payload.insn, "alu")
         h_alu = head.opcode == Opcode.ALU
         beside: Value = Const(0)
         for name, is_kind in (("gemm", head.opcode == Opcode.GEMM), ("alu", h_alu)):
@@ -246,13 +246,16 @@ class ComputeUnit(UnitBase):
                 ("alu", insns[1], start_a, busy_a, young_a, retire_a, busy_g)):
             index = Signal.like(self.cmd.payload.index)
             # Loaded whenever the pipe is idle, as in UnitBase.gate (nothing reads it then), not at the start;
-            # its opcode decoded beside it, so the loop's launch (whose fanout is every loop register) starts
-            # from a register.
-            kind = {op: Signal(name=f"{name}_is_{op.name.lower()}") for op in (Opcode.LOAD, Opcode.GEMM,
-                                                                            Opcode.FINISH, Opcode.ALU)}
+            # its opcode and where an ALU instruction takes its operand from decoded beside it, so the loop's
+            # launch and issue (whose fanouts are every loop register) start from registers.
+            decodes = {op.name.lower(): head.opcode == op for op in (Opcode.LOAD, Opcode.GEMM, Opcode.FINISH,
+                                                                     Opcode.ALU)}
+            decodes["alu_src"] = decodes["alu"] & ~head_alu.use_imm & ~head_alu.src_inp
+            decodes["alu_inp"] = decodes["alu"] & ~head_alu.use_imm & head_alu.src_inp
+            kind = {what: Signal(name=f"{name}_is_{what}") for what in decodes}
             with m.If(~busy):
                 m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index),
-                             *[kind[op].eq(head.opcode == op) for op in kind]]
+                             *[kind[what].eq(value) for what, value in decodes.items()]]
             with m.If(st):
                 m.d.sync += [busy.eq(1), young.eq(other_busy)]
             with m.If(retire):
@@ -595,6 +598,9 @@ class ComputeUnit(UnitBase):
         # first execution reaches E.
         takes_src = Signal()
         m.d.sync += takes_src.eq(~alu_f.use_imm & ~alu_f.src_inp)
+        # The opcode's decodes, registered for the same reason: X, Y and Z select with them in every lane.
+        selects = {name: Signal(name=f"alu_{name}") for name in alu_selects(alu_f.alu_op)}
+        m.d.sync += [selects[name].eq(value) for name, value in alu_selects(alu_f.alu_op).items()]
         # Two executions ahead, in Z in X's cycle, is a result of every op but SHR, MUL and RQ (spec "hazard"
         # keeps those from it): Y's row in E's cycle, as F's in X's is `f_next` in E's.
         row_z = Signal(c.acc_row_bits)  # the ALU's row but for SHR's right shift, MUL and RQ
@@ -612,17 +618,14 @@ class ComputeUnit(UnitBase):
             operand_x_e = Mux(src_from_f, from_f[n], Mux(src_from_y, from_y[n], Mux(takes_src, src_e[n], given)))
             rhs = Signal(operand_x_e.shape(), name=f"operand_{n}")
             m.d.sync += rhs.eq(operand_x_e)
-            other, parts = alu_lane_first(m, alu_f.alu_op, old[n], rhs, w)
+            other, parts = alu_lane_first(m, selects, old[n], rhs, w)
             alu_rows.append(other)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]
-            mids = alu_lane_mid(m, alu_f.alu_op, row_y.word_select(n, w), parts_y[n], w)
+            mids = alu_lane_mid(m, selects, row_y.word_select(n, w), parts_y[n], w)
             parts_z.append([Signal(part.shape(), name=f"shift_{k}_{n}") for k, part in enumerate(mids)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_z[n], mids, strict=True)]
         m.d.sync += [row_y.eq(Cat(*alu_rows)), row_z.eq(row_y), valid["z"].eq(valid["y"]), dst["z"].eq(dst["y"])]
-        # Z's selects, registered (the instruction's opcode is there cycles before its first execution is in Z)
-        selects = {name: Signal(name=f"alu_{name}_z") for name in alu_last_selects(alu_f.alu_op)}
-        m.d.sync += [selects[name].eq(value) for name, value in alu_last_selects(alu_f.alu_op).items()]
         m.d.comb += f_next.eq(Cat(*[alu_lane_last(m, selects, row_z.word_select(n, w), parts_z[n], w)
                                     for n in range(lanes)]))
         m.d.sync += [valid["f"].eq(valid["z"]), dst["f"].eq(dst["z"])]

@@ -9,9 +9,6 @@ latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every c
 
 from __future__ import annotations
 
-import operator
-from functools import reduce
-
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.hdl import Value
 from amaranth.lib import wiring
@@ -21,7 +18,7 @@ from weft.hw.structure import GEMM_LATENCY
 from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
-__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "alu_last_selects",
+__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "alu_selects",
            "elements", "saturate_row", "select", "sign_extend_row"]
 
 #: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
@@ -136,11 +133,25 @@ def alu_lane(m: Module, op: Value, a: Value, b: Value, width: int) -> Value:
     """One accumulator element through the ALU (spec SEMANTICS["alu"]): `a` the destination, `b` the
     operand, both signed `width`-bit; the result wraps at `width` bits. :func:`alu_lane_first`,
     :func:`alu_lane_mid` and :func:`alu_lane_last`, in one cycle."""
-    other, parts = alu_lane_first(m, op, a, b, width)
-    return alu_lane_last(m, alu_last_selects(op), other, alu_lane_mid(m, op, other, parts, width), width)
+    selects = alu_selects(op)
+    other, parts = alu_lane_first(m, selects, a, b, width)
+    return alu_lane_last(m, selects, other, alu_lane_mid(m, selects, other, parts, width), width)
 
 
-def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tuple[Value, list[Value]]:
+def alu_selects(op: Value) -> dict[str, Value]:
+    """The opcode's decodes that the ALU's stages select with, in every lane: the compute pipeline registers
+    them once per instruction (the opcode's decoders ahead of every lane's multiplexers were among tiny's
+    longest paths, their outputs' fanout the whole row)."""
+    codes = {"max": AluOp.MAX, "add": AluOp.ADD, "shr": AluOp.SHR, "mul": AluOp.MUL, "rq": AluOp.RQ,
+             "mov": AluOp.MOV}
+    selects = {name: op == code for name, code in codes.items()}
+    # ADD, SHR and MOV: the first stage's result is one of theirs, else MIN's or MAX's
+    selects["rest"] = selects["add"] | selects["shr"] | selects["mov"]
+    return selects
+
+
+def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int
+                   ) -> tuple[Value, list[Value]]:
     """The ALU's first pipeline stage: the result of every op but MUL, RQ and SHR (SHR's left shift done
     here), and the parts the later stages take.
 
@@ -155,19 +166,19 @@ def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tupl
     h = width // 2
     mul_bits, shift_bits = rq_layout(width)
     al, ah, bl, bh = a.as_unsigned()[:h], a.as_signed()[h:].as_signed(), b.as_unsigned()[:h], b.as_unsigned()[h:]
-    second = Mux(op == AluOp.RQ, b[:mul_bits].as_signed(), bl)
+    second = Mux(selects["rq"], b[:mul_bits].as_signed(), bl)
     bits = width.bit_length()  # log2(width) + 1: SHR's amount is the operand's low bits, signed
     assert bits <= shift_bits
     amount = b[:bits].as_signed()
     right = Mux(amount[bits - 1], 0, amount[:bits - 1])
-    shift = Mux(op == AluOp.SHR, right, b[mul_bits:mul_bits + shift_bits])
+    shift = Mux(selects["shr"], right, b[mul_bits:mul_bits + shift_bits])
     # RQ's rounding constant 2^(s-1) (0 for s = 0), decoded here from its amount so that the second stage's
     # sum does not wait on the decoder: |a * m| <= 2^(width + mul_bits - 2), so with s < width + mul_bits the
     # constant and the sum fit width + mul_bits + 1 signed bits; from s = width + mul_bits on, the result is 0.
     rq_amount = b[mul_bits:mul_bits + shift_bits]
     rounding = Cat(*[rq_amount == k + 1 for k in range(width + mul_bits + 1)])
     parts = [al * second, ah * second, (al * bh)[:width - h], shift, b[mul_bits + shift_bits], rounding]
-    return _alu_lane_but_mul(m, op, a, b, width), parts
+    return _alu_lane_but_mul(m, selects, a, b, width), parts
 
 
 #: The right shift's stages (one per bit of the amount) that alu_lane_mid takes, the longest first; the rest
@@ -175,7 +186,8 @@ def alu_lane_first(m: Module, op: Value, a: Value, b: Value, width: int) -> tupl
 _COARSE_SHIFTS = 3
 
 
-def alu_lane_mid(m: Module, op: Value, other: Value, parts: list[Value], width: int) -> list[Value]:
+def alu_lane_mid(m: Module, selects: dict[str, Value], other: Value, parts: list[Value], width: int
+                 ) -> list[Value]:
     """The ALU's second stage, from the parts of :func:`alu_lane_first`: MUL's product, RQ's exact product
     plus its rounding constant, and the right shift's longest steps (of RQ's sum, or of SHR's operand, the
     first stage's result: a itself, or a shifted left, its amount then 0 here). RQ and SHR shift right through
@@ -186,22 +198,16 @@ def alu_lane_mid(m: Module, op: Value, other: Value, parts: list[Value], width: 
     product = (low[:width] + ((high[:width - h] + mid) << h))[:width]
     total = width + mul_bits + 1  # RQ's sum (alu_lane_first)
     exact = low.as_signed() + (high.as_signed() << h)
-    value = Mux(op == AluOp.RQ, (exact + rounding)[:total].as_signed(), other.as_signed())
+    value = Mux(selects["rq"], (exact + rounding)[:total].as_signed(), other.as_signed())
     fine = len(amount) - _COARSE_SHIFTS
     # the last stage's result bits come from the width + 2^fine - 1 lowest: the rest need no register
     partial = shift_right(m, value, amount[fine:], first=fine)[:width + (1 << fine) - 1]
     return [partial, product, amount[:fine], amount >= width + mul_bits, relu]
 
 
-def alu_last_selects(op: Value) -> dict[str, Value]:
-    """The opcode's decodes that :func:`alu_lane_last` selects with, in every lane: a pipeline registers
-    them (the opcode's decoders ahead of the lanes' multiplexers were among tiny's longest paths)."""
-    return {"mul": op == AluOp.MUL, "rq": op == AluOp.RQ, "shr": op == AluOp.SHR}
-
-
 def alu_lane_last(m: Module, selects: dict[str, Value], other: Value, parts: list[Value], width: int) -> Value:
     """The ALU's last stage: MUL's, RQ's and SHR's results from the parts of :func:`alu_lane_mid`, or the
-    other op's result (`selects`: :func:`alu_last_selects` of the opcode)."""
+    other op's result."""
     partial, product, fine, zero, relu = parts
     shifted = shift_right(m, partial, fine)[:width]
     requantized = Mux(zero | (relu & shifted[width - 1]), 0, shifted)
@@ -233,7 +239,7 @@ def _stage(m: Module, value: Value, shape: object) -> Signal:
     return stage
 
 
-def _alu_lane_but_mul(m: Module, op: Value, a: Value, b: Value, width: int) -> Value:
+def _alu_lane_but_mul(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int) -> Value:
     bits = width.bit_length()  # log2(width) + 1: the shift amount is the operand's low bits, signed
     amount = b[:bits].as_signed()
     # amount < 0: a << -amount, with -amount = ~amount + 1 (1 to width): one fixed shift, then one by
@@ -242,15 +248,11 @@ def _alu_lane_but_mul(m: Module, op: Value, a: Value, b: Value, width: int) -> V
     left = shift_left(m, (a.as_unsigned() << 1)[:width], (~amount)[:bits - 1])
     # MIN and MAX share one compare: MIN takes a where a < b, MAX takes b there (and a where they are equal).
     # Their result is chosen last, so only one multiplexer follows the compare's carry chain.
-    min_max = Mux((a < b) ^ (op == AluOp.MAX), a, b)[:width]
-    with_op = {
-        AluOp.ADD: (a + b)[:width],
-        AluOp.SHR: Mux(amount[bits - 1], left, a[:width]),
-        AluOp.MOV: b[:width],
-    }
-    rest = select([with_op.get(code, with_op[AluOp.ADD]) for code in range(1 << len(op))], op)
+    min_max = Mux((a < b) ^ selects["max"], a, b)[:width]
+    rest = Mux(selects["add"], (a + b)[:width],
+               Mux(selects["shr"], Mux(amount[bits - 1], left, a[:width]), b[:width]))
     # Every other code (MUL's and RQ's, which alu_lane_last replaces, and the unused one) gives MIN's result.
-    return Mux(reduce(operator.or_, [op == code for code in with_op]), rest, min_max)
+    return Mux(selects["rest"], rest, min_max)
 
 
 class AluRow(wiring.Component):
