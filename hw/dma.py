@@ -213,15 +213,11 @@ class _RowConverter(wiring.Component):
 
 
 class RowUnpacker(_RowConverter):
-    """Beats into elements of `elem_bytes`. Every beat of a command is consumed.
-
-    When an element spans several beats it is assembled in a register: ``stage`` is high in the cycles
-    that register takes a beat, and ``staged`` is what it holds next, so a user can register a function of
-    the element alongside it (fetch decodes instructions a cycle early this way)."""
+    """Beats into elements of `elem_bytes`. Every beat of a command is consumed; an element that spans
+    several beats is assembled in a register."""
 
     def data_ports(self) -> dict[str, wiring.Member]:
-        return {"beats": In(stream.Signature(self.bus_bytes * 8)), "elems": Out(stream.Signature(self.elem_bytes * 8)),
-                "stage": Out(1), "staged": Out(self.elem_bytes * 8)}
+        return {"beats": In(stream.Signature(self.bus_bytes * 8)), "elems": Out(stream.Signature(self.elem_bytes * 8))}
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
@@ -268,9 +264,8 @@ class RowUnpacker(_RowConverter):
             ]
             with m.If(out):
                 m.d.sync += full.eq(0)
-            m.d.comb += [self.stage.eq(beats.valid & accept), self.staged.eq(Cat(buf[B * 8:], beats.payload))]
-            with m.If(self.stage):
-                m.d.sync += [buf.eq(self.staged), n.eq(n + 1)]
+            with m.If(beats.valid & accept):
+                m.d.sync += [buf.eq(Cat(buf[B * 8:], beats.payload)), n.eq(n + 1)]
                 with m.If(n == beats_per - 1):
                     m.d.sync += [full.eq(1), n.eq(0), remaining.eq(remaining - 1), none_left.eq(remaining == 1)]
             with m.If(active & none_left & ~full):

@@ -221,40 +221,42 @@ class Fetch(wiring.Component):
 
         word = unpack.elems.payload
         if B < INSN_BYTES:
-            # The word is assembled in the unpacker from several beats. As its last beat lands (from the reader's
-            # buffer) the range check's operands are summed into registers; the cycle after, the whole word
-            # moves into the check register, freeing the unpacker for the next one, with the other checks
-            # worked out from the unpacker's register (not from the buffer's block RAM, whose output time ahead
-            # of the checks was one of tiny's longest paths) and the range check's sides multiplied; the cycle
-            # after, it moves into the dispatch register with the product's compare with the room. A word goes
-            # out from the cycle after that (FETCH_DECODE_CYCLES): the buffer's read, the multiply (a DSP
-            # block's, through routing, into the compare was tiny's longest path), the compare and the dispatch
-            # each have a cycle of their own. The check register takes a word as its own moves on; the dispatch
-            # register only when empty, so the queues' ready does not reach back into the reader.
-            assert FETCH_DECODE_CYCLES == 3  # the range check's sums, its multiply, its compare: then dispatch
-            *_, operands = check_word(m, c, unpack.staged)
-            checks, word_unit, word_finish, _ = check_word(m, c, word)
+            # The word is assembled in the unpacker from several beats. From the unpacker's register it moves
+            # through two check registers into the dispatch register, a cycle each: into the first with the
+            # checks that take the word alone and the range check's sums (the block RAM of the reader's buffer,
+            # whose output time ahead of those sums was tiny's longest path, feeds only the unpacker's
+            # register), into the second with the range check's sides multiplied (a DSP block's, through
+            # routing, into the compare was tiny's longest path before), into the dispatch register with the
+            # product's compare with the room. A word goes out from the cycle after that
+            # (FETCH_DECODE_CYCLES after its last beat at the earliest). A check register takes a word as its
+            # own moves on; the dispatch register only when empty, so the queues' ready does not reach back
+            # into the reader.
+            assert FETCH_DECODE_CYCLES == 4  # the unpacker, the range check's sums, its multiply, its compare
+            checks, word_unit, word_finish, operands = check_word(m, c, word)
             ranged = [k for k, (_, err) in enumerate(checks) if err == ErrorCode.SRAM_RANGE]
             decoded = Cat(*[Const(0) if k in ranged else cond for k, (cond, _) in enumerate(checks)],
                           word_unit, word_finish)
-            held = {name: Signal(value.shape(), name=f"staged_{name}") for name, value in operands.items()}
-            with m.If(unpack.stage):
-                m.d.sync += [held[name].eq(value) for name, value in operands.items()]
-            product, coarse = sram_range_parts(**held, bits=range_bits(c))
-            values = {"word": word, "decoded": decoded, "product": product, "coarse": coarse,
-                      "active": held["active"], "room": held["room"]}
+            summed = {name: Signal.like(value, name=f"summed_{name}")
+                      for name, value in {"word": word, "decoded": decoded, **operands}.items()}
+            product, coarse = sram_range_parts(**{name: summed[name] for name in operands}, bits=range_bits(c))
+            values = {"word": summed["word"], "decoded": summed["decoded"], "product": product, "coarse": coarse,
+                      "active": summed["active"], "room": summed["room"]}
             checked = {name: Signal.like(value, name=f"checked_{name}") for name, value in values.items()}
-            full_c, full = Signal(), Signal()  # the check and the dispatch registers hold a word
+            full_s, full_c, full = Signal(), Signal(), Signal()  # the check and dispatch registers hold a word
             advance = full_c & ~full
-            move = unpack.elems.valid & (~full_c | ~full)  # (~full_c | advance)
+            advance_s = full_s & (~full_c | ~full)  # (~full_c | advance)
+            move = unpack.elems.valid & (~full_s | ~full_c | ~full)  # (~full_s | advance_s)
             m.d.comb += unpack.elems.ready.eq(move)
             word_d, decoded_d, out_of_range = Signal.like(word), Signal(len(decoded)), Signal()
             with m.If(advance):
                 m.d.sync += [full_c.eq(0), full.eq(1), word_d.eq(checked["word"]), decoded_d.eq(checked["decoded"]),
                              out_of_range.eq(sram_range_joined(checked["product"], checked["coarse"],
                                                                checked["active"], checked["room"]))]
+            with m.If(advance_s):
+                m.d.sync += [full_s.eq(0), full_c.eq(1), *[checked[name].eq(value) for name, value in values.items()]]
             with m.If(move):
-                m.d.sync += [full_c.eq(1), *[checked[name].eq(value) for name, value in values.items()]]
+                m.d.sync += [full_s.eq(1), summed["word"].eq(word), summed["decoded"].eq(decoded),
+                             *[summed[name].eq(value) for name, value in operands.items()]]
             word, present = word_d, full
             checks = [(out_of_range if k in ranged else decoded_d[k], err) for k, (_, err) in enumerate(checks)]
             unit = decoded_d[len(checks):-1]
@@ -276,7 +278,7 @@ class Fetch(wiring.Component):
             with m.If(go):
                 m.d.sync += full.eq(0)
             with m.If(launch):  # (words left by an error or a halt)
-                m.d.sync += [full.eq(0), full_c.eq(0)]
+                m.d.sync += [full.eq(0), full_c.eq(0), full_s.eq(0)]
         else:
             m.d.comb += unpack.elems.ready.eq(go)
         with m.If(go):

@@ -24,9 +24,9 @@ STORE_SEG_DEPTH = 4
 #: dma.Store2D: write bursts addressed ahead of their data.
 STORE_LEN_DEPTH = 8
 #: fetch, a bus narrower than an instruction: cycles from the word's last beat to its dispatch at the
-#: earliest (its checks as the beat lands, then the SRAM range check's multiply, then its compare, each
-#: registered).
-FETCH_DECODE_CYCLES = 3
+#: earliest (the word registered as the beat lands, then its checks and the SRAM range check's sums, its
+#: multiply, its compare, each registered).
+FETCH_DECODE_CYCLES = 4
 #: datapath.GemmCore: its operands registered as read (no block RAM output straight into a multiplier), the
 #: products, then the adder tree, registered halfway and at its root: the GEMM pipe's stages C, P, D and E.
 GEMM_LATENCY = 4
