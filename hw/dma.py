@@ -34,6 +34,7 @@ from weft.hw.axi import (
     axi4_write_signature,
     read_client_signature,
 )
+from weft.hw.queues import LutFIFO
 from weft.hw.structure import MAX_BURST, READER_BEATS, STORE_LEN_DEPTH, STORE_SEG_DEPTH, UNPACK_DEPTH
 from weft.isa.layout import Format
 
@@ -111,7 +112,7 @@ class BurstReader(wiring.Component):
     def elaborate(self, platform: object) -> Module:
         m = Module()
         B = self.bus_bytes
-        m.submodules.buffer = buf = fifo.SyncFIFOBuffered(width=B * 8, depth=self.depth)
+        m.submodules.buffer = buf = LutFIFO(width=B * 8, depth=self.depth)
         active = Signal()
         addr = Signal(ADDR_BITS)
         remaining = Signal.like(self.cmd.payload.beats)

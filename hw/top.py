@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal
 from amaranth.back import rtlil, verilog
 from amaranth.hdl import Value, _ir
-from amaranth.lib import fifo, memory, wiring
+from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.hw.axi import ADDR_BITS, ReadArbiter, axi4_lite_signature, axi4_signature
@@ -26,6 +26,7 @@ from weft.hw.compute import ComputeUnit
 from weft.hw.control import ControlBlock
 from weft.hw.fetch import Fetch
 from weft.hw.load import LoadUnit
+from weft.hw.queues import LutFIFO
 from weft.hw.regs import COUNTERS, ErrorCode, addr_bits, register_map, register_widths
 from weft.hw.store import StoreUnit
 from weft.hw.unit import TokenQueue, UnitBase
@@ -105,11 +106,11 @@ class Core(wiring.Component):
         return m
 
     def _command_queues(self, m: Module, fetch: Fetch, units: dict[Unit, UnitBase]
-                        ) -> dict[Unit, fifo.SyncFIFOBuffered]:
+                        ) -> dict[Unit, LutFIFO]:
         """A command FIFO from fetch to each unit."""
         queues = {}
         for u, unit in units.items():
-            q = fifo.SyncFIFOBuffered(width=len(unit.cmd.payload.as_value()), depth=self.config.cmd_queue_depth)
+            q = LutFIFO(width=len(unit.cmd.payload.as_value()), depth=self.config.cmd_queue_depth)
             m.submodules[f"{u.name.lower()}_queue"] = q
             m.d.comb += [
                 q.w_data.eq(fetch.queues[u].payload), q.w_en.eq(fetch.queues[u].valid),
@@ -213,7 +214,7 @@ class Core(wiring.Component):
         m.d.comb += fetch.halt.eq(halt)
         return deadlock, finish_early
 
-    def _end_of_run(self, m: Module, fetch: Fetch, queues: dict[Unit, fifo.SyncFIFOBuffered],
+    def _end_of_run(self, m: Module, fetch: Fetch, queues: dict[Unit, LutFIFO],
                     compute: ComputeUnit, units_busy: Value, finish_early: Signal) -> None:
         """The run ends after FINISH with every unit idle (FINISH_EARLY if loads or stores are left), or
         after an error once every unit and burst is done."""
