@@ -293,12 +293,14 @@ class Fetch(wiring.Component):
             m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index)]
         stop = ~running & ~launch & ~self.start
         # The reader is aborted from a register: start's path through its issue check into the read arbiter's
-        # grant was among tiny's longest. A cycle late is harmless: START's cycle issues nothing, and once
-        # running falls every burst is out (FINISH is the stream's last word) unless an error stopped it.
-        stopped = Signal()
-        m.d.sync += stopped.eq(stop)
+        # grant was among tiny's longest, and so was the halt's (an error anywhere) at 84.7 MHz (5f3f626). A
+        # cycle late is harmless: START's cycle issues nothing, once running falls every burst is out (FINISH
+        # is the stream's last word) unless an error stopped it, and a burst issued in an error's first cycle
+        # is waited for and dropped like those in flight (`idle`).
+        aborted = Signal()
+        m.d.sync += aborted.eq(stop | self.halt)
         m.d.comb += [
-            reader.abort.eq(stopped | self.halt),
+            reader.abort.eq(aborted),
             self.idle.eq(stop & reader.idle),
             self.all_dispatched.eq(~running),
         ]
