@@ -16,8 +16,6 @@ beat (E < B, possibly starting mid-beat: element addresses need only be element 
 
 from __future__ import annotations
 
-import operator
-from functools import reduce
 from typing import Any
 
 from amaranth import Cat, Const, Module, Mux, ShapeLike, Signal, signed, unsigned
@@ -160,16 +158,15 @@ class BurstReader(wiring.Component):
             ar.payload.len.eq(length - 1),
             ar.valid.eq(active & ~self.abort & fits & ~settling),
         ]
-        # The room after this cycle, picked from sums of registers: the issue and the take arrive late (the
-        # arbiter's grant, which waits on every client's request; the consumer's ready) and only select. (As
-        # room - Mux(issued, length, 0) + taken, the grant led into the sums' carry chains: tiny's longest path
-        # after nextpnr at 84.7 MHz, 5f3f626. The pick is an AND-OR of one-hot selects, which Yosys' opt_share
-        # cannot fold back into one sum on multiplexed operands.)
-        selects = (~issued & ~taken, ~issued & taken, issued & ~taken, issued & taken)
-        for register, candidates in ((room, (room, room_1, room - length, room_1 - length)),
-                                     (room_1, (room_1, room_1 + 1, room_1 - length, room_1 + 1 - length))):
-            m.d.sync += register.eq(reduce(operator.or_, [value[:len(register)] & select.replicate(len(register))
-                                                          for value, select in zip(candidates, selects, strict=True)]))
+        # The room after this cycle, with and without an issue, picked by the issue: the grant (which waits on
+        # every client's request) selects after the sums instead of leading into their carry chains (as
+        # room - Mux(issued, length, 0) + taken it did: tiny's longest path after nextpnr at 84.7 MHz, 5f3f626).
+        # The take stays a carry in. (The pick is an AND-OR, which Yosys' opt_share cannot fold back into one
+        # sum on a multiplexed operand.)
+        for register in (room, room_1):
+            after_issue, without_issue = (register - length + taken)[:len(register)], (register + taken)[:len(register)]
+            m.d.sync += register.eq((after_issue & issued.replicate(len(register)))
+                                    | (without_issue & (~issued).replicate(len(register))))
         m.d.sync += settling.eq(issued)
         with m.If(issued):
             m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length)]
