@@ -9,6 +9,7 @@ from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
 from weft.config import PRESETS
+from weft.hw.axi import ReadArbiter
 from weft.hw.datapath import GEMM_LATENCY, AluRow, GemmCore, saturate_row, sign_extend_row
 from weft.hw.dma import RowPacker, RowUnpacker
 from weft.hw.fetch import Fetch, check_insn, range_bits, sram_range
@@ -67,6 +68,43 @@ def test_token_queue_counts_pushes_and_pops_up_to_its_depth():
         ctx.set(dut.push, 0)
         await ctx.tick().repeat(3)
         assert ctx.get(dut.level) == 0 and not ctx.get(dut.has_token)
+
+    _run(dut, bench)
+
+
+@pytest.mark.parametrize("clients", [1, 2, 3, 4])
+def test_read_arbiter_ready_names_the_client_it_grants(clients):
+    """The arbiter's round-robin rule is written twice: as the grant (which selects ARADDR, ARLEN, ARID)
+    and, for timing, as each client's ready on its own. Under random requests (every request pattern
+    after every last grant) the one client that sees its request taken is the one granted, in round-robin
+    order after the last grant."""
+    dut = ReadArbiter(clients=clients, addr_bits=32, data_bits=64)
+    rng = np.random.default_rng(clients)
+
+    async def bench(ctx):
+        for k, client in enumerate(dut.clients):  # each client's address names it
+            ctx.set(client.ar.payload.addr, 0x1000 * (k + 1))
+        last = 0  # the reset's last grant: client 1 goes first
+        patterns = set()
+        for _ in range(1500):
+            valid = [int(v) for v in rng.integers(0, 2, size=clients)]
+            for client, v in zip(dut.clients, valid, strict=True):
+                ctx.set(client.ar.valid, v)
+            ctx.set(dut.axi.arready, int(rng.random() < 0.7))
+            busy = ctx.get(dut.axi.arvalid)
+            taken = [k for k, c in enumerate(dut.clients) if ctx.get(c.ar.valid) and ctx.get(c.ar.ready)]
+            if busy or not any(valid):
+                assert taken == []
+            else:
+                expected = next((last + step) % clients for step in range(1, clients + 1)
+                                if valid[(last + step) % clients])
+                assert taken == [expected], (last, valid, taken)
+                patterns.add((last, tuple(valid)))
+            await ctx.tick()
+            if taken:
+                assert ctx.get(dut.axi.arid) == taken[0] and ctx.get(dut.axi.araddr) == 0x1000 * (taken[0] + 1)
+                last = taken[0]
+        assert len(patterns) == clients * (2 ** clients - 1)  # every request pattern after every last grant
 
     _run(dut, bench)
 

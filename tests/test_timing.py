@@ -16,13 +16,13 @@ import textwrap
 import numpy as np
 import pytest
 from amaranth.hdl import Fragment
-from amaranth.lib import fifo
 from amaranth.sim import Simulator
 
 from weft.config import PRESETS
 from weft.hw.axi import ReadArbiter
 from weft.hw.datapath import GEMM_LATENCY
 from weft.hw.dma import MAX_BURST, BurstReader, Load2D, Store2D
+from weft.hw.queues import LutFIFO
 from weft.hw.regs import COUNTERS
 from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, ALU_STAGES, SRC_ROWS
 from weft.isa import MemId, ProgramBuilder, layout_of
@@ -415,7 +415,7 @@ def _cycles(dut, first: list, then: list, probe, limit: int = 16) -> list[int]:
 
 def test_queue_latency_and_arbiter_gap_are_the_rtl_s():
     arch = Microarch()
-    queue = fifo.SyncFIFOBuffered(width=8, depth=4)
+    queue = LutFIFO(width=8, depth=4)  # (the command queues and the burst readers' buffers)
     readable = _cycles(queue, [(queue.w_data, 1), (queue.w_en, 1)], [(queue.w_en, 0)],
                        lambda ctx: ctx.get(queue.r_rdy))
     assert readable[0] == arch.fifo_latency  # written in cycle 0, readable from cycle 2
