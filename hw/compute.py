@@ -107,6 +107,8 @@ class _Insn:
     alu_src: Value
     #: An ALU instruction whose operand is inp[src] (through inp's read port, as the GEMM reads it).
     alu_inp: Value
+    #: The instruction's transfer moves anything (mem format: x_size != 0), for its loads.
+    moves: Value
 
     def loop_field(self, name: str) -> Value:
         """A field GEMM and ALU share, from the format of the current instruction."""
@@ -185,12 +187,13 @@ class ComputeUnit(UnitBase):
         is_gemm = kind_g["gemm"]
         d_g = _Insn(mem=self.view(insn_g, "mem"), gemm=self.view(insn_g, "gemm"), alu=self.view(insn_g, "alu"),
                     is_load=kind_g["load"], is_gemm=is_gemm, is_alu=Const(0),
-                    is_finish=kind_g["finish"], looped=is_gemm, alu_src=Const(0), alu_inp=Const(0))
+                    is_finish=kind_g["finish"], looped=is_gemm, alu_src=Const(0), alu_inp=Const(0),
+                    moves=kind_g["moves"])
         alu = self.view(insn_a, "alu")
         is_alu = kind_a["alu"]
         d_a = _Insn(mem=self.view(insn_a, "mem"), gemm=self.view(insn_a, "gemm"), alu=alu, is_load=Const(0),
                     is_gemm=Const(0), is_alu=is_alu, is_finish=Const(0), looped=is_alu,
-                    alu_src=kind_a["alu_src"], alu_inp=kind_a["alu_inp"])
+                    alu_src=kind_a["alu_src"], alu_inp=kind_a["alu_inp"], moves=Const(0))
         m.submodules.uop_mem = uop_mem = memory.Memory(shape=c.uop_bits, depth=c.uop_rows, init=[])
         bufs_g = _pipe_buffers(c, uop_mem.read_port(), "gemm")
         bufs_a = _pipe_buffers(c, uop_mem.read_port(), "alu")
@@ -246,12 +249,14 @@ class ComputeUnit(UnitBase):
                 ("alu", insns[1], start_a, busy_a, young_a, retire_a, busy_g)):
             index = Signal.like(self.cmd.payload.index)
             # Loaded whenever the pipe is idle, as in UnitBase.gate (nothing reads it then), not at the start;
-            # its opcode and where an ALU instruction takes its operand from decoded beside it, so the loop's
-            # launch and issue (whose fanouts are every loop register) start from registers.
+            # its opcode, where an ALU instruction takes its operand from and whether a load moves anything
+            # decoded beside it, so the loop's launch and issue and the load's command (whose fanouts are every
+            # loop register, every DMA command register) start from registers.
             decodes = {op.name.lower(): head.opcode == op for op in (Opcode.LOAD, Opcode.GEMM, Opcode.FINISH,
                                                                      Opcode.ALU)}
             decodes["alu_src"] = decodes["alu"] & ~head_alu.use_imm & ~head_alu.src_inp
             decodes["alu_inp"] = decodes["alu"] & ~head_alu.use_imm & head_alu.src_inp
+            decodes["moves"] = self.view(self.cmd.payload.insn, "mem").x_size != 0
             kind = {what: Signal(name=f"{name}_is_{what}") for what in decodes}
             with m.If(~busy):
                 m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index),
@@ -341,7 +346,7 @@ class ComputeUnit(UnitBase):
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
         mem_id = d.mem.mem_id
         target = Mux(mem_id == MemId.UOP, _UOP, Mux(mem_id == MemId.ACC, _ACC, _ACC_NARROW))
-        over = request_dma_once(m, dma, busy & d.is_load, d.mem, start, target=target)
+        over = request_dma_once(m, dma, busy & d.is_load, d.mem, start, d.moves, target=target)
         m.d.comb += [
             uop_w.en.eq(dma.write.en & (dma.write.target == _UOP)),
             uop_w.addr.eq(dma.write.addr), uop_w.data.eq(dma.write.data),

@@ -42,13 +42,13 @@ class LoadUnit(UnitBase):
         m = Module()
         c = self.config
         done = Signal()
-        insn, index, start = self.gate(m, done)
+        insn, index, start, moves = self.gate(m, done)
         f = self.view(insn, "mem")
         rows = row_bytes(c)
         m.submodules.dma = dma = Load2D(bus_bytes=c.bus_width // 8, targets=(rows[MemId.WGT], rows[MemId.INP]),
                                         mem_format=self.layout.formats["mem"])
         wiring.connect(m, wiring.flipped(self.bus), dma.bus)
-        over = request_dma_once(m, dma, self.busy, f, start, target=f.mem_id == MemId.INP)
+        over = request_dma_once(m, dma, self.busy, f, start, moves, target=f.mem_id == MemId.INP)
         m.d.comb += [
             self.inp_w.en.eq(dma.write.en & (dma.write.target == _INP)),
             self.inp_w.addr.eq(dma.write.addr), self.inp_w.data.eq(dma.write.data),

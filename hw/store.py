@@ -37,11 +37,11 @@ class StoreUnit(UnitBase):
         m = Module()
         c = self.config
         done = Signal()
-        insn, index, start = self.gate(m, done)
+        insn, index, start, moves = self.gate(m, done)
         m.submodules.dma = dma = Store2D(bus_bytes=c.bus_width // 8, elem_bytes=row_bytes(c)[MemId.OUT],
                                          mem_format=self.layout.formats["mem"])
         wiring.connect(m, wiring.flipped(self.axi), dma.axi)
-        over = request_dma_once(m, dma, self.busy, self.view(insn, "mem"), start)
+        over = request_dma_once(m, dma, self.busy, self.view(insn, "mem"), start, moves)
         m.d.comb += [self.out_addr.eq(dma.rd_addr), dma.rd_data.eq(self.out_data), self.beats.eq(dma.beats)]
         with m.If(dma.error & ~self.error):
             m.d.sync += [self.error.eq(1), self.error_index.eq(index)]

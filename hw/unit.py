@@ -98,8 +98,9 @@ class UnitBase(wiring.Component):
         m.d.comb += ok.eq(Cat(*terms).all())
         return ok
 
-    def gate(self, m: Module, done: Signal) -> tuple[Signal, Signal, Signal]:
-        """The instruction register, its index, and the one-cycle start pulse.
+    def gate(self, m: Module, done: Signal) -> tuple[Signal, Signal, Signal, Signal]:
+        """The instruction register, its index, the one-cycle start pulse, and whether the instruction's
+        transfer moves anything (x_size != 0, decoded beside the register: see :func:`request_dma_once`).
 
         `done` (comb, from the subclass) ends the instruction: the pushes happen in that cycle.
         """
@@ -123,28 +124,32 @@ class UnitBase(wiring.Component):
         # start (worked out from the queues' flags) is not the enable of every bit of the register (that
         # fanout, through the command queue's pop into its level, was among tiny's longest paths). Nothing
         # reads the register while the unit is idle.
+        moves = Signal()
         with m.If(~self.busy):
-            m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index)]
+            m.d.sync += [insn.eq(self.cmd.payload.insn), index.eq(self.cmd.payload.index),
+                         moves.eq(self.view(self.cmd.payload.insn, "mem").x_size != 0)]
         with m.If(start):
             m.d.sync += self.busy.eq(1)
         with m.If(done):
             m.d.sync += self.busy.eq(0)
-        return insn, index, start
+        return insn, index, start, moves
 
 
-def request_dma_once(m: Module, dma: wiring.Component, active: Value, mem: data.View, start: Value, *,
-                     target: Value | None = None) -> Value:
+def request_dma_once(m: Module, dma: wiring.Component, active: Value, mem: data.View, start: Value,
+                     moves: Value, *, target: Value | None = None) -> Value:
     """Command `dma` with the current instruction's transfer (`mem`: the instruction in the mem format; a
-    load into one of several buffers names its `target`) once, while `active` and only when it moves
-    anything (x_size 0 is a no-op); `start` (the next instruction) re-arms it. Returns whether the transfer
-    is over: nothing to move, or requested and the DMA idle again."""
+    load into one of several buffers names its `target`) once, while `active` and only when it `moves`
+    anything (x_size 0 is a no-op: a register decoded beside the instruction's, since x_size's compare ahead
+    of the command's valid, into the DMA's every command register, was among tiny's longest paths); `start`
+    (the next instruction) re-arms it. Returns whether the transfer is over: nothing to move, or requested
+    and the DMA idle again."""
     sent = Signal()
     fields = command_from(dma.cmd.payload, mem)
     if target is not None:
         fields.insert(0, dma.cmd.payload.target.eq(target))
-    m.d.comb += [dma.cmd.valid.eq(active & (mem.x_size != 0) & ~sent), *fields]
+    m.d.comb += [dma.cmd.valid.eq(active & moves & ~sent), *fields]
     with m.If(dma.cmd.valid & dma.cmd.ready):
         m.d.sync += sent.eq(1)
     with m.If(start):
         m.d.sync += sent.eq(0)
-    return (mem.x_size == 0) | (sent & ~dma.busy)
+    return ~moves | (sent & ~dma.busy)
