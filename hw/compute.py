@@ -220,11 +220,8 @@ class ComputeUnit(UnitBase):
         pipe) when done, but one that pushes not before the other pipe's older instruction has. Returns (instruction,
         index, start pulse, busy, whether the instruction is of each opcode) of each pipe."""
         head, head_alu = self.view(self.cmd.payload.insn, "finish"), self.view(self.cmd.payload.insn, "alu")
-        h_alu = head.opcode == Opcode.ALU
-        beside: Value = Const(0)
-        for name, is_kind in (("gemm", head.opcode == Opcode.GEMM), ("alu", h_alu)):
-            if self.layout.formats[name].has("beside"):  # (where the format has room for it)
-                beside = beside | (is_kind & self.view(self.cmd.payload.insn, name).beside)
+        # The pipe decodes come with the command (fetch worked them out): the start waits on no decoder.
+        h_alu, beside = self.cmd.payload.alu, self.cmd.payload.beside
         ok = self.tokens_ready(m, head)
         busy_g, busy_a = Signal(), Signal()
         free = Mux(h_alu, ~busy_a & (beside | ~busy_g), ~busy_g & (beside | ~busy_a))

@@ -25,7 +25,7 @@ from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import BurstReader, RowUnpacker
 from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.structure import FETCH_DECODE_CYCLES
-from weft.hw.unit import dispatch_layout
+from weft.hw.unit import dispatch_layout, pipe_decodes
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
 from weft.isa.program import DEP_FLAGS
@@ -270,9 +270,11 @@ class Fetch(wiring.Component):
         passed = ~reduce(operator.or_, [cond for cond, _ in placed_checks(checks, is_finish, is_last)])
         live = running & ~self.halt & ~self.error & present
         target_ready = Cat(*[q.ready for q in self.queues]).bit_select(unit, 1)
+        decodes = pipe_decodes(c, word)
         go = live & passed & target_ready
         for u, q in enumerate(self.queues):
-            m.d.comb += [q.payload.insn.eq(word), q.payload.index.eq(index), q.valid.eq(live & passed & (unit == u))]
+            m.d.comb += [q.payload.insn.eq(word), q.payload.index.eq(index), q.valid.eq(live & passed & (unit == u)),
+                         *[getattr(q.payload, name).eq(value) for name, value in decodes.items()]]
         m.d.comb += [self.dispatch.eq(go), self.stall.eq(live & passed & ~target_ready)]
         if B < INSN_BYTES:
             with m.If(go):

@@ -12,26 +12,46 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Const, Module, Signal
 from amaranth.hdl import Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from weft.hw.dma import command_from
 from weft.hw.regs import register_widths
-from weft.isa.constants import INSN_BITS, Unit
+from weft.isa.constants import INSN_BITS, Opcode, Unit
 from weft.isa.encoding import layout_of
 from weft.isa.semantics import FLAG_QUEUE, QUEUES
 
 if TYPE_CHECKING:
     from weft.config import AcceleratorConfig
 
-__all__ = ["TokenQueue", "UnitBase", "dispatch_layout", "request_dma_once"]
+__all__ = ["TokenQueue", "UnitBase", "dispatch_layout", "pipe_decodes", "request_dma_once"]
 
 
 def dispatch_layout(config: AcceleratorConfig) -> data.StructLayout:
-    """What fetch hands a unit: the instruction word and its index in the stream (what ERROR_INDEX shows)."""
-    return data.StructLayout({"insn": INSN_BITS, "index": register_widths(config)["error_index"]})
+    """What fetch hands a unit: the instruction word, its index in the stream (what ERROR_INDEX shows), and
+    the compute unit's pipe decodes of it (:func:`pipe_decodes`), worked out by fetch as it dispatches so
+    that the compute unit's start does not wait on the opcode's decode."""
+    return data.StructLayout({"insn": INSN_BITS, "index": register_widths(config)["error_index"],
+                              "alu": 1, "beside": 1})
+
+
+def pipe_decodes(config: AcceleratorConfig, insn: Value) -> dict[str, Value]:
+    """Spec "beside", in the compute unit: whether `insn` goes to the ALU pipe (else the GEMM pipe), and
+    whether it has beside set (it may start while the other pipe runs)."""
+    formats = layout_of(config).formats
+
+    def view(name: str) -> data.View:
+        return data.View(formats[name].as_struct_layout(), insn)
+
+    opcode = view("finish").opcode
+    is_alu = opcode == Opcode.ALU
+    beside: Value = Const(0)
+    for name, is_kind in (("gemm", opcode == Opcode.GEMM), ("alu", is_alu)):
+        if formats[name].has("beside"):  # (where the format has room for it)
+            beside = beside | (is_kind & view(name).beside)
+    return {"alu": is_alu, "beside": beside}
 
 
 class TokenQueue(wiring.Component):
