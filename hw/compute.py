@@ -87,7 +87,8 @@ __all__ = ["ComputeUnit"]
 _UOP, _ACC, _ACC_NARROW = range(3)
 
 #: What the issue gives each compute pipe: its instruction register, the instruction's index, the start pulse,
-#: busy, and whether the instruction is of each opcode (registered beside it).
+#: busy, and the instruction's decodes (its opcode, its operand's source, whether it moves anything), each
+#: registered beside it.
 _Slot = tuple[Signal, Signal, Signal, Signal, dict[str, Signal]]
 
 
@@ -218,7 +219,7 @@ class ComputeUnit(UnitBase):
         pipes idle) to the first, ALU to the second. The head starts when its tokens are there, its pipe is
         free and, unless it has beside set, the other pipe too. An instruction retires (pushes, frees its
         pipe) when done, but one that pushes not before the other pipe's older instruction has. Returns (instruction,
-        index, start pulse, busy, whether the instruction is of each opcode) of each pipe."""
+        index, start pulse, busy, the instruction's decodes) of each pipe."""
         head, head_alu = self.view(self.cmd.payload.insn, "finish"), self.view(self.cmd.payload.insn, "alu")
         # The pipe decodes come with the command (fetch worked them out): the start waits on no decoder.
         h_alu, beside = self.cmd.payload.alu, self.cmd.payload.beside
@@ -596,11 +597,10 @@ class ComputeUnit(UnitBase):
         inp_lanes = elements(inp_e, c.inp_width)
         alu_f = d.alu
         imm = alu_f.imm.as_signed()
-        # Registered: it selects every lane's operand, and the instruction's fields are there cycles before its
-        # first execution reaches E.
-        takes_src = Signal()
-        m.d.sync += takes_src.eq(~alu_f.use_imm & ~alu_f.src_inp)
-        # The opcode's decodes, registered for the same reason: X, Y and Z select with them in every lane.
+        # A register (decoded beside the instruction's): it selects every lane's operand.
+        takes_src = d.alu_src
+        # The opcode's decodes, registered too (the instruction's fields are there cycles before its first
+        # execution reaches X): X, Y and Z select with them in every lane.
         selects = {name: Signal(name=f"alu_{name}") for name in alu_selects(alu_f.alu_op)}
         m.d.sync += [selects[name].eq(value) for name, value in alu_selects(alu_f.alu_op).items()]
         # Two executions ahead, in Z in X's cycle, is a result of every op but SHR, MUL and RQ (spec "hazard"
