@@ -252,6 +252,7 @@ class ComputeUnit(UnitBase):
             # loop register, every DMA command register) start from registers.
             decodes = {op.name.lower(): head.opcode == op for op in (Opcode.LOAD, Opcode.GEMM, Opcode.FINISH,
                                                                      Opcode.ALU)}
+            decodes["alu"] = h_alu  # (fetch's decode, the one the start takes)
             decodes["alu_src"] = decodes["alu"] & ~head_alu.use_imm & ~head_alu.src_inp
             decodes["alu_inp"] = decodes["alu"] & ~head_alu.use_imm & head_alu.src_inp
             decodes["moves"] = self.view(self.cmd.payload.insn, "mem").x_size != 0

@@ -13,6 +13,7 @@ from weft.hw.axi import ReadArbiter
 from weft.hw.datapath import GEMM_LATENCY, AluRow, GemmCore, saturate_row, sign_extend_row
 from weft.hw.dma import RowPacker, RowUnpacker
 from weft.hw.fetch import Fetch, check_insn, range_bits, sram_range
+from weft.hw.queues import LutFIFO
 from weft.hw.regs import ErrorCode
 from weft.hw.unit import TokenQueue
 from weft.isa import AluOp, MemId, Opcode, arith, encode_insns, make_insns
@@ -70,6 +71,15 @@ def test_token_queue_counts_pushes_and_pops_up_to_its_depth():
         assert ctx.get(dut.level) == 0 and not ctx.get(dut.has_token)
 
     _run(dut, bench)
+
+
+def test_lut_fifo_keeps_its_storage_in_lut_ram():
+    """The queues' timing rests on the storage not being a block RAM (whose read data comes too late)."""
+    from amaranth.back import rtlil
+
+    queue = LutFIFO(width=8, depth=16)
+    text = rtlil.convert(queue, ports=[queue.w_data, queue.w_en, queue.w_rdy, queue.r_data, queue.r_en, queue.r_rdy])
+    assert 'attribute \\ram_style "distributed"' in text
 
 
 @pytest.mark.parametrize("clients", [1, 2, 3, 4])
