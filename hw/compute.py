@@ -61,6 +61,7 @@ from amaranth.lib.wiring import In, Out
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.datapath import (
     GEMM_LATENCY,
+    AluFirst,
     GemmCore,
     alu_lane_first,
     alu_lane_last,
@@ -556,7 +557,7 @@ class ComputeUnit(UnitBase):
         # register then; the slot's row does not change between E and X: its next read waits until X is
         # past). The rows the executions ahead hand over in X's cycle (F's write, and in the ALU pipe Z's row)
         # E takes as it has them: what the stage before F (Y in the GEMM pipe, Z in the ALU's) makes in E's
-        # cycle (`f_next`, new_f's next value), and what Y holds then (`row_y`, Z's register next). Whether a
+        # cycle (`f_next`, new_f's next value), and what Y makes then (`row_y`, Z's register next). Whether a
         # row is the one an execution ahead writes is worked out in D from the stages a step further back,
         # and registered. The forwarding multiplexers in X, ahead of the ALU's compare and of the
         # accumulate, were among tiny's longest paths.
@@ -614,21 +615,25 @@ class ComputeUnit(UnitBase):
         from_y, from_f, src_e = elements(row_y, w), elements(f_next, w), elements(operand_e, w)
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z
-        alu_rows = []
+        rows_y = []  # the first stage's result in Y: MIN's and MAX's select made there (AluFirst)
         for n in range(lanes):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
             given = Mux(alu_f.use_imm, imm, inp_lanes[row * c.block_in + lane % c.block_in])
             operand_x_e = Mux(src_from_f, from_f[n], Mux(src_from_y, from_y[n], Mux(takes_src, src_e[n], given)))
             rhs = Signal(operand_x_e.shape(), name=f"operand_{n}")
             m.d.sync += rhs.eq(operand_x_e)
-            other, parts = alu_lane_first(m, selects, old[n], rhs, w)
-            alu_rows.append(other)
-            parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(parts)])
-            m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], parts, strict=True)]
-            mids = alu_lane_mid(m, selects, row_y.word_select(n, w), parts_y[n], w)
+            first = alu_lane_first(m, selects, old[n], rhs, w)
+            parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(first.parts)])
+            m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], first.parts, strict=True)]
+            in_y = AluFirst(Signal(w, name=f"kept_{n}"), Signal(name=f"takes_operand_{n}"), parts_y[n])
+            rhs_y = Signal.like(rhs, name=f"operand_y_{n}")
+            m.d.sync += [in_y.kept.eq(first.kept), in_y.takes_operand.eq(first.takes_operand), rhs_y.eq(rhs)]
+            rows_y.append(in_y.result(rhs_y))
+            mids = alu_lane_mid(m, selects, in_y.kept, in_y.parts, w)
             parts_z.append([Signal(part.shape(), name=f"shift_{k}_{n}") for k, part in enumerate(mids)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_z[n], mids, strict=True)]
-        m.d.sync += [row_y.eq(Cat(*alu_rows)), row_z.eq(row_y), valid["z"].eq(valid["y"]), dst["z"].eq(dst["y"])]
+        m.d.comb += row_y.eq(Cat(*rows_y))
+        m.d.sync += [row_z.eq(row_y), valid["z"].eq(valid["y"]), dst["z"].eq(dst["y"])]
         m.d.comb += f_next.eq(Cat(*[alu_lane_last(m, selects, row_z.word_select(n, w), parts_z[n], w)
                                     for n in range(lanes)]))
         m.d.sync += [valid["f"].eq(valid["z"]), dst["f"].eq(dst["z"])]

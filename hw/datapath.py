@@ -9,6 +9,8 @@ latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every c
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.hdl import Value
 from amaranth.lib import wiring
@@ -18,8 +20,8 @@ from weft.hw.structure import GEMM_LATENCY
 from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
-__all__ = ["GEMM_LATENCY", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last", "alu_selects",
-           "elements", "saturate_row", "select", "sign_extend_row"]
+__all__ = ["GEMM_LATENCY", "AluFirst", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last",
+           "alu_selects", "elements", "saturate_row", "select", "sign_extend_row"]
 
 #: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
 DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
@@ -129,13 +131,28 @@ class GemmCore(wiring.Component):
         return reg
 
 
+class AluFirst(NamedTuple):
+    """What the ALU's first stage hands on: its result is the operand `b` where `takes_operand` (MIN's or
+    MAX's compare chose it), else `kept` (ADD's, SHR's, MOV's result, or the destination `a` for MIN and
+    MAX). The compare's carry chain ends in one bit, registered per lane; the select after it, whose fanout
+    is the row, waits until the next stage (after tiny's ALU compare, the select into the row's register was
+    the longest path after place and route at 89.4 MHz)."""
+    kept: Value
+    takes_operand: Value
+    parts: list[Value]
+
+    def result(self, b: Value) -> Value:
+        return Mux(self.takes_operand, b, self.kept)[:len(self.kept)]
+
+
 def alu_lane(m: Module, op: Value, a: Value, b: Value, width: int) -> Value:
     """One accumulator element through the ALU (spec SEMANTICS["alu"]): `a` the destination, `b` the
     operand, both signed `width`-bit; the result wraps at `width` bits. :func:`alu_lane_first`,
     :func:`alu_lane_mid` and :func:`alu_lane_last`, in one cycle."""
     selects = alu_selects(op)
-    other, parts = alu_lane_first(m, selects, a, b, width)
-    return alu_lane_last(m, selects, other, alu_lane_mid(m, selects, other, parts, width), width)
+    first = alu_lane_first(m, selects, a, b, width)
+    mids = alu_lane_mid(m, selects, first.kept, first.parts, width)
+    return alu_lane_last(m, selects, first.result(b), mids, width)
 
 
 def alu_selects(op: Value) -> dict[str, Value]:
@@ -150,10 +167,9 @@ def alu_selects(op: Value) -> dict[str, Value]:
     return selects
 
 
-def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int
-                   ) -> tuple[Value, list[Value]]:
+def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int) -> AluFirst:
     """The ALU's first pipeline stage: the result of every op but MUL, RQ and SHR (SHR's left shift done
-    here), and the parts the later stages take.
+    here), as :class:`AluFirst` says, and the parts the later stages take.
 
     MUL keeps the low `width` bits of a * b, and those depend only on the halves' products: with
     a = ah * 2^h + al and b = bh * 2^h + bl (al, bl: the low h bits, unsigned), a * b = al * bl +
@@ -178,7 +194,8 @@ def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, wid
     rq_amount = b[mul_bits:mul_bits + shift_bits]
     rounding = Cat(*[rq_amount == k + 1 for k in range(width + mul_bits + 1)])
     parts = [al * second, ah * second, (al * bh)[:width - h], shift, b[mul_bits + shift_bits], rounding]
-    return _alu_lane_but_mul(m, selects, a, b, width), parts
+    kept, takes_operand = _alu_lane_but_mul(m, selects, a, b, width)
+    return AluFirst(kept, takes_operand, parts)
 
 
 #: The right shift's stages (one per bit of the amount) that alu_lane_mid takes, the longest first; the rest
@@ -239,7 +256,8 @@ def _stage(m: Module, value: Value, shape: object) -> Signal:
     return stage
 
 
-def _alu_lane_but_mul(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int) -> Value:
+def _alu_lane_but_mul(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int
+                      ) -> tuple[Value, Value]:
     bits = width.bit_length()  # log2(width) + 1: the shift amount is the operand's low bits, signed
     amount = b[:bits].as_signed()
     # amount < 0: a << -amount, with -amount = ~amount + 1 (1 to width): one fixed shift, then one by
@@ -247,12 +265,10 @@ def _alu_lane_but_mul(m: Module, selects: dict[str, Value], a: Value, b: Value, 
     # which the last stage shifts right.
     left = shift_left(m, (a.as_unsigned() << 1)[:width], (~amount)[:bits - 1])
     # MIN and MAX share one compare: MIN takes a where a < b, MAX takes b there (and a where they are equal).
-    # Their result is chosen last, so only one multiplexer follows the compare's carry chain.
-    min_max = Mux((a < b) ^ selects["max"], a, b)[:width]
     rest = Mux(selects["add"], (a + b)[:width],
                Mux(selects["shr"], Mux(amount[bits - 1], left, a[:width]), b[:width]))
     # Every other code (MUL's and RQ's, which alu_lane_last replaces, and the unused one) gives MIN's result.
-    return Mux(selects["rest"], rest, min_max)
+    return Mux(selects["rest"], rest, a[:width]), ~selects["rest"] & ~((a < b) ^ selects["max"])
 
 
 class AluRow(wiring.Component):
