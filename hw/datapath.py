@@ -22,8 +22,8 @@ from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
 __all__ = ["DSP48", "GEMM_LATENCY", "MULT18X18D", "AluFirst", "AluRow", "DspPorts", "GemmCore", "alu_lane",
-           "alu_lane_first", "alu_lane_last", "alu_selects", "elements", "saturate_row", "select",
-           "sign_extend_row"]
+           "alu_lane_first", "alu_lane_last", "alu_selects", "elements", "packs_weight_pairs", "saturate_row",
+           "select", "sign_extend_row"]
 
 @dataclass(frozen=True)
 class DspPorts:
@@ -40,7 +40,12 @@ DSP48 = DspPorts(wide=25, narrow=18)
 #: multiplier and a carry chain after it (the GEMM core's products were among tiny's longest paths after
 #: nextpnr), so the ECP5 flow builds one product per multiplier.
 MULT18X18D = DspPorts(wide=18, narrow=18)
-DSP_WIDE_BITS, DSP_NARROW_BITS = DSP48.wide, DSP48.narrow
+
+
+def packs_weight_pairs(inp_width: int, wgt_width: int, dsp: DspPorts = DSP48) -> bool:
+    """Whether the GEMM core packs two weights into one multiplier: the packed operand (two weights and the
+    input's width between them) fits the wide port and the input the narrow one (int8: 24 x 8 bits)."""
+    return wgt_width + inp_width + wgt_width <= dsp.wide and inp_width <= dsp.narrow
 
 
 def elements(row: Value, width: int) -> list[Value]:
@@ -79,9 +84,8 @@ class GemmCore(wiring.Component):
                  packed: bool | None = None, dsp: DspPorts = DSP48):
         self.shape = (batch, block_in, block_out)
         self.inp_width, self.wgt_width = inp_width, wgt_width
-        # Pack two weights per multiplier when the packed operand fits the multiplier's wide port and the input
-        # its narrow one (int8 x int8: 24 x 8 bits in a DSP48): half the DSPs, the same products to the bit.
-        fits = wgt_width + inp_width + wgt_width <= dsp.wide and inp_width <= dsp.narrow
+        # Two weights per multiplier where they fit it: half the DSPs, the same products to the bit.
+        fits = packs_weight_pairs(inp_width, wgt_width, dsp)
         self.packed = fits if packed is None else packed and fits
         self.sum_bits = inp_width + wgt_width + max(1, (block_in - 1).bit_length())
         super().__init__({

@@ -112,7 +112,7 @@ def estimate_area(config: AcceleratorConfig) -> dict[str, float]:
     ``synth_xilinx`` counts for it; small buffers that Yosys puts in LUT RAM count here too, so small
     configs are overestimated. DSP: the GEMM core's multipliers only
     (two int8 products per DSP48 when they fit one: 128 of `default`'s 178), a lower bound."""
-    from weft.hw.datapath import DSP_NARROW_BITS, DSP_WIDE_BITS  # amaranth: only when an estimate is wanted
+    from weft.hw.datapath import packs_weight_pairs  # amaranth: only when an estimate is wanted
     from weft.hw.regs import register_widths
     from weft.isa.constants import INSN_BITS, Unit
 
@@ -120,7 +120,7 @@ def estimate_area(config: AcceleratorConfig) -> dict[str, float]:
     cmd_bits = INSN_BITS + register_widths(c)["error_index"]
     bram = (sum(_bram36_of(c.rows(memory), c.row_bits(memory)) for memory in ("uop", "inp", "wgt", "acc", "out"))
             + len(Unit) * _bram36_of(c.cmd_queue_depth, cmd_bits))  # a command queue per unit
-    packed = (c.wgt_width * 2 + c.inp_width <= DSP_WIDE_BITS and c.inp_width <= DSP_NARROW_BITS)
+    packed = packs_weight_pairs(c.inp_width, c.wgt_width)
     dsp = c.batch * c.block_in * (-(-c.block_out // 2) if packed else c.block_out)
     return {"bram36": bram, "dsp": float(dsp)}
 

@@ -10,7 +10,15 @@ from amaranth.sim import Simulator
 
 from weft.config import PRESETS
 from weft.hw.axi import ReadArbiter
-from weft.hw.datapath import GEMM_LATENCY, MULT18X18D, AluRow, GemmCore, saturate_row, sign_extend_row
+from weft.hw.datapath import (
+    GEMM_LATENCY,
+    MULT18X18D,
+    AluRow,
+    GemmCore,
+    packs_weight_pairs,
+    saturate_row,
+    sign_extend_row,
+)
 from weft.hw.dma import RowPacker, RowUnpacker
 from weft.hw.fetch import Fetch, check_insn, range_bits, sram_range
 from weft.hw.queues import LutFIFO
@@ -249,11 +257,9 @@ def test_gemm_core_matches_numpy_every_cycle(name, packed):
 def test_gemm_core_packs_two_weights_only_where_the_multiplier_takes_them():
     """An int8 pair (24 bits) fits a DSP48's 25-bit port, not an ECP5 MULT18X18D's 18 (the unpacked core's
     products are checked above)."""
-    c = PRESETS["tiny"]
-    shape = dict(batch=c.batch, block_in=c.block_in, block_out=c.block_out, inp_width=c.inp_width,
-                 wgt_width=c.wgt_width)
-    assert GemmCore(**shape).packed
-    assert not GemmCore(**shape, dsp=MULT18X18D).packed
+    assert packs_weight_pairs(8, 8)
+    assert not packs_weight_pairs(8, 8, MULT18X18D)
+    assert packs_weight_pairs(8, 4, MULT18X18D)  # int4 weights: 16 bits
 
 
 @pytest.mark.parametrize("width", [32, 16])
