@@ -323,9 +323,13 @@ class ComputeUnit(UnitBase):
             m.d.comb += [rp.addr.eq(Mux(g_reads, local(g.r_addr), local(a.r_addr))),
                          wp.en.eq(g_writes | a_writes), wp.addr.eq(Mux(a_writes, local(a.w_addr), local(g.w_addr))),
                          wp.data.eq(Mux(a_writes, a.w_data, g.w_data))]
+            # The out buffer's write is registered, a cycle after F: the saturation's compares and the pipes'
+            # multiplexers ahead of the block RAM's data inputs were among tiny's longest paths after place and
+            # route. Only the store unit reads out, and not before the token the instruction pushes as it ends
+            # (the cycle the write lands, at the latest), so nothing sees the difference.
             out = self.out_w[b]
             g_out = g.o_en & (upper(g.w_addr) == b)
-            m.d.comb += [out.en.eq(g_out | (a.o_en & (upper(a.w_addr) == b))),
+            m.d.sync += [out.en.eq(g_out | (a.o_en & (upper(a.w_addr) == b))),
                          out.addr.eq(Mux(g_out, local(g.w_addr), local(a.w_addr))),
                          out.data.eq(Mux(g_out, g.o_data, a.o_data))]
         # Each bank's read data registered as it leaves the RAM, with no logic before the register: a pipe
