@@ -70,6 +70,7 @@ from weft.hw.datapath import (
     alu_lane_mid,
     alu_selects,
     elements,
+    multiplier_top,
     saturate_row,
     select,
     sign_extend_row,
@@ -628,8 +629,10 @@ class ComputeUnit(UnitBase):
             given = Mux(alu_f.use_imm, imm, inp_lanes[row * c.block_in + lane % c.block_in])
             operand_x_e = Mux(src_from_f, from_f[n], Mux(src_from_y, from_y[n], Mux(takes_src, src_e[n], given)))
             rhs = Signal(operand_x_e.shape(), name=f"operand_{n}")
-            m.d.sync += rhs.eq(operand_x_e)
-            first = alu_lane_first(m, selects, old[n], rhs, w)
+            top = multiplier_top(selects, operand_x_e, w)
+            rhs_top = Signal(top.shape(), name=f"operand_top_{n}")
+            m.d.sync += [rhs.eq(operand_x_e), rhs_top.eq(top)]
+            first = alu_lane_first(m, selects, old[n], rhs, w, top=rhs_top)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(first.parts)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], first.parts, strict=True)]
             in_y = AluFirst(Signal(w, name=f"kept_{n}"), Signal(name=f"takes_operand_{n}"), parts_y[n])

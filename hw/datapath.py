@@ -22,8 +22,8 @@ from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
 __all__ = ["DSP48", "GEMM_LATENCY", "MULT18X18D", "AluFirst", "AluRow", "DspPorts", "GemmCore", "alu_lane",
-           "alu_lane_first", "alu_lane_last", "alu_selects", "elements", "packs_weight_pairs", "saturate_row",
-           "select", "sign_extend_row"]
+           "alu_lane_first", "alu_lane_last", "alu_selects", "elements", "multiplier_top", "packs_weight_pairs",
+           "saturate_row", "select", "sign_extend_row"]
 
 @dataclass(frozen=True)
 class DspPorts:
@@ -187,7 +187,16 @@ def alu_selects(op: Value) -> dict[str, Value]:
     return selects
 
 
-def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int) -> AluFirst:
+def multiplier_top(selects: dict[str, Value], b: Value, width: int) -> Value:
+    """The bits of the ALU's second multiplier operand above b's low half: RQ's multiplier's top bits, 0 for
+    MUL (whose operand is the low half, unsigned). The compute pipeline registers them beside the operand, so
+    that no multiplexer lies ahead of the multipliers (a multiplier's own delay is most of a cycle on ECP5)."""
+    mul_bits, _ = rq_layout(width)
+    return Mux(selects["rq"], b[width // 2:mul_bits], 0)
+
+
+def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int, *,
+                   top: Value | None = None) -> AluFirst:
     """The ALU's first pipeline stage: the result of every op but MUL, RQ and SHR (SHR's left shift done
     here), as :class:`AluFirst` says, and the parts the later stages take.
 
@@ -198,11 +207,11 @@ def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, wid
     m for RQ, bl for MUL; MUL keeps only the low h bits of ah * bl, which do not depend on signedness). Each
     is one DSP48 (17 x 18 bits). The last three parts are the right shift's amount (RQ's, or SHR's where it
     shifts right: its right shift is RQ's shifter, in the later stages), RQ's ReLU flag and RQ's rounding
-    constant, registered beside them."""
+    constant, registered beside them. `top`: :func:`multiplier_top` of `b`, where registered apart."""
     h = width // 2
     mul_bits, shift_bits = rq_layout(width)
     al, ah, bl, bh = a.as_unsigned()[:h], a.as_signed()[h:].as_signed(), b.as_unsigned()[:h], b.as_unsigned()[h:]
-    second = Mux(selects["rq"], b[:mul_bits].as_signed(), bl)
+    second = Cat(bl, multiplier_top(selects, b, width) if top is None else top).as_signed()
     bits = width.bit_length()  # log2(width) + 1: SHR's amount is the operand's low bits, signed
     assert bits <= shift_bits
     amount = b[:bits].as_signed()
