@@ -135,7 +135,7 @@ class BurstReader(wiring.Component):
 
         ar = self.bus.ar
         issued = ar.valid & ar.ready
-        taken = buf.r_rdy & buf.r_en
+        taken = self.beats.valid & self.beats.ready
         # Whether the next burst fits the buffer (length <= room), registered: the compare lay ahead of the
         # arbiter's grant on tiny's longest path. It is worked out for the state after a cycle without an
         # issue; after an issue the arbiter holds its grant for a cycle, when the flag is not looked at, and it
@@ -193,12 +193,24 @@ class BurstReader(wiring.Component):
         m.d.comb += [buf.w_data.eq(r.payload.data), buf.w_en.eq(r.valid), r.ready.eq(buf.w_rdy)]
         with m.If(r.valid & r.ready & (r.payload.resp != RESP_OKAY)):
             m.d.sync += self.error.eq(1)
+        # A skid register between the buffer and the consumer: the buffer's read enable is a register (the
+        # skid is empty), not the consumer's ready, which waits on the consumer's state and the data's valid:
+        # that ready through the buffer's read side into its level was tiny's longest path after place and
+        # route (77.8 MHz, 689eb37). A beat the consumer does not take as it leaves the buffer waits in the
+        # skid, and the consumer sees the same beats in the same cycles; the room counts the consumer's takes,
+        # so at most `depth` beats are due, in the buffer or the skid.
+        skid_full = Signal()
+        skid = Signal(B * 8)
         m.d.comb += [
-            self.beats.payload.eq(buf.r_data),
-            self.beats.valid.eq(buf.r_rdy & ~self.abort),
-            buf.r_en.eq(self.beats.ready | self.abort),
+            self.beats.payload.eq(Mux(skid_full, skid, buf.r_data)),
+            self.beats.valid.eq((skid_full | buf.r_rdy) & ~self.abort),
+            buf.r_en.eq(~skid_full | self.abort),
             self.idle.eq(~active & ~pending & (room == self.depth)),
         ]
+        with m.If(self.abort | (skid_full & self.beats.ready)):
+            m.d.sync += skid_full.eq(0)
+        with m.Elif(~skid_full & buf.r_rdy & ~self.beats.ready):
+            m.d.sync += [skid_full.eq(1), skid.eq(buf.r_data)]
         return m
 
 
