@@ -197,33 +197,36 @@ def multiplier_top(selects: dict[str, Value], b: Value, width: int) -> Value:
 
 def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int, *,
                    top: Value | None = None) -> AluFirst:
-    """The ALU's first pipeline stage: the result of every op but MUL, RQ and SHR (SHR's left shift done
-    here), as :class:`AluFirst` says, and the parts the later stages take.
+    """The ALU's first pipeline stage: the result of every op but MUL, RQ and SHR, as :class:`AluFirst` says,
+    and the parts the later stages take.
 
     MUL keeps the low `width` bits of a * b, and those depend only on the halves' products: with
     a = ah * 2^h + al and b = bh * 2^h + bl (al, bl: the low h bits, unsigned), a * b = al * bl +
     (al * bh + ah * bl) * 2^h modulo 2^width. RQ needs all of a * m (m: b's low h + 2 bits, signed) =
     ah * m * 2^h + al * m, so its two products share MUL's first two multipliers (their second operand is
     m for RQ, bl for MUL; MUL keeps only the low h bits of ah * bl, which do not depend on signedness). Each
-    is one DSP48 (17 x 18 bits). The last three parts are the right shift's amount (RQ's, or SHR's where it
-    shifts right: its right shift is RQ's shifter, in the later stages), RQ's ReLU flag and RQ's rounding
-    constant, registered beside them. `top`: :func:`multiplier_top` of `b`, where registered apart."""
+    is one DSP48 (17 x 18 bits). The last four parts are the right shift's amount (RQ's or SHR's: both
+    shift through one shifter, in the later stages), RQ's ReLU flag, RQ's rounding constant and whether SHR
+    shifts left, registered beside them. `top`: :func:`multiplier_top` of `b`, where registered apart."""
     h = width // 2
     mul_bits, shift_bits = rq_layout(width)
     al, ah, bl, bh = a.as_unsigned()[:h], a.as_signed()[h:].as_signed(), b.as_unsigned()[:h], b.as_unsigned()[h:]
     second = Cat(bl, multiplier_top(selects, b, width) if top is None else top).as_signed()
     bits = width.bit_length()  # log2(width) + 1: SHR's amount is the operand's low bits, signed
     assert bits <= shift_bits
-    amount = b[:bits].as_signed()
-    right = Mux(amount[bits - 1], 0, amount[:bits - 1])
-    shift = Mux(selects["shr"], right, b[mul_bits:mul_bits + shift_bits])
+    # SHR by amount n (its operand's low bits, signed): a >> n for n >= 0; for n < 0, a << -n is a placed
+    # width bits up and shifted right by width + n, which is n's low bits (unsigned): the same amount bits
+    # either way, and one shifter for both directions (a barrel shifter of its own, for the left shifts, lay
+    # on tiny's longest paths after place and route, in this stage).
+    left = selects["shr"] & b[bits - 1]
+    shift = Mux(selects["shr"], b[:bits - 1], b[mul_bits:mul_bits + shift_bits])
     # RQ's rounding constant 2^(s-1) (0 for s = 0), decoded here from its amount so that the second stage's
     # sum does not wait on the decoder: |a * m| <= 2^(width + mul_bits - 2), so with s < width + mul_bits the
     # constant and the sum fit width + mul_bits + 1 signed bits; from s = width + mul_bits on, the result is 0.
     rq_amount = b[mul_bits:mul_bits + shift_bits]
     rounding = Cat(*[rq_amount == k + 1 for k in range(width + mul_bits + 1)])
-    parts = [al * second, ah * second, (al * bh)[:width - h], shift, b[mul_bits + shift_bits], rounding]
-    kept, takes_operand = _alu_lane_but_mul(m, selects, a, b, width)
+    parts = [al * second, ah * second, (al * bh)[:width - h], shift, b[mul_bits + shift_bits], rounding, left]
+    kept, takes_operand = _alu_lane_but_mul(selects, a, b, width)
     return AluFirst(kept, takes_operand, parts)
 
 
@@ -235,16 +238,19 @@ _COARSE_SHIFTS = 3
 def alu_lane_mid(m: Module, selects: dict[str, Value], other: Value, parts: list[Value], width: int
                  ) -> list[Value]:
     """The ALU's second stage, from the parts of :func:`alu_lane_first`: MUL's product, RQ's exact product
-    plus its rounding constant, and the right shift's longest steps (of RQ's sum, or of SHR's operand, the
-    first stage's result: a itself, or a shifted left, its amount then 0 here). RQ and SHR shift right through
-    one shifter, as Yosys' resource sharing paired them. Returns the parts :func:`alu_lane_last` takes."""
+    plus its rounding constant, and the right shift's longest steps (of RQ's sum, or of SHR's operand: `other`,
+    the first stage's kept result, which is a itself for SHR, placed width bits up where SHR shifts left). RQ
+    and SHR shift right through one shifter, as Yosys' resource sharing paired them. Returns the parts
+    :func:`alu_lane_last` takes."""
     h = width // 2
     mul_bits, _ = rq_layout(width)
-    low, high, mid, amount, relu, rounding = parts
+    low, high, mid, amount, relu, rounding, left = parts
     product = (low[:width] + ((high[:width - h] + mid) << h))[:width]
     total = width + mul_bits + 1  # RQ's sum (alu_lane_first)
     exact = low.as_signed() + (high.as_signed() << h)
-    value = Mux(selects["rq"], (exact + rounding)[:total].as_signed(), other.as_signed())
+    a = other[:width]
+    shr = Mux(left, Cat(Const(0, width), a), a.as_signed()).as_signed()  # 2 * width bits
+    value = Mux(selects["rq"], (exact + rounding)[:total].as_signed(), shr)
     fine = len(amount) - _COARSE_SHIFTS
     # the last stage's result bits come from the width + 2^fine - 1 lowest: the rest need no register
     partial = shift_right(m, value, amount[fine:], first=fine)[:width + (1 << fine) - 1]
@@ -271,31 +277,16 @@ def shift_right(m: Module, value: Value, amount: Value, *, first: int = 0) -> Va
     return value
 
 
-def shift_left(m: Module, value: Value, amount: Value) -> Value:
-    """`value` (unsigned) shifted left by `amount` within its width, a multiplexer stage per bit (as
-    :func:`shift_right`)."""
-    for k in range(len(amount)):
-        value = _stage(m, Mux(amount[k], (value << (1 << k))[:len(value)], value), value.shape())
-    return value
-
-
 def _stage(m: Module, value: Value, shape: object) -> Signal:
     stage = Signal(shape)
     m.d.comb += stage.eq(value)
     return stage
 
 
-def _alu_lane_but_mul(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int
-                      ) -> tuple[Value, Value]:
-    bits = width.bit_length()  # log2(width) + 1: the shift amount is the operand's low bits, signed
-    amount = b[:bits].as_signed()
-    # amount < 0: a << -amount, with -amount = ~amount + 1 (1 to width): one fixed shift, then one by
-    # ~amount's low bits, so no negation's carry chain lies ahead of the shifter. amount >= 0: a itself,
-    # which the last stage shifts right.
-    left = shift_left(m, (a.as_unsigned() << 1)[:width], (~amount)[:bits - 1])
-    # MIN and MAX share one compare: MIN takes a where a < b, MAX takes b there (and a where they are equal).
-    rest = Mux(selects["add"], (a + b)[:width],
-               Mux(selects["shr"], Mux(amount[bits - 1], left, a[:width]), b[:width]))
+def _alu_lane_but_mul(selects: dict[str, Value], a: Value, b: Value, width: int) -> tuple[Value, Value]:
+    # SHR: a itself, which the later stages shift (alu_lane_first). MIN and MAX share one compare: MIN takes a
+    # where a < b, MAX takes b there (and a where they are equal).
+    rest = Mux(selects["add"], (a + b)[:width], Mux(selects["shr"], a[:width], b[:width]))
     # Every other code (MUL's and RQ's, which alu_lane_last replaces, and the unused one) gives MIN's result.
     return Mux(selects["rest"], rest, a[:width]), ~selects["rest"] & ~((a < b) ^ selects["max"])
 
