@@ -11,7 +11,7 @@ from typing import Any
 from weft.cli_common import add_config_option, print_json
 from weft.config import load_config
 from weft.hw.regs import registers_spec
-from weft.hw.synth import BOARDS, default_cache, fits, place_and_route_ecp5, synthesize
+from weft.hw.synth import BOARDS, SynthError, default_cache, fits, place_and_route_ecp5, synthesize
 from weft.isa import c_header, isa_spec
 from weft.progress import Waiting
 
@@ -65,12 +65,15 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Yosys synth_xilinx family (xc7: 7-series cells)")
     parser.add_argument("--pnr", choices=("ecp5",), default=None,
                         help="also place and route for a Lattice ECP5 (85k) with nextpnr: a real Fmax")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="nextpnr's placement seed (with --pnr; default: nextpnr's own): the Fmax moves "
+                             "by several MHz between seeds, so compare designs over a few")
     parser.add_argument("--no-cache", action="store_true", help="synthesize even when a cached result exists")
     parser.add_argument("-o", "--output", help="also write the JSON report to this file")
 
 
 def synth_report(config: Any, *, family: str = "xc7", board: str | None = None, pnr: str | None = None,
-                 cache: bool = True) -> dict[str, Any]:
+                 cache: bool = True, seed: int | None = None) -> dict[str, Any]:
     """Area (LUT, FF, BRAM36, DSP) of `config`, its fit on `board` (or every board), and ECP5 Fmax if
     `pnr` is "ecp5"."""
 
@@ -79,13 +82,15 @@ def synth_report(config: Any, *, family: str = "xc7", board: str | None = None, 
     boards = [board] if board else sorted(BOARDS)
     report["boards"] = {name: fits(report["area"], BOARDS[name]) for name in boards}
     if pnr == "ecp5":
-        report["pnr"] = place_and_route_ecp5(config, cache=where)
+        report["pnr"] = place_and_route_ecp5(config, cache=where, seed=seed)
     return report
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    if args.seed is not None and args.pnr is None:
+        raise SynthError("--seed is nextpnr's placement seed: it needs --pnr ecp5")
     report = synth_report(load_config(args.config), family=args.family, board=args.board, pnr=args.pnr,
-                          cache=not args.no_cache)
+                          cache=not args.no_cache, seed=args.seed)
     print_json(report)
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")

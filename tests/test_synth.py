@@ -113,3 +113,8 @@ def test_the_pynq_board_projects_config_fits_the_xc7z020(tmp_path):
     report = synthesize(config, cache=tmp_path)
     assert fits(report["area"], BOARDS["pynq-z2"])["fits"]
     assert report["cells"]["DSP48E1"] < config.block_in * config.block_out
+
+
+def test_seed_without_place_and_route_is_refused(capsys):
+    assert main(["synth", "--config", "tiny", "--seed", "3"]) == 2
+    assert "--seed is nextpnr's placement seed: it needs --pnr ecp5" in capsys.readouterr().err
