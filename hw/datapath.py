@@ -25,6 +25,7 @@ __all__ = ["DSP48", "GEMM_LATENCY", "MULT18X18D", "AluFirst", "AluRow", "DspPort
            "alu_lane_first", "alu_lane_last", "alu_selects", "elements", "multiplier_top", "packs_weight_pairs",
            "saturate_row", "select", "sign_extend_row"]
 
+
 @dataclass(frozen=True)
 class DspPorts:
     """A target FPGA's hard multiplier: its signed operand widths, the wide port's and the narrow one's. The
