@@ -116,11 +116,14 @@ class BurstReader(wiring.Component):
         active = Signal()
         addr = Signal(ADDR_BITS)
         remaining = Signal.like(self.cmd.payload.beats)
-        # The beats the buffer has room for: its depth less the beats requested and not yet taken from it. It
-        # is kept in a register, and so is one more than it (the room after a take), so that the room check
-        # below starts from registers, not from a difference and a sum of them.
+        # The beats the buffer has room for: its depth less the beats requested and not yet taken from it,
+        # less the take of the cycle before (`took`, registered: room + took is the room). It is kept in a
+        # register, and so are one and two more than it, so that the room check below starts from registers,
+        # not from a difference and a sum of them. (The take itself, the consumer's ready, as the sums' carry
+        # in was tiny's longest path after nextpnr at 2649d23, 86.3 MHz.)
         room = Signal(range(self.depth + 1), init=self.depth)
         room_1 = Signal(range(self.depth + 2), init=self.depth + 1)
+        room_2 = Signal(range(self.depth + 3), init=self.depth + 2)
         # The next burst's length, registered: worked out when the command starts and, the cycle after each
         # burst (`settling`, when the arbiter holds its grant), from the address and beats left after it, which
         # are registered as the burst issues: neither the sums nor the 4 KiB compares lie ahead of the grant,
@@ -142,7 +145,7 @@ class BurstReader(wiring.Component):
         # is exact again the cycle after. Where the length is still to be worked out (a request starting, or
         # settling after a burst), the verdict compares with what the length will be (`_burst_len_at_most`).
         # Both verdicts are worked out, for the room with and without this cycle's take, and the take (the
-        # consumer's ready, through the unpackers) picks one.
+        # consumer's ready, through the unpackers), registered, picks one the cycle after.
         def fits_in(room: Value) -> Value:
             return Mux(starting, _burst_len_at_most(pending_addr, pending_beats, room, B, self.max_burst),
                        Mux(settling, _burst_len_at_most(addr, remaining, room, B, self.max_burst), length <= room))
@@ -151,7 +154,8 @@ class BurstReader(wiring.Component):
         # multiplexer ahead of a register, Yosys' opt_share merged the two compares into one on multiplexed
         # operands, so the take led again into the compare's carry chain.)
         fits_without, fits_with, took = Signal(), Signal(), Signal()
-        m.d.sync += [fits_without.eq(fits_in(room)), fits_with.eq(fits_in(room_1)), took.eq(taken)]
+        m.d.sync += [fits_without.eq(Mux(took, fits_in(room_1), fits_in(room))),
+                     fits_with.eq(Mux(took, fits_in(room_2), fits_in(room_1))), took.eq(taken)]
         fits = Mux(took, fits_with, fits_without)
         m.d.comb += [
             ar.payload.addr.eq(addr),
@@ -161,10 +165,10 @@ class BurstReader(wiring.Component):
         # The room after this cycle, with and without an issue, picked by the issue: the grant (which waits on
         # every client's request) selects after the sums instead of leading into their carry chains (as
         # room - Mux(issued, length, 0) + taken it did: tiny's longest path after nextpnr at 84.7 MHz, 5f3f626).
-        # The take stays a carry in. (The pick is an AND-OR, which Yosys' opt_share cannot fold back into one
-        # sum on a multiplexed operand.)
-        for register in (room, room_1):
-            after_issue, without_issue = (register - length + taken)[:len(register)], (register + taken)[:len(register)]
+        # The take of the cycle before (a register) is a carry in. (The pick is an AND-OR, which Yosys'
+        # opt_share cannot fold back into one sum on a multiplexed operand.)
+        for register in (room, room_1, room_2):
+            after_issue, without_issue = (register - length + took)[:len(register)], (register + took)[:len(register)]
             m.d.sync += register.eq((after_issue & issued.replicate(len(register)))
                                     | (without_issue & (~issued).replicate(len(register))))
         m.d.sync += settling.eq(issued)
@@ -205,7 +209,7 @@ class BurstReader(wiring.Component):
             self.beats.payload.eq(Mux(skid_full, skid, buf.r_data)),
             self.beats.valid.eq((skid_full | buf.r_rdy) & ~self.abort),
             buf.r_en.eq(~skid_full | self.abort),
-            self.idle.eq(~active & ~pending & (room == self.depth)),
+            self.idle.eq(~active & ~pending & (Mux(took, room_1, room) == self.depth)),
         ]
         with m.If(self.abort | (skid_full & self.beats.ready)):
             m.d.sync += skid_full.eq(0)
