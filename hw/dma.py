@@ -215,7 +215,11 @@ class BurstReader(wiring.Component):
         with m.If(self.abort | (skid_full & self.beats.ready)):
             m.d.sync += skid_full.eq(0)
         with m.Elif(~skid_full & buf.r_rdy & ~self.beats.ready):
-            m.d.sync += [skid_full.eq(1), skid.eq(buf.r_data)]
+            m.d.sync += skid_full.eq(1)
+        # The skid's data follows the buffer's while it is empty, so its enable is a register, not the
+        # consumer's ready (which fanned out to every bit of it on one of tiny's longest paths at e11ebcc).
+        with m.If(~skid_full):
+            m.d.sync += skid.eq(buf.r_data)
         return m
 
 
