@@ -520,10 +520,14 @@ class RowPacker(_RowConverter):
             acc_data = Signal(B * 8)
             acc_strb = Signal(B)
             last = Signal()  # remaining == 1, in a register: its compare fed the W channel's valid and ready
-            # whether this element completes a beat ((lane == k - 1) | last), a register too: it leads into the
+            # whether this element completes a beat (`completes`), a register too: it leads into the
             # W channel's valid and into the row queue's and the segment queue's read enables and levels, which
             # were among tiny's longest paths after place and route
             emit = Signal()
+
+            def completes(lane: Value, last: Value) -> Value:
+                return (lane == k - 1) | last
+
             word = Signal(B * 8)
             strb = Signal(B)
             m.d.comb += [
@@ -538,7 +542,7 @@ class RowPacker(_RowConverter):
             m.d.comb += cmd.ready.eq(~active | (take & last))
             with m.If(take):
                 m.d.sync += [remaining.eq(remaining - 1), last.eq(remaining == 2), lane.eq(lane + 1),
-                             emit.eq(((lane + 1)[:len(lane)] == k - 1) | (remaining == 2))]
+                             emit.eq(completes((lane + 1)[:len(lane)], remaining == 2))]
                 with m.If(emit):
                     m.d.sync += [acc_data.eq(0), acc_strb.eq(0)]
                 with m.Else():
@@ -548,7 +552,7 @@ class RowPacker(_RowConverter):
             with m.If(cmd.valid & cmd.ready):
                 m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count),
                              last.eq(cmd.payload.count == 1), lane.eq(cmd.payload.lane),
-                             emit.eq((cmd.payload.lane == k - 1) | (cmd.payload.count == 1))]
+                             emit.eq(completes(cmd.payload.lane, cmd.payload.count == 1))]
         elif E == B:
             m.d.comb += [
                 cmd.ready.eq(1),  # whole beats: the burst lengths alone frame the data

