@@ -207,8 +207,11 @@ class ComputeUnit(UnitBase):
         done_loop_g, src_g, wgt_g = self._pipe(m, "gemm", d_g, start_g, busy_g, index_g, bufs_g, dma)
         done_loop_a, src_a, _ = self._pipe(m, "alu", d_a, start_a, busy_a, index_a, bufs_a, None)
         self._banks(m, bufs_g, bufs_a)
-        # inp's read port serves the GEMM, or an ALU taking its operand from inp (never beside a GEMM).
-        m.d.comb += [self.inp_addr.eq(Mux(busy_a & d_a.alu_inp, src_a, src_g)), self.wgt_addr.eq(wgt_g)]
+        # inp's read port serves the GEMM, or an ALU taking its operand from inp (never beside a GEMM). The pick
+        # is an AND-OR: as a multiplexer, Yosys' opt_share moved it ahead of one sum of multiplexed operands,
+        # and the two pipes' sums lay one after the other ahead of the port (tiny, after nextpnr at 1a2b4b4).
+        alu_reads = (busy_a & d_a.alu_inp).replicate(len(self.inp_addr))
+        m.d.comb += [self.inp_addr.eq((src_a & alu_reads) | (src_g & ~alu_reads)), self.wgt_addr.eq(wgt_g)]
 
         # FINISH, bus errors, completion.
         with m.If(busy_g & d_g.is_finish):

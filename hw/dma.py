@@ -399,32 +399,31 @@ class Load2D(wiring.Component):
         row_addr = Signal.like(f.dram_base)
         issuing = Signal()
         to = Signal(len(self.targets))  # one-hot: the command's target
-        unpackers, queues, ready = [], [], []
-        for t, elem_bytes in enumerate(self.targets):
-            unp = RowUnpacker(bus_bytes=B, elem_bytes=elem_bytes, count_bits=self.count_bits)
-            q = fifo.SyncFIFOBuffered(width=len(unp.cmd.payload.as_value()), depth=self.unpack_depth)
+        # One queue of unpack commands serves every target's unpacker: a command names one target and its walk
+        # ends (every element taken) before the next command starts, so only the command's unpacker reads it.
+        # The issue then waits on one queue's room, not a pick among each target's (the pick, through the
+        # reader's command into its every register, was among tiny's longest paths after nextpnr at 1a2b4b4).
+        unpackers = [RowUnpacker(bus_bytes=B, elem_bytes=elem_bytes, count_bits=self.count_bits)
+                     for elem_bytes in self.targets]
+        cmd_bits = max(len(unp.cmd.payload.as_value()) for unp in unpackers)
+        m.submodules.unpack_queue = q = LutFIFO(width=cmd_bits, depth=self.unpack_depth)
+        go = issuing & reader.cmd.ready & q.w_rdy  # (issuing only while busy: it falls with busy at the latest)
+        m.d.comb += [q.w_en.eq(go), reader.cmd.valid.eq(issuing & q.w_rdy)]
+        for t, (unp, elem_bytes) in enumerate(zip(unpackers, self.targets, strict=True)):
             m.submodules[f"unpack{t}"] = unp
-            m.submodules[f"unpack_queue{t}"] = q
-            m.d.comb += [unp.cmd.payload.eq(q.r_data), unp.cmd.valid.eq(q.r_rdy), q.r_en.eq(unp.cmd.ready)]
+            m.d.comb += [unp.cmd.payload.eq(q.r_data), unp.cmd.valid.eq(q.r_rdy & to[t])]
             aligned, beats, lane = _segment(m, row_addr, f.x_size, elem_bytes, B)
-            select = self.busy & issuing & to[t]
-            go = select & reader.cmd.ready & q.w_rdy
             m.d.comb += [
-                q.w_data.eq(Cat(lane, f.x_size)), q.w_en.eq(go),
                 unp.beats.payload.eq(reader.beats.payload),
                 unp.beats.valid.eq(reader.beats.valid & to[t]),
             ]
-            with m.If(select):
-                m.d.comb += [
-                    reader.cmd.payload.addr.eq(aligned), reader.cmd.payload.beats.eq(beats),
-                    reader.cmd.valid.eq(q.w_rdy),
-                ]
             with m.If(to[t]):
-                m.d.comb += reader.beats.ready.eq(unp.beats.ready)
-            unpackers.append(unp)
-            queues.append(q)
-            ready.append(go)
-        with m.If(Cat(*ready).any()):
+                m.d.comb += [
+                    q.w_data.eq(Cat(lane, f.x_size)), q.r_en.eq(unp.cmd.ready),
+                    reader.cmd.payload.addr.eq(aligned), reader.cmd.payload.beats.eq(beats),
+                    reader.beats.ready.eq(unp.beats.ready),
+                ]
+        with m.If(go):
             m.d.sync += [issue_y.eq(issue_y + 1), row_addr.eq(row_addr + f.x_stride), issuing.eq(issue_y != issue_last)]
 
         # Write: walk the padded tile in row order. Whether the position holds data (not padding) is registered
@@ -441,6 +440,10 @@ class Load2D(wiring.Component):
         xx = Signal(len(f.x_size) + 5)
         pos = Signal.like(f.sram_base)
         inside = Signal()
+        # busy & inside, the unpackers' ready, kept in its own register beside the two (it changes where they
+        # do): the AND ahead of an unpacker's take, and so of the enables of its wide element register, was
+        # among tiny's longest paths after nextpnr at 1a2b4b4.
+        wants = Signal()
         in_y, in_x = Signal(), Signal()
         row_end, last_row, walked = Signal(), Signal(), Signal()
         one_col = Signal()  # a tile one column wide: every position ends its row
@@ -457,7 +460,7 @@ class Load2D(wiring.Component):
         for t, unp in enumerate(unpackers):
             with m.If(to[t]):
                 m.d.comb += [elem_valid.eq(unp.elems.valid), elem_data.eq(unp.elems.payload),
-                             unp.elems.ready.eq(self.busy & inside)]
+                             unp.elems.ready.eq(wants)]
         writing = self.busy & ~empty & ~walked
         step = writing & (~inside | elem_valid)
         # The write is registered: the reader's buffer (a block RAM) through the unpacker into a target's write
@@ -470,25 +473,28 @@ class Load2D(wiring.Component):
         ]
         with m.If(step):
             m.d.sync += [pos.eq(pos + 1), xx.eq(next_x), yy.eq(next_y), in_x.eq(in_x_next), in_y.eq(in_y_next),
-                         inside.eq(in_x_next & in_y_next), row_end.eq(Mux(row_end, one_col, xx == x_stop)),
-                         walked.eq(last_row & row_end)]
+                         inside.eq(in_x_next & in_y_next), wants.eq(in_x_next & in_y_next),
+                         row_end.eq(Mux(row_end, one_col, xx == x_stop)), walked.eq(last_row & row_end)]
             with m.If(row_end):
                 m.d.sync += last_row.eq(yy == y_stop)
         finished = empty | (last_row & row_end & step)
         with m.If(self.busy & finished & (~issuing | empty)):
-            m.d.sync += self.busy.eq(0)
+            m.d.sync += [self.busy.eq(0), issuing.eq(0), wants.eq(0)]
 
         m.d.comb += self.cmd.ready.eq(~self.busy)
         with m.If(self.cmd.valid & self.cmd.ready):
             p = self.cmd.payload
             rows, cols = p.y_pad_0 + p.y_size + p.y_pad_1, p.x_pad_0 + p.x_size + p.x_pad_1
+            at_data = (p.y_pad_0 == 0) & (p.y_size != 0) & (p.x_pad_0 == 0) & (p.x_size != 0)
             m.d.sync += [
                 f.eq(p), self.busy.eq(1), issue_y.eq(0), row_addr.eq(p.dram_base), yy.eq(0), xx.eq(0), pos.eq(0),
                 issuing.eq(p.y_size != 0), issue_last.eq(p.y_size - 1),
                 to.eq(Cat(*[p.target == t for t in range(len(self.targets))])),
-                empty.eq((rows == 0) | (cols == 0)),
+                # a side is empty when its three parts are: no sum and compare from the instruction's fields
+                # into the flag (that carry chain was among tiny's longest paths after nextpnr at fd83085)
+                empty.eq((Cat(p.y_pad_0, p.y_size, p.y_pad_1) == 0) | (Cat(p.x_pad_0, p.x_size, p.x_pad_1) == 0)),
                 # position (0, 0) holds data when there is no padding before it on either axis
-                inside.eq((p.y_pad_0 == 0) & (p.y_size != 0) & (p.x_pad_0 == 0) & (p.x_size != 0)),
+                inside.eq(at_data), wants.eq(at_data),
                 in_y.eq((p.y_pad_0 == 0) & (p.y_size != 0)), in_x.eq((p.x_pad_0 == 0) & (p.x_size != 0)),
                 x_starts.eq((p.x_pad_0 == 0) & (p.x_size != 0)), y_data.eq(p.y_size != 0),
                 row_end.eq(cols == 1), one_col.eq(cols == 1), last_row.eq(rows == 1), walked.eq(0),
@@ -633,13 +639,13 @@ class Store2D(wiring.Component):
         m.submodules.packer = packer = RowPacker(bus_bytes=B, elem_bytes=E, count_bits=self.count_bits)
         m.d.comb += [packer.elems.payload.eq(rows.r_data), packer.elems.valid.eq(rows.r_rdy),
                      rows.r_en.eq(packer.elems.ready)]
-        m.submodules.seg_queue = seg_q = fifo.SyncFIFOBuffered(
+        m.submodules.seg_queue = seg_q = LutFIFO(
             width=len(packer.cmd.payload.as_value()), depth=STORE_SEG_DEPTH)
         m.d.comb += [packer.cmd.payload.eq(seg_q.r_data), packer.cmd.valid.eq(seg_q.r_rdy),
                      seg_q.r_en.eq(packer.cmd.ready)]
 
         # Segments (one per DRAM row) and their bursts on AW; burst lengths queue up for WLAST.
-        m.submodules.len_queue = len_q = fifo.SyncFIFOBuffered(width=len(axi.awlen), depth=STORE_LEN_DEPTH)
+        m.submodules.len_queue = len_q = LutFIFO(width=len(axi.awlen), depth=STORE_LEN_DEPTH)
         seg_y = Signal.like(f.y_size)
         # Whether rows are left to address (seg_y != y_size), kept in a register beside seg_y: the compare
         # lay ahead of the AW address's enable on one of tiny's longest paths.

@@ -5,22 +5,59 @@ the clock edge (nextpnr-ecp5, speed grade 6): any logic between it and the next 
 from the burst readers' buffers and the command queues past 10 ns. Kept in LUT RAM, whose asynchronous read
 feeds the read port's register in the fabric, the same FIFO gives its data a register's clock-to-out, cycle
 for cycle as before.
+
+Whether the storage holds an entry and whether it has room are registers too, kept beside its level: as
+compares of the level (as :class:`amaranth.lib.fifo.SyncFIFOBuffered` has them) they lay ahead of the read
+port's enable, whose fan-out is every bit of the data register, on the longest paths of tiny's burst readers
+after nextpnr (1a2b4b4).
 """
 
 from __future__ import annotations
 
-from amaranth import Module
+from amaranth import Module, Mux, Signal
+from amaranth.hdl import Value
 from amaranth.lib import fifo
+from amaranth.lib.memory import Memory
 
 __all__ = ["LutFIFO"]
 
 
+def _next(pointer: Signal, modulo: int) -> Value:
+    return pointer + 1 if modulo == 2 ** len(pointer) else Mux(pointer == modulo - 1, 0, pointer + 1)
+
+
 class LutFIFO(fifo.SyncFIFOBuffered):
-    """:class:`amaranth.lib.fifo.SyncFIFOBuffered` with its storage kept in LUT RAM (Yosys' ``ram_style``
-    attribute, which synth_ecp5 and synth_xilinx honour): the same ports and cycles."""
+    """:class:`amaranth.lib.fifo.SyncFIFOBuffered`'s ports and cycles (a write into an empty queue is read
+    two cycles later), with its storage kept in LUT RAM (Yosys' ``ram_style`` attribute, which synth_ecp5 and
+    synth_xilinx honour) and its storage's full and empty flags kept in registers."""
 
     def elaborate(self, platform: object) -> Module:
-        m = super().elaborate(platform)
-        if self.depth > 1:  # (a depth of 1 is a register, without storage)
-            m.submodules.storage.attrs["ram_style"] = "distributed"
+        if self.depth < 2:  # (a register without storage: nothing to keep in LUT RAM)
+            return super().elaborate(platform)
+        m = Module()
+        inner_depth = self.depth - 1
+        inner_level = Signal(range(inner_depth + 1))
+        holds = Signal()  # inner_level != 0
+        room = Signal(init=1)  # inner_level != inner_depth
+        do_write = self.w_en & room
+        do_read = holds & (~self.r_rdy | self.r_en)  # into the data register
+        m.d.comb += [self.w_rdy.eq(room), self.level.eq(inner_level + self.r_rdy),
+                     self.w_level.eq(self.level), self.r_level.eq(self.level)]
+
+        m.submodules.storage = storage = Memory(shape=self.width, depth=inner_depth, init=[])
+        storage.attrs["ram_style"] = "distributed"
+        w_port, r_port = storage.write_port(), storage.read_port(domain="sync")
+        produce, consume = Signal(range(inner_depth)), Signal(range(inner_depth))
+        m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data), w_port.en.eq(do_write),
+                     r_port.addr.eq(consume), r_port.en.eq(do_read), self.r_data.eq(r_port.data)]
+        with m.If(do_write):
+            m.d.sync += produce.eq(_next(produce, inner_depth))
+        with m.If(do_read):
+            m.d.sync += [consume.eq(_next(consume, inner_depth)), self.r_rdy.eq(1)]
+        with m.Elif(self.r_en):
+            m.d.sync += self.r_rdy.eq(0)
+        with m.If(do_write & ~do_read):
+            m.d.sync += [inner_level.eq(inner_level + 1), holds.eq(1), room.eq(inner_level != inner_depth - 1)]
+        with m.If(do_read & ~do_write):
+            m.d.sync += [inner_level.eq(inner_level - 1), holds.eq(inner_level != 1), room.eq(1)]
         return m
