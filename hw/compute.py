@@ -554,9 +554,15 @@ class ComputeUnit(UnitBase):
         held_at = [Signal.like(src_c, name=f"src_at_{n}") for n in range(SRC_ROWS)]
         src_read = Mux(f_writes(src_c, "src_d"), new_f,
                        Mux(src_written, new_f_1, Mux(src_written_1, new_f_2, bufs.r_data)))
+        # (Whether F writes a slot's row is worked out for both row numbers it may hold next, and the fill,
+        # registered beside them, picks one: the fill through a row-number multiplexer into the compare was one
+        # of tiny's longest paths after nextpnr at 98777fe.)
+        writes_src_d = f_writes(src_d, "src_d_next")
         for n in range(SRC_ROWS):
-            fills = reads_d & (slots["d"] == n)
-            written = f_writes(Mux(fills, src_d, held_at[n]), f"held_{n}")
+            fills, filled = reads_d & (slots["d"] == n), Signal(name=f"filled_{n}")
+            m.d.sync += filled.eq(fills)
+            writes_held = f_writes(held_at[n], f"held_at_{n}")
+            written = (filled & writes_src_d) | (~filled & writes_held)
             with m.If(fills):
                 m.d.sync += [held[n].eq(src_read), held_at[n].eq(src_d)]
             with m.Elif(written):
@@ -578,7 +584,7 @@ class ComputeUnit(UnitBase):
         # acc[src]'s row number is the execution's src index (src_d in D) whether it reads the row or its slot
         # holds it: a slot holds a micro-op's row, which without src loop factors is the same in every sweep.
         # (Selected from the slots' row numbers, it lay ahead of the compares on tiny's longest paths.)
-        operand_e = Mux(f_writes(src_d, "operand"), new_f, select(held, slots["e"]))
+        operand_e = Mux(writes_src_d, new_f, select(held, slots["e"]))
         # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before F (three ahead), before the rows read
         dst_from_y, dst_from_f = Signal(), Signal()
         from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
