@@ -13,6 +13,9 @@ on, as cocotbext-axi's ``AxiBus.from_prefix`` and vendor IP integrators expect.
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
+
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -116,31 +119,28 @@ class ReadArbiter(wiring.Component):
         ]
         with m.If(busy & axi.arready):
             m.d.sync += busy.eq(0)
-        # Round robin: the first requesting client after the last one granted.
+        # Round robin: the first requesting client after the last one granted. Each client's ready is written
+        # out on its own (no client ahead of it in the round's order requests), and the granted request is
+        # taken by AND-OR of the takes, which are one-hot: no encoded grant lies ahead of the address's
+        # multiplexer and its registers (the grant's encode and the select's decode, after every client's
+        # request, were among tiny's longest paths after nextpnr), and the address registers load whenever
+        # the channel is free (what they hold then counts only once ARVALID rises).
         order = [[(last + step) % n for step in range(1, n + 1)] for last in range(n)]
-        with m.If(~busy):
-            grant = Signal(range(n))
-            found = Signal()
-            with m.Switch(last_grant):
-                for last in range(n):
-                    with m.Case(last):
-                        for k in reversed(order[last]):
-                            with m.If(self.clients[k].ar.valid):
-                                m.d.comb += [grant.eq(k), found.eq(1)]
-            with m.If(found):
-                m.d.sync += [busy.eq(1), last_grant.eq(grant), axi.arid.eq(grant)]
-                with m.Switch(grant):
-                    for k in range(n):
-                        with m.Case(k):
-                            client = self.clients[k].ar
-                            m.d.sync += [axi.araddr.eq(client.payload.addr), axi.arlen.eq(client.payload.len)]
-        # Each client's ready, written out on its own: no client ahead of it in the round's order requests.
-        # (Taken from the grant, which selects the address and length, it came through that multiplexer's
-        # high-fanout select into every register the client updates on an issue: tiny's longest paths.)
+        takes = []
         for k in range(n):
             ahead = [Cat(*[self.clients[j].ar.valid for j in order[last][:order[last].index(k)]]).any()
                      for last in range(n)]
             m.d.comb += self.clients[k].ar.ready.eq(~busy & ~Cat(*ahead).bit_select(last_grant, 1))
+            takes.append(self.clients[k].ar.valid & self.clients[k].ar.ready)
+        grant = Signal(range(n))
+        m.d.comb += grant.eq(reduce(operator.or_, [Mux(take, k, 0) for k, take in enumerate(takes)]))
+        with m.If(Cat(*takes).any()):
+            m.d.sync += [busy.eq(1), last_grant.eq(grant), axi.arid.eq(grant)]
+        with m.If(~busy):
+            for field, target in (("addr", axi.araddr), ("len", axi.arlen)):
+                m.d.sync += target.eq(reduce(operator.or_, [
+                    getattr(self.clients[k].ar.payload, field) & takes[k].replicate(len(target))
+                    for k in range(n)]))
         # R: route by RID.
         for k in range(n):
             r = self.clients[k].r

@@ -9,7 +9,10 @@ for cycle as before.
 Whether the storage holds an entry and whether it has room are registers too, kept beside its level: as
 compares of the level (as :class:`amaranth.lib.fifo.SyncFIFOBuffered` has them) they lay ahead of the read
 port's enable, whose fan-out is every bit of the data register, on the longest paths of tiny's burst readers
-after nextpnr (1a2b4b4).
+after nextpnr (1a2b4b4). The data register's enable does not wait on them at all: it loads whenever its
+entry is not held (the read data count only while ``r_rdy`` is high), so the enable's fan-out and the
+storage's flags need not be placed together (their round trip across the die was tiny's longest path after
+nextpnr at 98777fe).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class LutFIFO(fifo.SyncFIFOBuffered):
         holds = Signal()  # inner_level != 0
         room = Signal(init=1)  # inner_level != inner_depth
         do_write = self.w_en & room
-        do_read = holds & (~self.r_rdy | self.r_en)  # into the data register
+        do_read = holds & (~self.r_rdy | self.r_en)  # an entry moves into the data register
         m.d.comb += [self.w_rdy.eq(room), self.level.eq(inner_level + self.r_rdy),
                      self.w_level.eq(self.level), self.r_level.eq(self.level)]
 
@@ -49,7 +52,7 @@ class LutFIFO(fifo.SyncFIFOBuffered):
         w_port, r_port = storage.write_port(), storage.read_port(domain="sync")
         produce, consume = Signal(range(inner_depth)), Signal(range(inner_depth))
         m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data), w_port.en.eq(do_write),
-                     r_port.addr.eq(consume), r_port.en.eq(do_read), self.r_data.eq(r_port.data)]
+                     r_port.addr.eq(consume), r_port.en.eq(~self.r_rdy | self.r_en), self.r_data.eq(r_port.data)]
         with m.If(do_write):
             m.d.sync += produce.eq(_next(produce, inner_depth))
         with m.If(do_read):
