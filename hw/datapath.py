@@ -316,9 +316,15 @@ def saturate_row(row: Value, acc_width: int, out_width: int) -> Value:
     """Accumulator row to output row: each element clipped to the signed out_width range."""
     lo, hi = -(1 << (out_width - 1)), (1 << (out_width - 1)) - 1
     out = []
+    # An element fits when its bits from out_width - 1 up are all its sign: the clip is worked out from those
+    # bits' AND and OR, not from two magnitude compares (carry chains the width of the accumulator, ahead of
+    # the out write's register on tiny's paths after nextpnr).
     for v in elements(row, acc_width):
-        clipped = Mux(v > hi, Const(hi, signed(acc_width)), Mux(v < lo, Const(lo, signed(acc_width)), v))
-        out.append(clipped[:out_width])
+        sign, upper = v[-1], v[out_width - 1:-1]
+        mask = (1 << out_width) - 1  # (the bounds as out_width-bit patterns: a Cat of unsigned elements)
+        clipped = Mux(~sign & upper.any(), Const(hi & mask, out_width),
+                      Mux(sign & ~upper.all(), Const(lo & mask, out_width), v[:out_width]))
+        out.append(clipped)
     return Cat(*out)
 
 

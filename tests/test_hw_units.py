@@ -333,8 +333,11 @@ def test_alu_row_matches_the_functional_simulator_for_every_op(width):
 
 
 def test_saturation_and_sign_extension_rows():
-    acc_w, out_w, lanes = 32, 8, 6
-    values = np.array([300, -300, 127, -128, 5, -(1 << 31)])
+    acc_w, out_w = 32, 8
+    edges = [300, -300, 127, -128, 128, -129, 5, 0, -1, 255, -256, (1 << 31) - 1, -(1 << 31), 1 << 30, -(1 << 30)]
+    values = np.array(edges + np.random.default_rng(0).integers(-(1 << 31), 1 << 31, 17).tolist()
+                      + np.random.default_rng(1).integers(-400, 400, 32).tolist())
+    lanes = len(values)
     m = Module()
     row = Signal(acc_w * lanes)
     narrow = Signal(out_w * lanes)
