@@ -68,6 +68,7 @@ from weft.hw.datapath import (
     alu_lane_first,
     alu_lane_last,
     alu_lane_mid,
+    alu_multiplicands,
     alu_selects,
     elements,
     multiplier_top,
@@ -76,6 +77,7 @@ from weft.hw.datapath import (
     sign_extend_row,
 )
 from weft.hw.dma import Load2D
+from weft.hw.dsp import registered_product
 from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, ALU_STAGES, SRC_ROWS, holds_src_rows
 from weft.hw.unit import UnitBase, request_dma_once
@@ -590,13 +592,12 @@ class ComputeUnit(UnitBase):
         from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
         m.d.sync += [dst_from_y.eq(from_y),
                      dst_from_f.eq(~from_y & valid[f_in_d] & (dst[f_in_d] == dst["d"]))]
-        old_x = Signal(c.acc_row_bits)  # acc[dst] as X has it
+        old_x, old_e = Signal(c.acc_row_bits), Signal(c.acc_row_bits)  # acc[dst] as X has it; as E hands it on
+        m.d.comb += old_e.eq(Mux(dst_from_f, f_next, Mux(dst_from_y, row_y, Mux(
+            f_writes(dst["d"], "dst_e"), new_f, Mux(dst_written, new_f_1, Mux(dst_written_1, new_f_2, bufs.r_data))))))
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
-                     old_x.eq(Mux(dst_from_f, f_next, Mux(dst_from_y, row_y, Mux(
-                         f_writes(dst["d"], "dst_e"), new_f,
-                         Mux(dst_written, new_f_1, Mux(dst_written_1, new_f_2, bufs.r_data)))))),
-                     new_f.eq(f_next)]
+                     old_x.eq(old_e), new_f.eq(f_next)]
 
         lanes, w = c.batch * c.block_out, c.acc_width
         old = elements(old_x, w)
@@ -641,7 +642,12 @@ class ComputeUnit(UnitBase):
             top = multiplier_top(selects, operand_x_e, w)
             rhs_top = Signal(top.shape(), name=f"operand_top_{n}")
             m.d.sync += [rhs.eq(operand_x_e), rhs_top.eq(top)]
-            first = alu_lane_first(m, selects, old[n], rhs, w, top=rhs_top)
+            products = None
+            if self.dsp.registered is not None:  # X's products, their operands registered in the multipliers
+                pairs = alu_multiplicands(elements(old_e, w)[n], operand_x_e, top, w)
+                products = [registered_product(m, x, y, primitive=self.dsp.registered, model=self.dsp.model,
+                                               name=f"alu_mul_{k}_{n}") for k, (x, y) in enumerate(pairs)]
+            first = alu_lane_first(m, selects, old[n], rhs, w, top=rhs_top, products=products)
             parts_y.append([Signal(part.shape(), name=f"mul_{k}_{n}") for k, part in enumerate(first.parts)])
             m.d.sync += [reg.eq(part) for reg, part in zip(parts_y[n], first.parts, strict=True)]
             in_y = AluFirst(Signal(w, name=f"kept_{n}"), Signal(name=f"takes_operand_{n}"), parts_y[n])

@@ -22,8 +22,8 @@ from weft.isa.arith import rq_layout
 from weft.isa.constants import IMM_BITS, AluOp
 
 __all__ = ["DSP48", "GEMM_LATENCY", "MULT18X18D", "AluFirst", "AluRow", "DspPorts", "GemmCore", "alu_lane",
-           "alu_lane_first", "alu_lane_last", "alu_selects", "elements", "multiplier_top", "packs_weight_pairs",
-           "saturate_row", "select", "sign_extend_row"]
+           "alu_lane_first", "alu_lane_last", "alu_multiplicands", "alu_selects", "elements", "multiplier_top",
+           "packs_weight_pairs", "saturate_row", "select", "sign_extend_row"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,11 @@ class DspPorts:
 
     wide: int
     narrow: int
+    #: The primitive the compute unit's ALU multipliers are instantiated as, with their operands registered
+    #: inside it (:mod:`weft.hw.dsp`); None where the synthesizer maps ``*`` and packs the registers itself.
+    registered: str | None = None
+    #: Simulate :class:`weft.hw.dsp.Mult18x18dModel` in the primitive's place (tests).
+    model: bool = False
 
 
 #: Xilinx's DSP48E1/E2 (A:D port 25 bits, B 18): the RTL's default, as the PYNQ boards are Xilinx parts.
@@ -40,7 +45,7 @@ DSP48 = DspPorts(wide=25, narrow=18)
 #: Lattice ECP5's MULT18X18D: a packed int8 pair (24 bits) would spill out of its 18-bit ports into a second
 #: multiplier and a carry chain after it (the GEMM core's products were among tiny's longest paths after
 #: nextpnr), so the ECP5 flow builds one product per multiplier.
-MULT18X18D = DspPorts(wide=18, narrow=18)
+MULT18X18D = DspPorts(wide=18, narrow=18, registered="MULT18X18D")
 
 
 def packs_weight_pairs(inp_width: int, wgt_width: int, dsp: DspPorts = DSP48) -> bool:
@@ -196,8 +201,17 @@ def multiplier_top(selects: dict[str, Value], b: Value, width: int) -> Value:
     return Mux(selects["rq"], b[width // 2:mul_bits], 0)
 
 
+def alu_multiplicands(a: Value, b: Value, top: Value, width: int) -> list[tuple[Value, Value]]:
+    """The operands of the ALU's three products (:func:`alu_lane_first`), from the destination `a`, the
+    operand `b` and :func:`multiplier_top` of `b`: al * m, ah * m and al * bh."""
+    h = width // 2
+    al, ah, bh = a.as_unsigned()[:h], a.as_signed()[h:].as_signed(), b.as_unsigned()[h:]
+    second = Cat(b.as_unsigned()[:h], top).as_signed()
+    return [(al, second), (ah, second), (al, bh)]
+
+
 def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, width: int, *,
-                   top: Value | None = None) -> AluFirst:
+                   top: Value | None = None, products: list[Value] | None = None) -> AluFirst:
     """The ALU's first pipeline stage: the result of every op but MUL, RQ and SHR, as :class:`AluFirst` says,
     and the parts the later stages take.
 
@@ -208,11 +222,13 @@ def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, wid
     m for RQ, bl for MUL; MUL keeps only the low h bits of ah * bl, which do not depend on signedness). Each
     is one DSP48 (17 x 18 bits). The last four parts are the right shift's amount (RQ's or SHR's: both
     shift through one shifter, in the later stages), RQ's ReLU flag, RQ's rounding constant and whether SHR
-    shifts left, registered beside them. `top`: :func:`multiplier_top` of `b`, where registered apart."""
+    shifts left, registered beside them. `top`: :func:`multiplier_top` of `b`, where registered apart;
+    `products`: the three products of :func:`alu_multiplicands`, where worked out apart."""
     h = width // 2
     mul_bits, shift_bits = rq_layout(width)
-    al, ah, bl, bh = a.as_unsigned()[:h], a.as_signed()[h:].as_signed(), b.as_unsigned()[:h], b.as_unsigned()[h:]
-    second = Cat(bl, multiplier_top(selects, b, width) if top is None else top).as_signed()
+    if products is None:
+        pairs = alu_multiplicands(a, b, multiplier_top(selects, b, width) if top is None else top, width)
+        products = [x * y for x, y in pairs]
     bits = width.bit_length()  # log2(width) + 1: SHR's amount is the operand's low bits, signed
     assert bits <= shift_bits
     # SHR by amount n (its operand's low bits, signed): a >> n for n >= 0; for n < 0, a << -n is a placed
@@ -226,7 +242,7 @@ def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, wid
     # constant and the sum fit width + mul_bits + 1 signed bits; from s = width + mul_bits on, the result is 0.
     rq_amount = b[mul_bits:mul_bits + shift_bits]
     rounding = Cat(*[rq_amount == k + 1 for k in range(width + mul_bits + 1)])
-    parts = [al * second, ah * second, (al * bh)[:width - h], shift, b[mul_bits + shift_bits], rounding, left]
+    parts = [products[0], products[1], products[2][:width - h], shift, b[mul_bits + shift_bits], rounding, left]
     kept, takes_operand = _alu_lane_but_mul(selects, a, b, width)
     return AluFirst(kept, takes_operand, parts)
 

@@ -15,11 +15,18 @@ from weft.hw.datapath import (
     MULT18X18D,
     AluRow,
     GemmCore,
+    alu_lane_first,
+    alu_lane_last,
+    alu_lane_mid,
+    alu_multiplicands,
+    alu_selects,
+    multiplier_top,
     packs_weight_pairs,
     saturate_row,
     sign_extend_row,
 )
 from weft.hw.dma import RowPacker, RowUnpacker
+from weft.hw.dsp import MULT18X18D_BITS, registered_product
 from weft.hw.fetch import Fetch, check_insn, range_bits, sram_range
 from weft.hw.queues import LutFIFO
 from weft.hw.regs import ErrorCode
@@ -330,6 +337,51 @@ def test_alu_row_matches_the_functional_simulator_for_every_op(width):
             assert got.tolist() == acc[0].tolist(), (op, a, b, imm)
 
     _run(dut, bench, clock=False)
+
+
+@pytest.mark.parametrize("width", [16, 32])
+def test_alu_products_registered_in_ecp5_multipliers_give_the_lanes_results(width):
+    """The ECP5 flow registers the ALU's product operands inside MULT18X18D (weft.hw.dsp) a cycle ahead of
+    the lane's other operands. Simulated with the primitive's model in its place, a lane whose products come
+    from there gives what the functional simulator gives, op by op (the RQ extremes included)."""
+    rng = np.random.default_rng(width)
+    m = Module()
+    op = Signal(3)
+    a_next, b_next, a, b = (Signal(signed(width), name=n) for n in ("a_next", "b_next", "a", "b"))
+    m.d.sync += [a.eq(a_next), b.eq(b_next)]
+    selects = alu_selects(op)
+    pairs = alu_multiplicands(a_next, b_next, multiplier_top(selects, b_next, width), width)
+    products = [registered_product(m, x, y, primitive="MULT18X18D", model=True, name=f"mul_{k}")
+                for k, (x, y) in enumerate(pairs)]
+    # (every operand fits the primitive's signed 18 bits: the model, not the fabric fallback, multiplies)
+    assert all(len(v) + (not v.shape().signed) <= MULT18X18D_BITS for pair in pairs for v in pair)
+    first = alu_lane_first(m, selects, a, b, width, products=products)
+    result = Signal(width)
+    m.d.comb += result.eq(alu_lane_last(m, selects, first.result(b), alu_lane_mid(m, selects, first.kept,
+                                                                                   first.parts, width), width))
+    top = 1 << (width - 1)
+    mul_bits, _ = arith.rq_layout(width)
+    cases = [(op_, int(x), int(y)) for op_ in AluOp
+             for x, y in [*rng.integers(-top, top, (24, 2)).tolist(), (-top, -top), (top - 1, -top), (-1, top - 1)]]
+    cases += [(AluOp.RQ, int(x), int(arith.rq_pack(np.array([mm]), np.array([ss]), np.array([rr]), width)[0]))
+              for x, mm, ss, rr in zip(rng.integers(-top, top, 40), rng.integers(-(1 << (mul_bits - 1)),
+                                       1 << (mul_bits - 1), 40), rng.integers(0, width + mul_bits, 40),
+                                       rng.integers(0, 2, 40), strict=True)]
+
+    async def bench(ctx):
+        for op_, x, y in cases:
+            ctx.set(op, int(op_))
+            ctx.set(a_next, x)
+            ctx.set(b_next, y)
+            await ctx.tick()
+            ctx.set(a_next, int(rng.integers(-top, top)))  # (the next operands: the result is this cycle's)
+            ctx.set(b_next, int(rng.integers(-top, top)))
+            acc = np.array([[x], [y]], dtype=np.int64)
+            alu_apply(acc, int(op_), np.array([0]), np.array([1]), 0, width, 2)
+            got = ctx.get(result)
+            assert (got - (1 << width) if got >= top else got) == int(acc[0, 0]), (op_, x, y)
+
+    _run(m, bench)
 
 
 def test_saturation_and_sign_extension_rows():
