@@ -625,11 +625,15 @@ class Store2D(wiring.Component):
         rd_x, x_last = Signal.like(f.x_size), Signal.like(f.x_size)
         rd_y = Signal.like(f.y_size)
         reading = rd_y != f.y_size
-        pending = Signal()
-        can_read = self.busy & reading & (rows.level + pending < self.ROW_QUEUE)
+        # The read data are registered before they enter the queue (`landed`, a cycle after `pending`): the
+        # block RAM's output (5.8 ns after the clock on ECP5) and its bank multiplexer into the queue's LUT RAM
+        # was one of tiny's last paths failing 100 MHz after nextpnr at 7f7d656.
+        pending, landed = Signal(), Signal()
+        read = Signal.like(self.rd_data)
+        can_read = self.busy & reading & (rows.level + pending + landed < self.ROW_QUEUE)
         m.d.comb += [self.rd_addr.eq(f.sram_base + rd_pos), self.rd_en.eq(can_read),
-                     rows.w_data.eq(self.rd_data), rows.w_en.eq(pending)]
-        m.d.sync += pending.eq(can_read)
+                     rows.w_data.eq(read), rows.w_en.eq(landed)]
+        m.d.sync += [pending.eq(can_read), landed.eq(pending), read.eq(self.rd_data)]
         row_read = rd_x == x_last
         with m.If(can_read):
             m.d.sync += [rd_pos.eq(rd_pos + 1), rd_x.eq(Mux(row_read, 0, rd_x + 1))]
@@ -709,7 +713,7 @@ class Store2D(wiring.Component):
             m.d.sync += self.error.eq(1)
 
         all_issued = ~in_burst & ~segs_left
-        drained = ~len_q.r_rdy & (outstanding == 0) & ~rows.r_rdy & ~pending & ~reading
+        drained = ~len_q.r_rdy & (outstanding == 0) & ~rows.r_rdy & ~pending & ~landed & ~reading
         with m.If(self.busy & all_issued & drained & ~start_seg):
             m.d.sync += self.busy.eq(0)
         m.d.comb += self.cmd.ready.eq(~self.busy)
