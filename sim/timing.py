@@ -624,7 +624,7 @@ class _Run:
         lanes = B // E if E < B else 0
         per = E // B if E > B else 1
         gap = self.write_gap  # >= 1: one beat per cycle at most
-        sram0 = s + 4  # element e is out of the SRAM read pipeline at sram0 + e
+        sram0 = s + 5  # element e is out of the SRAM read pipeline (read, registered: Store2D) at sram0 + e
         w_prev = -math.inf
         packed = -math.inf  # last element the packer took
         aw_prev = -math.inf
