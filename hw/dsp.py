@@ -37,8 +37,8 @@ def mult18x18d_ports(a: Value, b: Value, p: Signal) -> dict[str, Any]:
         "i_CLK0": ClockSignal(), "i_CE0": Const(1), "i_RST0": Const(0),
         "i_SIGNEDA": Const(1), "i_SIGNEDB": Const(1), "i_SOURCEA": Const(0), "i_SOURCEB": Const(0),
     }
-    for n in range(1, 4):
-        ports.update({f"i_CLK{n}": Const(0), f"i_CE{n}": Const(1), f"i_RST{n}": Const(0)})
+    # (CLK1 to CLK3 and their enables and resets are left unconnected, as Yosys' own mapping leaves them: tied
+    # to constants, the clock inputs' routing from the fabric did not converge in nextpnr)
     for n in range(MULT18X18D_BITS):
         ports.update({f"i_A{n}": a[n], f"i_B{n}": b[n], f"i_C{n}": Const(0)})
     for n in range(_PRODUCT_BITS):
