@@ -384,6 +384,24 @@ def test_alu_products_registered_in_ecp5_multipliers_give_the_lanes_results(widt
     _run(m, bench)
 
 
+def test_registered_product_instantiates_mult18x18d_with_its_input_registers():
+    """The ECP5 netlist's ALU products: a MULT18X18D per product, both operands registered on CLK0 inside it,
+    the spare clocks unconnected; an operand wider than the primitive's 18 signed bits falls back to the
+    fabric."""
+    from amaranth.back import rtlil
+
+    m = Module()
+    x, y, wide = Signal(16), Signal(signed(18)), Signal(18)
+    out, fallback = Signal(40), Signal(40)
+    m.d.comb += [out.eq(registered_product(m, x, y, primitive="MULT18X18D", name="fits")),
+                 fallback.eq(registered_product(m, wide, y, primitive="MULT18X18D", name="spills"))]
+    text = rtlil.convert(m, ports=[x, y, wide, out, fallback])
+    assert text.count("cell \\MULT18X18D ") == 1
+    for param in ("REG_INPUTA_CLK", "REG_INPUTB_CLK"):
+        assert f'parameter \\{param} "CLK0"' in text
+    assert 'parameter \\REG_OUTPUT_CLK "NONE"' in text and "connect \\CLK1 " not in text
+
+
 def test_saturation_and_sign_extension_rows():
     acc_w, out_w = 32, 8
     edges = [300, -300, 127, -128, 128, -129, 5, 0, -1, 255, -256, (1 << 31) - 1, -(1 << 31), 1 << 30, -(1 << 30)]
