@@ -35,7 +35,14 @@ from weft.hw.axi import (
     read_client_signature,
 )
 from weft.hw.queues import LutFIFO
-from weft.hw.structure import MAX_BURST, READER_BEATS, STORE_LEN_DEPTH, STORE_SEG_DEPTH, UNPACK_DEPTH
+from weft.hw.structure import (
+    MAX_BURST,
+    READER_BEATS,
+    STORE_LEN_DEPTH,
+    STORE_READ_STAGES,
+    STORE_SEG_DEPTH,
+    UNPACK_DEPTH,
+)
 from weft.isa.layout import Format
 
 __all__ = ["LOAD_FIELDS", "STORE_FIELDS", "BurstReader", "Load2D", "RowPacker", "RowUnpacker", "Store2D",
@@ -485,7 +492,9 @@ class Load2D(wiring.Component):
         with m.If(self.cmd.valid & self.cmd.ready):
             p = self.cmd.payload
             rows, cols = p.y_pad_0 + p.y_size + p.y_pad_1, p.x_pad_0 + p.x_size + p.x_pad_1
-            at_data = (p.y_pad_0 == 0) & (p.y_size != 0) & (p.x_pad_0 == 0) & (p.x_size != 0)
+            # an axis starts inside its data when nothing pads before it and it has data at all
+            y_inside0, x_inside0 = (p.y_pad_0 == 0) & (p.y_size != 0), (p.x_pad_0 == 0) & (p.x_size != 0)
+            at_data = y_inside0 & x_inside0
             m.d.sync += [
                 f.eq(p), self.busy.eq(1), issue_y.eq(0), row_addr.eq(p.dram_base), yy.eq(0), xx.eq(0), pos.eq(0),
                 issuing.eq(p.y_size != 0), issue_last.eq(p.y_size - 1),
@@ -495,8 +504,7 @@ class Load2D(wiring.Component):
                 empty.eq((Cat(p.y_pad_0, p.y_size, p.y_pad_1) == 0) | (Cat(p.x_pad_0, p.x_size, p.x_pad_1) == 0)),
                 # position (0, 0) holds data when there is no padding before it on either axis
                 inside.eq(at_data), wants.eq(at_data),
-                in_y.eq((p.y_pad_0 == 0) & (p.y_size != 0)), in_x.eq((p.x_pad_0 == 0) & (p.x_size != 0)),
-                x_starts.eq((p.x_pad_0 == 0) & (p.x_size != 0)), y_data.eq(p.y_size != 0),
+                in_y.eq(y_inside0), in_x.eq(x_inside0), x_starts.eq(x_inside0), y_data.eq(p.y_size != 0),
                 row_end.eq(cols == 1), one_col.eq(cols == 1), last_row.eq(rows == 1), walked.eq(0),
                 y_stop.eq(rows - 2), x_stop.eq(cols - 2),
                 y_first.eq(p.y_pad_0 - 1), y_last.eq(p.y_pad_0 + p.y_size - 1),
@@ -625,15 +633,18 @@ class Store2D(wiring.Component):
         rd_x, x_last = Signal.like(f.x_size), Signal.like(f.x_size)
         rd_y = Signal.like(f.y_size)
         reading = rd_y != f.y_size
-        # The read data are registered before they enter the queue (`landed`, a cycle after `pending`): the
-        # block RAM's output (5.8 ns after the clock on ECP5) and its bank multiplexer into the queue's LUT RAM
-        # was one of tiny's last paths failing 100 MHz after nextpnr at 7f7d656.
-        pending, landed = Signal(), Signal()
-        read = Signal.like(self.rd_data)
-        can_read = self.busy & reading & (rows.level + pending + landed < self.ROW_QUEUE)
+        # The read data are registered before they enter the queue (STORE_READ_STAGES): `in_flight` holds a
+        # bit per read in the block RAM or a data register, so the room counts them.
+        in_flight = Signal(STORE_READ_STAGES)
+        read: Value = self.rd_data
+        for k in range(STORE_READ_STAGES - 1):
+            registered = Signal.like(self.rd_data, name=f"read_{k}")
+            m.d.sync += registered.eq(read)
+            read = registered
+        can_read = self.busy & reading & (rows.level + sum(in_flight) < self.ROW_QUEUE)
         m.d.comb += [self.rd_addr.eq(f.sram_base + rd_pos), self.rd_en.eq(can_read),
-                     rows.w_data.eq(read), rows.w_en.eq(landed)]
-        m.d.sync += [pending.eq(can_read), landed.eq(pending), read.eq(self.rd_data)]
+                     rows.w_data.eq(read), rows.w_en.eq(in_flight[-1])]
+        m.d.sync += in_flight.eq(Cat(can_read, in_flight[:-1]))
         row_read = rd_x == x_last
         with m.If(can_read):
             m.d.sync += [rd_pos.eq(rd_pos + 1), rd_x.eq(Mux(row_read, 0, rd_x + 1))]
@@ -713,7 +724,7 @@ class Store2D(wiring.Component):
             m.d.sync += self.error.eq(1)
 
         all_issued = ~in_burst & ~segs_left
-        drained = ~len_q.r_rdy & (outstanding == 0) & ~rows.r_rdy & ~pending & ~landed & ~reading
+        drained = ~len_q.r_rdy & (outstanding == 0) & ~rows.r_rdy & (in_flight == 0) & ~reading
         with m.If(self.busy & all_issued & drained & ~start_seg):
             m.d.sync += self.busy.eq(0)
         m.d.comb += self.cmd.ready.eq(~self.busy)

@@ -20,10 +20,15 @@ from typing import Any
 from amaranth import Cat, ClockSignal, Const, Elaboratable, Instance, Module, Mux, Signal, signed
 from amaranth.hdl import Value
 
-__all__ = ["MULT18X18D_BITS", "Mult18x18dModel", "mult18x18d_ports", "registered_product"]
+__all__ = ["MULT18X18D_BITS", "Mult18x18dModel", "fits_mult18x18d", "mult18x18d_ports", "registered_product"]
 
 #: MULT18X18D's operand width (signed where SIGNEDA/SIGNEDB are high) and its product's.
 MULT18X18D_BITS, _PRODUCT_BITS = 18, 36
+
+
+def fits_mult18x18d(v: Value) -> bool:
+    """Whether `v` is an operand of MULT18X18D's signed 18 bits as it is (an unsigned value needs a bit more)."""
+    return len(v) + (0 if v.shape().signed else 1) <= MULT18X18D_BITS
 
 
 def mult18x18d_ports(a: Value, b: Value, p: Signal) -> dict[str, Any]:
@@ -84,8 +89,7 @@ def registered_product(m: Module, x: Value, y: Value, *, primitive: str | None, 
     "MULT18X18D" (where both operands fit its signed 18 bits) the operands are registered inside the
     multiplier, else in the fabric; `model`: :class:`Mult18x18dModel` in the instance's place, to simulate."""
     shape = (x * y).shape()
-    fits = all(len(v) + (0 if v.shape().signed else 1) <= MULT18X18D_BITS for v in (x, y))
-    if primitive is None or not fits:
+    if primitive is None or not (fits_mult18x18d(x) and fits_mult18x18d(y)):
         x_r, y_r = Signal(x.shape(), name=f"{name}_a"), Signal(y.shape(), name=f"{name}_b")
         m.d.sync += [x_r.eq(x), y_r.eq(y)]
         return x_r * y_r

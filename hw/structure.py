@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = ["ACCUMULATE_STAGES", "ALU_READ_STAGES", "ALU_SRC_INTERVAL", "ALU_STAGES", "COMPUTE_STAGES",
            "FETCH_DECODE_CYCLES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "SRC_ROWS", "STORE_LEN_DEPTH",
-           "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
+           "STORE_READ_STAGES", "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
 MAX_BURST = 16
@@ -23,6 +23,10 @@ UNPACK_DEPTH = 8
 STORE_SEG_DEPTH = 4
 #: dma.Store2D: write bursts addressed ahead of their data.
 STORE_LEN_DEPTH = 8
+#: dma.Store2D: cycles from an SRAM read to its data entering the row queue: the block RAM's read, then the
+#: data registered (the out block RAM's output and its bank multiplexer into the queue's LUT RAM was one of
+#: tiny's last paths failing 100 MHz after nextpnr at 7f7d656).
+STORE_READ_STAGES = 2
 #: fetch, a bus narrower than an instruction: cycles from the word's last beat to its dispatch at the
 #: earliest (the word registered as the beat lands, then its checks and the SRAM range check's sums, its
 #: multiply, its compare, each registered).

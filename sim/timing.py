@@ -90,6 +90,8 @@ class Microarch:
     store_seg_queue: int = structure.STORE_SEG_DEPTH
     #: hw.dma.Store2D burst-length queue: write bursts addressed ahead of their data.
     store_len_queue: int = structure.STORE_LEN_DEPTH
+    #: hw.dma.Store2D: cycles from an SRAM read to its data entering the row queue (the read, registered).
+    store_read_stages: int = structure.STORE_READ_STAGES
     #: hw.fetch, a bus narrower than an instruction: cycles from the word's last beat to its dispatch.
     fetch_decode_cycles: int = structure.FETCH_DECODE_CYCLES
     #: amaranth.lib.fifo.SyncFIFOBuffered: cycles from a write into an empty queue to its read.
@@ -624,7 +626,9 @@ class _Run:
         lanes = B // E if E < B else 0
         per = E // B if E > B else 1
         gap = self.write_gap  # >= 1: one beat per cycle at most
-        sram0 = s + 5  # element e is out of the SRAM read pipeline (read, registered: Store2D) at sram0 + e
+        # element e is out of the SRAM read pipeline at sram0 + e: the first read as the command lands, its
+        # read stages, then the row queue (amaranth's SyncFIFO: readable the cycle after its write)
+        sram0 = s + a.command_cycles + a.store_read_stages + 1
         w_prev = -math.inf
         packed = -math.inf  # last element the packer took
         aw_prev = -math.inf

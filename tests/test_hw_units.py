@@ -26,7 +26,7 @@ from weft.hw.datapath import (
     sign_extend_row,
 )
 from weft.hw.dma import RowPacker, RowUnpacker
-from weft.hw.dsp import MULT18X18D_BITS, registered_product
+from weft.hw.dsp import fits_mult18x18d, registered_product
 from weft.hw.fetch import Fetch, check_insn, range_bits, sram_range
 from weft.hw.queues import LutFIFO
 from weft.hw.regs import ErrorCode
@@ -354,7 +354,7 @@ def test_alu_products_registered_in_ecp5_multipliers_give_the_lanes_results(widt
     products = [registered_product(m, x, y, primitive="MULT18X18D", model=True, name=f"mul_{k}")
                 for k, (x, y) in enumerate(pairs)]
     # (every operand fits the primitive's signed 18 bits: the model, not the fabric fallback, multiplies)
-    assert all(len(v) + (not v.shape().signed) <= MULT18X18D_BITS for pair in pairs for v in pair)
+    assert all(fits_mult18x18d(v) for pair in pairs for v in pair)
     first = alu_lane_first(m, selects, a, b, width, products=products)
     result = Signal(width)
     m.d.comb += result.eq(alu_lane_last(m, selects, first.result(b), alu_lane_mid(m, selects, first.kept,
@@ -395,6 +395,7 @@ def test_registered_product_instantiates_mult18x18d_with_its_input_registers():
     out, fallback = Signal(40), Signal(40)
     m.d.comb += [out.eq(registered_product(m, x, y, primitive="MULT18X18D", name="fits")),
                  fallback.eq(registered_product(m, wide, y, primitive="MULT18X18D", name="spills"))]
+    assert fits_mult18x18d(x) and fits_mult18x18d(y) and not fits_mult18x18d(wide)
     text = rtlil.convert(m, ports=[x, y, wide, out, fallback])
     assert text.count("cell \\MULT18X18D ") == 1
     for param in ("REG_INPUTA_CLK", "REG_INPUTB_CLK"):
