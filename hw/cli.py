@@ -68,12 +68,15 @@ def add_synth_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help="nextpnr's placement seed (with --pnr; default: nextpnr's own): the Fmax moves "
                              "by several MHz between seeds, so compare designs over a few")
+    parser.add_argument("--keep", metavar="DIR", default=None,
+                        help="with --pnr: copy the place-and-route run's files into DIR (Verilog, Yosys' "
+                             "netlist, nextpnr's report, log and routed SDF); places and routes again if cached")
     parser.add_argument("--no-cache", action="store_true", help="synthesize even when a cached result exists")
     parser.add_argument("-o", "--output", help="also write the JSON report to this file")
 
 
 def synth_report(config: Any, *, family: str = "xc7", board: str | None = None, pnr: str | None = None,
-                 cache: bool = True, seed: int | None = None) -> dict[str, Any]:
+                 cache: bool = True, seed: int | None = None, keep: str | None = None) -> dict[str, Any]:
     """Area (LUT, FF, BRAM36, DSP) of `config`, its fit on `board` (or every board), and ECP5 Fmax if
     `pnr` is "ecp5"."""
 
@@ -82,15 +85,18 @@ def synth_report(config: Any, *, family: str = "xc7", board: str | None = None, 
     boards = [board] if board else sorted(BOARDS)
     report["boards"] = {name: fits(report["area"], BOARDS[name]) for name in boards}
     if pnr == "ecp5":
-        report["pnr"] = place_and_route_ecp5(config, cache=where, seed=seed)
+        report["pnr"] = place_and_route_ecp5(config, cache=where, seed=seed,
+                                             keep=Path(keep) if keep is not None else None)
     return report
 
 
 def run_synth(args: argparse.Namespace) -> int:
     if args.seed is not None and args.pnr is None:
         raise SynthError("--seed is nextpnr's placement seed: it needs --pnr ecp5")
+    if args.keep is not None and args.pnr is None:
+        raise SynthError("--keep keeps the place-and-route run's files: it needs --pnr ecp5")
     report = synth_report(load_config(args.config), family=args.family, board=args.board, pnr=args.pnr,
-                          cache=not args.no_cache, seed=args.seed)
+                          cache=not args.no_cache, seed=args.seed, keep=args.keep)
     print_json(report)
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")

