@@ -152,8 +152,9 @@ class _Buffers:
     w_en: Signal
     w_addr: Signal
     w_data: Signal
-    #: out[dst] = saturate(acc[dst]), written beside the accumulator (not by loads).
+    #: out[dst] = saturate(acc[dst]), written a cycle after the accumulator (not by loads): registers.
     o_en: Signal
+    o_addr: Signal
     o_data: Signal
 
 
@@ -163,7 +164,7 @@ def _pipe_buffers(config: AcceleratorConfig, uop_r: memory.ReadPort, name: str) 
     return _Buffers(uop_r, Signal(index, name=f"{name}_r_addr"), Signal(rows, name=f"{name}_r_data"),
                     Signal(name=f"{name}_r_active"), Signal(name=f"{name}_w_en"), Signal(index, name=f"{name}_w_addr"),
                     Signal(rows, name=f"{name}_w_data"), Signal(name=f"{name}_o_en"),
-                    Signal(c.out_row_bits, name=f"{name}_o_data"))
+                    Signal(index, name=f"{name}_o_addr"), Signal(c.out_row_bits, name=f"{name}_o_data"))
 
 
 class ComputeUnit(UnitBase):
@@ -329,14 +330,17 @@ class ComputeUnit(UnitBase):
             m.d.comb += [rp.addr.eq(Mux(g_reads, local(g.r_addr), local(a.r_addr))),
                          wp.en.eq(g_writes | a_writes), wp.addr.eq(Mux(a_writes, local(a.w_addr), local(g.w_addr))),
                          wp.data.eq(Mux(a_writes, a.w_data, g.w_data))]
-            # The out buffer's write is registered, a cycle after F: the saturation's compares and the pipes'
-            # multiplexers ahead of the block RAM's data inputs were among tiny's longest paths after place and
-            # route. Only the store unit reads out, and not before the token the instruction pushes as it ends
-            # (the cycle the write lands, at the latest), so nothing sees the difference.
+            # The out buffer's write is registered twice, two cycles after F: each pipe's saturated row (the
+            # saturation's compares and the pipes' multiplexers ahead of the block RAM's data inputs were among
+            # tiny's longest paths after place and route, and with one register for both, the route from each
+            # pipe's F register through the saturation to the bank's was 11.9 ns after nextpnr at 84408ed), then
+            # the bank's. Only the store unit reads out, and not before the token the instruction pushes as it
+            # ends (a cycle before the write lands, at the latest), then its instruction's start, its command and
+            # the read's address: nothing sees the difference.
             out = self.out_w[b]
-            g_out = g.o_en & (upper(g.w_addr) == b)
-            m.d.sync += [out.en.eq(g_out | (a.o_en & (upper(a.w_addr) == b))),
-                         out.addr.eq(Mux(g_out, local(g.w_addr), local(a.w_addr))),
+            g_out = g.o_en & (upper(g.o_addr) == b)
+            m.d.sync += [out.en.eq(g_out | (a.o_en & (upper(a.o_addr) == b))),
+                         out.addr.eq(Mux(g_out, local(g.o_addr), local(a.o_addr))),
                          out.data.eq(Mux(g_out, g.o_data, a.o_data))]
         # Each bank's read data registered as it leaves the RAM, with no logic before the register: a pipe
         # sees its read's row two cycles after its address, from the bank it addressed.
@@ -450,7 +454,7 @@ class ComputeUnit(UnitBase):
         c = self.config
         off_u, off_b = ({name: Signal(loop.off_bits + 1, name=f"{name}_off_{s}") for name in loop.offs} for s in "ub")
         reads_u, reads_b, reads_c = Signal(), Signal(), Signal()
-        slots = {s: Signal.like(loop.slot, name=f"slot_{s}") for s in "ubcdex"}
+        slots = {s: Signal.like(loop.slot, name=f"slot_{s}") for s in "ubcd"}
         m.d.sync += [valid["u"].eq(loop.issue), reads_u.eq(loop.reads), slots["u"].eq(loop.slot),
                      valid["b"].eq(valid["u"]), reads_b.eq(reads_u), slots["b"].eq(slots["u"]),
                      reads_c.eq(reads_b), slots["c"].eq(slots["b"])]
@@ -512,8 +516,7 @@ class ComputeUnit(UnitBase):
         src_d = Signal.like(src_c)
         reads_d = Signal()
         m.d.sync += [valid["d"].eq(enter_valid), dst["d"].eq(enter_dst), src_d.eq(src_c),
-                     reads_d.eq(valid["c"] & reads_c), slots["d"].eq(slots["c"]), slots["e"].eq(slots["d"]),
-                     slots["x"].eq(slots["e"])]
+                     reads_d.eq(valid["c"] & reads_c), slots["d"].eq(slots["c"])]
         # The accumulator is read a stage ahead of the data's use, acc[src] in B and acc[dst] as the execution
         # enters the pipe (C, or the GEMM's P), and the banks' read data are registered as they leave the
         # block RAMs (:meth:`_banks`): the RAMs' output time and the multiplexers after it were tiny's
@@ -560,15 +563,23 @@ class ComputeUnit(UnitBase):
         # registered beside them, picks one: the fill through a row-number multiplexer into the compare was one
         # of tiny's longest paths after nextpnr at 98777fe.)
         writes_src_d = f_writes(src_d, "src_d_next")
+        written_rows = []
         for n in range(SRC_ROWS):
             fills, filled = reads_d & (slots["d"] == n), Signal(name=f"filled_{n}")
             m.d.sync += filled.eq(fills)
             writes_held = f_writes(held_at[n], f"held_at_{n}")
             written = (filled & writes_src_d) | (~filled & writes_held)
+            written_rows.append(written)
             with m.If(fills):
                 m.d.sync += [held[n].eq(src_read), held_at[n].eq(src_d)]
             with m.Elif(written):
                 m.d.sync += held[n].eq(new_f)
+        # The execution's slot's row as E will have it (its register after D's cycle), picked in D and
+        # registered: the slot's multiplexer over every held row lay ahead of E's operand multiplexers and the
+        # route to the multipliers (slot_e into the DSPs' input registers: 10.7 ns after nextpnr at 84408ed).
+        held_e = Signal(c.acc_row_bits, name="src_row_e")
+        m.d.sync += held_e.eq(Mux(reads_d, src_read,
+                                  Mux(select(written_rows, slots["d"]), new_f, select(held, slots["d"]))))
         # (a tree of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
         # from time 0 on, where a combinational process whose inputs never change may never run)
         # X takes its operands from registers alone: E chooses them and registers them. acc[src] comes from
@@ -586,7 +597,7 @@ class ComputeUnit(UnitBase):
         # acc[src]'s row number is the execution's src index (src_d in D) whether it reads the row or its slot
         # holds it: a slot holds a micro-op's row, which without src loop factors is the same in every sweep.
         # (Selected from the slots' row numbers, it lay ahead of the compares on tiny's longest paths.)
-        operand_e = Mux(writes_src_d, new_f, select(held, slots["e"]))
+        operand_e = Mux(writes_src_d, new_f, held_e)
         # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before F (three ahead), before the rows read
         dst_from_y, dst_from_f = Signal(), Signal()
         from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
@@ -680,4 +691,5 @@ class ComputeUnit(UnitBase):
                 bufs.w_data.eq(Mux(loading, Mux(dma.write.target == _ACC, dma.write.data[:c.acc_row_bits], narrow),
                                    new_f)),
             ]
-        m.d.comb += [bufs.o_en.eq(valid["f"]), bufs.o_data.eq(saturate_row(new_f, c.acc_width, c.out_width))]
+        m.d.sync += [bufs.o_en.eq(valid["f"]), bufs.o_addr.eq(dst["f"]),
+                     bufs.o_data.eq(saturate_row(new_f, c.acc_width, c.out_width))]

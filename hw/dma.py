@@ -673,8 +673,14 @@ class Store2D(wiring.Component):
         aligned, beats, lane = _segment(m, row_addr, f.x_size, E, B)
         start_seg = self.busy & ~in_burst & segs_left & seg_q.w_rdy
         m.d.comb += [seg_q.w_data.eq(Cat(lane, f.x_size)), seg_q.w_en.eq(start_seg)]
+        # The beats from the address to its 4 KiB boundary, kept in a register beside it: after a burst that
+        # ends there, the beats left are the remaining less this register, not less a difference worked out
+        # from the address (two carry chains in series from the address into `remaining`: 10.9 ns after
+        # nextpnr at 84408ed).
+        page_left = Signal(BOUNDARY_BITS - exact_log2(B) + 1)
         with m.If(start_seg):
-            m.d.sync += [in_burst.eq(1), addr.eq(aligned), remaining.eq(beats), seg_y.eq(seg_y + 1),
+            m.d.sync += [in_burst.eq(1), addr.eq(aligned), page_left.eq(_beats_to_boundary(aligned, B)),
+                         remaining.eq(beats), seg_y.eq(seg_y + 1),
                          segs_left.eq(seg_y != seg_last),
                          row_addr.eq(row_addr + f.x_stride)]
         # The row's last burst: the one that takes all that remains (the length's multiplexers lay ahead of
@@ -703,7 +709,8 @@ class Store2D(wiring.Component):
         with m.If(aw_done):
             m.d.sync += [
                 addr.eq(Mux(to_boundary, next_page, addr + self.max_burst * B)),
-                remaining.eq(Mux(to_boundary, remaining - _beats_to_boundary(addr, B), remaining - self.max_burst)),
+                remaining.eq(Mux(to_boundary, remaining - page_left, remaining - self.max_burst)),
+                page_left.eq(Mux(to_boundary, BOUNDARY_BYTES >> exact_log2(B), page_left - self.max_burst)),
             ]
             with m.If(last_burst):
                 m.d.sync += in_burst.eq(0)
