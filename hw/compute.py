@@ -40,8 +40,10 @@ the result of the one two ahead from Z's register, which every op but SHR, MUL a
 execution's src read (in C) comes a cycle earlier; D latches it (or what F writes then) into its src
 register, every later F write to that row lands there too, and X takes the one F writes in its own cycle
 (and Z's, as for dst). So a read-after-write at distance 2 or more sees the new value, except after SHR,
-MUL and RQ, where it takes distance 3; the nearer ones are the hazards the spec forbids (spec "hazard",
-weft.isa.semantics.hazard_reach). An ALU operand from inp[src] comes
+MUL and RQ, where it takes distance 4: in the ALU pipe, what F will write is handed to E from Z's register,
+which holds every op's result but theirs (from the last stage's logic, their results lay ahead of the
+multipliers' operand registers on tiny's longest paths after place and route). The nearer ones are the
+hazards the spec forbids (spec "hazard", weft.isa.semantics.hazard_reach). An ALU operand from inp[src] comes
 through inp's read port (read in C, as the GEMM's rows are) and never waits. Each
 instruction drains the pipeline before it ends, so the next one (and the tokens it pushes) see every write.
 """
@@ -499,8 +501,9 @@ class ComputeUnit(UnitBase):
         GEMM pipe, the ALU op in the ALU pipe). Returns the new accumulator row of stage F."""
         c = self.config
         assert GEMM_LATENCY == ALU_READ_STAGES + 1  # the GEMM pipe's C, P, D and E; the ALU pipe's C, D and E
-        # the ALU's X, Y and Z; its late ops' results, in Z, are the ones spec "hazard" keeps two executions off
-        assert ALU_STAGES == 3 and hazard_reach(Opcode.ALU, AluOp.RQ) == ALU_STAGES - 1 == 2
+        # the ALU's X, Y and Z; its late ops' results, out of Z's logic, are the ones spec "hazard" keeps three
+        # executions off (handed back from F's register, not from Z)
+        assert ALU_STAGES == 3 and hazard_reach(Opcode.ALU, AluOp.RQ) == ALU_STAGES == 3
         if gemm:
             m.submodules.gemm = core = GemmCore(batch=c.batch, block_in=c.block_in, block_out=c.block_out,
                                                 inp_width=c.inp_width, wgt_width=c.wgt_width, dsp=self.dsp)
@@ -586,25 +589,28 @@ class ComputeUnit(UnitBase):
         # the slot's register as it will be in X (with the row F writes in E's cycle, which lands in the
         # register then; the slot's row does not change between E and X: its next read waits until X is
         # past). The rows the executions ahead hand over in X's cycle (F's write, and in the ALU pipe Z's row)
-        # E takes as it has them: what the stage before F (Y in the GEMM pipe, Z in the ALU's) makes in E's
-        # cycle (`f_next`, new_f's next value), and what Y makes then (`row_y`, Z's register next). Whether a
+        # E takes as it has them: what the stage before F makes in E's cycle (the GEMM pipe's `f_next`, new_f's
+        # next value; in the ALU pipe Z's register `row_z`, which is new_f's next value for every op but SHR,
+        # MUL and RQ), and what Y makes then (`row_y`, Z's register next). Whether a
         # row is the one an execution ahead writes is worked out in D from the stages a step further back,
         # and registered. The forwarding multiplexers in X, ahead of the ALU's compare and of the
         # accumulate, were among tiny's longest paths.
         f_in_d = "y" if not gemm else "x"  # where, in D's cycle, the execution is that F holds in X's
         f_next = Signal(c.acc_row_bits)
         row_y = Signal(c.acc_row_bits)
+        row_z = Signal(c.acc_row_bits)  # (the ALU pipe) Z's row: every op's result but SHR's, MUL's and RQ's
+        handed_f = f_next if gemm else row_z  # what F will write, as E takes it
         # acc[src]'s row number is the execution's src index (src_d in D) whether it reads the row or its slot
         # holds it: a slot holds a micro-op's row, which without src loop factors is the same in every sweep.
         # (Selected from the slots' row numbers, it lay ahead of the compares on tiny's longest paths.)
         operand_e = Mux(writes_src_d, new_f, held_e)
-        # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before F (three ahead), before the rows read
+        # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before Z (three ahead, F's), before the rows read
         dst_from_y, dst_from_f = Signal(), Signal()
         from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
         m.d.sync += [dst_from_y.eq(from_y),
                      dst_from_f.eq(~from_y & valid[f_in_d] & (dst[f_in_d] == dst["d"]))]
         old_x, old_e = Signal(c.acc_row_bits), Signal(c.acc_row_bits)  # acc[dst] as X has it; as E hands it on
-        m.d.comb += old_e.eq(Mux(dst_from_f, f_next, Mux(dst_from_y, row_y, Mux(
+        m.d.comb += old_e.eq(Mux(dst_from_f, handed_f, Mux(dst_from_y, row_y, Mux(
             f_writes(dst["d"], "dst_e"), new_f, Mux(dst_written, new_f_1, Mux(dst_written_1, new_f_2, bufs.r_data))))))
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
@@ -635,13 +641,12 @@ class ComputeUnit(UnitBase):
         selects = {name: Signal(name=f"alu_{name}") for name in alu_selects(alu_f.alu_op)}
         m.d.sync += [selects[name].eq(value) for name, value in alu_selects(alu_f.alu_op).items()]
         # Two executions ahead, in Z in X's cycle, is a result of every op but SHR, MUL and RQ (spec "hazard"
-        # keeps those from it): Y's row in E's cycle, as F's in X's is `f_next` in E's.
-        row_z = Signal(c.acc_row_bits)  # the ALU's row but for SHR's right shift, MUL and RQ
+        # keeps those from it): Y's row in E's cycle, as F's in X's is Z's register in E's.
         src_from_y, src_from_f = Signal(), Signal()
         src_y = valid["x"] & (dst["x"] == src_d)
         m.d.sync += [src_from_y.eq(takes_src & src_y),
                      src_from_f.eq(takes_src & ~src_y & valid[f_in_d] & (dst[f_in_d] == src_d))]
-        from_y, from_f, src_e = elements(row_y, w), elements(f_next, w), elements(operand_e, w)
+        from_y, from_f, src_e = elements(row_y, w), elements(handed_f, w), elements(operand_e, w)
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z
         rows_y = []  # the first stage's result in Y: MIN's and MAX's select made there (AluFirst)

@@ -41,7 +41,7 @@ ACCUMULATE_STAGES = 2
 #: compute, the ALU pipe after its operands' reads: X (every op but SHR's right shift, MUL and RQ; their
 #: partial products), Y (the products' sums, the right shift's longest steps), Z (the rest of the shift, RQ's
 #: ReLU). SHR's, MUL's and RQ's results come two stages after the others': spec "hazard" keeps an execution
-#: of one of them from the rows of the two before it (weft.isa.semantics.hazard_reach).
+#: of one of them from the rows of the three before it (weft.isa.semantics.hazard_reach).
 ALU_STAGES = 3
 #: compute's stages around those of either pipe: loop generator, micro-op word (registered as it leaves the
 #: block RAM), row indices and read addresses, write back.

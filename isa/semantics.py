@@ -173,14 +173,16 @@ def first_illegal(checks: list[Check]) -> tuple[int, str] | None:
 
 
 #: ALU ops whose result the pipeline has two stages after the others' (MUL's and RQ's products summed, RQ's
-#: and SHR's right shift): an execution of one of them must not meet the row of the execution two before it
-#: either (spec "hazard"). The compiler's reductions (ADD, MAX) revisit a row every second execution.
+#: and SHR's right shift): an execution of one of them must not meet the rows of the three executions before
+#: it either (spec "hazard"; the third: their results are handed back from F's register, not from the last
+#: ALU stage's logic, which lay ahead of the multipliers' operand registers on tiny's longest paths after
+#: place and route). The compiler's reductions (ADD, MAX) revisit a row every second execution.
 LATE_ALU_OPS = frozenset({AluOp.SHR, AluOp.MUL, AluOp.RQ})
 
 
 def hazard_reach(opcode: int, alu_op: int = 0) -> int:
     """How many executions back spec "hazard" reaches for a GEMM, or an ALU instruction with `alu_op`."""
-    return 2 if opcode == Opcode.ALU and alu_op in LATE_ALU_OPS else 1
+    return 3 if opcode == Opcode.ALU and alu_op in LATE_ALU_OPS else 1
 
 
 @dataclass(frozen=True)

@@ -97,8 +97,8 @@ SEMANTICS = {
         "Two consecutive micro-op executions of one GEMM/ALU instruction must not write the same acc row, "
         "and an ALU execution must not read (src) the acc row the previous one wrote. An ALU instruction "
         "with op SHR, MUL or RQ (results two pipeline stages later than the other ops') keeps the same "
-        "distance from the execution two before: no execution writes or reads an acc row that either of the "
-        "two before it wrote."
+        "distance from the three executions before: no execution writes or reads an acc row that any of the "
+        "three before it wrote."
     ),
     "finish": "FINISH ends the program; load and store must have run all their instructions before it.",
 }

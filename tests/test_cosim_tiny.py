@@ -93,7 +93,7 @@ def _reads_back(distance: int) -> list[tuple[int, int, int]]:
 
 def _alu_program() -> _Program:
     """Accumulator loads (wide and narrow, padded), every ALU op with an immediate and with an acc source
-    (reading rows written as few executions before as spec "hazard" allows: two, three for SHR, MUL and RQ),
+    (reading rows written as few executions before as spec "hazard" allows: two, four for SHR, MUL and RQ),
     and stores of the saturated results."""
     c, g = CONFIG, _Program()
     acc = g.data(10, c.batch * c.block_out, c.acc_width)

@@ -433,16 +433,16 @@ def test_alu_repeated_and_overlapping_rows_follow_program_order(op, use_imm, imm
 
 
 def test_alu_ufunc_at_path_for_many_repeats():
-    """Global pooling shape: sources folded into two rows (three for the ops whose hazard reaches two
+    """Global pooling shape: sources folded into two rows (four for the ops whose hazard reaches three
     executions back), repeats > 1, constant operands."""
     c = PRESETS["default"]
     rng = np.random.default_rng(3)
-    acc_vals = rng.integers(-(1 << 31), (1 << 31) - 1, (24, 16))
+    acc_vals = rng.integers(-(1 << 31), (1 << 31) - 1, (32, 16))
     for op in AluOp:
-        rows = ((0, 1), (20, 2), (23, 3))[:hazard_reach(Opcode.ALU, op) + 1]
+        rows = ((0, 1), (20, 2), (23, 3), (30, 5))[:hazard_reach(Opcode.ALU, op) + 1]
         h = Harness(c)
         h.p.load("uop", 0, h.put_uops([(d, s, 0) for d, s in rows]), 1, len(rows))
-        h.p.load("acc", 0, h.put("acc", acc_vals, 32), 1, 24)
+        h.p.load("acc", 0, h.put("acc", acc_vals, 32), 1, 32)
         h.p.alu(op, 0, len(rows), iter_out=6, src=(len(rows), 0))
         sim, _ = h.run()
         expected = [[int(v) for v in row] for row in acc_vals]
@@ -450,7 +450,7 @@ def test_alu_ufunc_at_path_for_many_repeats():
             for d, s in rows:
                 s += len(rows) * i
                 expected[d] = [alu_ref(op, a, b, 32) for a, b in zip(expected[d], expected[s], strict=True)]
-        assert np.array_equal(sim.acc[:24], np.array(expected)), op
+        assert np.array_equal(sim.acc[:32], np.array(expected)), op
 
 
 # ---- DMA ---------------------------------------------------------------------------------------------

@@ -199,10 +199,12 @@ def test_the_hazard_rule_names_the_first_execution_that_breaks_it():
     # both at one execution: the write is named
     assert first_hazard(rows([3, 3]), rows([0, 3])) == Hazard("write", 1, 1)
     assert first_hazard(rows([3]), rows([3])) is None
-    # SHR, MUL and RQ: the execution two before counts too, the nearer one first
-    assert [hazard_reach(Opcode.ALU, op) for op in AluOp] == [1, 1, 1, 2, 2, 2, 1]
+    # SHR, MUL and RQ: the executions two and three before count too, the nearer one first
+    assert [hazard_reach(Opcode.ALU, op) for op in AluOp] == [1, 1, 1, 3, 3, 3, 1]
     assert hazard_reach(Opcode.GEMM) == 1
     assert first_hazard(rows([0, 1, 0, 1]), reach=2) == Hazard("write", 2, 2)
     assert first_hazard(rows([0, 1, 2]), rows([7, 8, 0]), reach=2) == Hazard("read", 2, 2)
     assert first_hazard(rows([0, 1, 1]), rows([7, 8, 0]), reach=2) == Hazard("write", 2, 1)
     assert first_hazard(rows([0, 1, 2, 0]), rows([7, 8, 9, 0]), reach=2) is None  # three back: fine
+    assert first_hazard(rows([0, 1, 2, 0]), reach=3) == Hazard("write", 3, 3)
+    assert first_hazard(rows([0, 1, 2, 3, 0]), rows([7, 8, 9, 0, 1]), reach=3) == Hazard("read", 3, 3)
