@@ -580,9 +580,11 @@ class ComputeUnit(UnitBase):
         # The execution's slot's row as E will have it (its register after D's cycle), picked in D and
         # registered: the slot's multiplexer over every held row lay ahead of E's operand multiplexers and the
         # route to the multipliers (slot_e into the DSPs' input registers: 10.7 ns after nextpnr at 84408ed).
-        held_e = Signal(c.acc_row_bits, name="src_row_e")
-        m.d.sync += held_e.eq(Mux(reads_d, src_read,
-                                  Mux(select(written_rows, slots["d"]), new_f, select(held, slots["d"]))))
+        # Where F writes the row in D's cycle, E takes that write (new_f a cycle late) by a registered flag:
+        # the flag's pick by the slot, ahead of a multiplexer over the whole row, was 14.9 ns at 87b8b6c.
+        held_e, held_e_written = Signal(c.acc_row_bits, name="src_row_e"), Signal()
+        m.d.sync += [held_e.eq(Mux(reads_d, src_read, select(held, slots["d"]))),
+                     held_e_written.eq(~reads_d & select(written_rows, slots["d"]))]
         # (a tree of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
         # from time 0 on, where a combinational process whose inputs never change may never run)
         # X takes its operands from registers alone: E chooses them and registers them. acc[src] comes from
@@ -603,7 +605,7 @@ class ComputeUnit(UnitBase):
         # acc[src]'s row number is the execution's src index (src_d in D) whether it reads the row or its slot
         # holds it: a slot holds a micro-op's row, which without src loop factors is the same in every sweep.
         # (Selected from the slots' row numbers, it lay ahead of the compares on tiny's longest paths.)
-        operand_e = Mux(writes_src_d, new_f, held_e)
+        operand_e = Mux(writes_src_d, new_f, Mux(held_e_written, new_f_1, held_e))
         # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before Z (three ahead, F's), before the rows read
         dst_from_y, dst_from_f = Signal(), Signal()
         from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
