@@ -59,12 +59,12 @@ def test_alu_micro_ops_reading_acc_src_take_two_cycles_each_and_see_writes_two_a
         # More micro-ops than registers: every execution reads.
         alu_src_stream("add", [(k, 20 + k, 0) for k in range(9)], 2, 1, (0, 0), (0, 0), seed=6),
         # One per cycle, a row every second execution (a pooling reduction): X takes the result two ahead
-        # from Z; SHR, MUL and RQ (their results in Z's last step) a row every third, from F.
+        # from Z; SHR, MUL and RQ (their results out of Z's logic) a row every fourth, from F's register.
         alu_src_stream("add", [(0, 0, 0), (1, 0, 0)], 4, 1, (0, 0), (0, 0), seed=7, imm=3, span=30),
         alu_src_stream("max", [(0, 0, 0), (1, 0, 0)], 2, 2, (0, 0), (0, 0), seed=8, imm=-5, span=30),
-        alu_src_stream("mul", [(0, 0, 0), (1, 0, 0), (2, 0, 0)], 3, 1, (0, 0), (0, 0), seed=9, imm=-1, span=30),
-        alu_src_stream("shr", [(0, 0, 0), (1, 0, 0), (2, 0, 0)], 3, 1, (0, 0), (0, 0), seed=10, imm=1, span=30),
-        alu_src_stream("rq", [(0, 20, 0), (1, 21, 0), (2, 22, 0)], 3, 1, (0, 0), (0, 0), seed=11, span=30),
+        alu_src_stream("mul", [(k, 0, 0) for k in range(4)], 3, 1, (0, 0), (0, 0), seed=9, imm=-1, span=30),
+        alu_src_stream("shr", [(k, 0, 0) for k in range(4)], 3, 1, (0, 0), (0, 0), seed=10, imm=1, span=30),
+        alu_src_stream("rq", [(k, 20 + k, 0) for k in range(4)], 3, 1, (0, 0), (0, 0), seed=11, span=30),
         # acc[src] two ahead, one per cycle once the src rows are held: u2 reads row 0 that u0 wrote
         alu_src_stream("add", [(0, 5, 0), (1, 6, 0), (2, 0, 0)], 3, 1, (0, 0), (0, 0), seed=12, span=30),
     ]
