@@ -604,8 +604,12 @@ class Store2D(wiring.Component):
 
     ROW_QUEUE = 4
 
-    def __init__(self, *, bus_bytes: int, elem_bytes: int, mem_format: Format, max_burst: int = MAX_BURST):
+    def __init__(self, *, bus_bytes: int, elem_bytes: int, mem_format: Format, max_burst: int = MAX_BURST,
+                 read_stages: int = STORE_READ_STAGES):
+        if read_stages < 1:
+            raise ValueError(f"an SRAM read takes at least one stage, got {read_stages}")
         self.bus_bytes, self.elem_bytes, self.max_burst = bus_bytes, elem_bytes, max_burst
+        self.read_stages = read_stages
         self.cmd_layout = store_cmd_layout(mem_format)
         self.count_bits = mem_format.field("x_size").width + 9
         super().__init__({
@@ -633,11 +637,11 @@ class Store2D(wiring.Component):
         rd_x, x_last = Signal.like(f.x_size), Signal.like(f.x_size)
         rd_y = Signal.like(f.y_size)
         reading = rd_y != f.y_size
-        # The read data are registered before they enter the queue (STORE_READ_STAGES): `in_flight` holds a
-        # bit per read in the block RAM or a data register, so the room counts them.
-        in_flight = Signal(STORE_READ_STAGES)
+        # The read data are registered before they enter the queue (`read_stages`): `in_flight` holds a bit per
+        # read in the block RAM or a data register, so the room counts them.
+        in_flight = Signal(self.read_stages)
         read: Value = self.rd_data
-        for k in range(STORE_READ_STAGES - 1):
+        for k in range(self.read_stages - 1):
             registered = Signal.like(self.rd_data, name=f"read_{k}")
             m.d.sync += registered.eq(read)
             read = registered

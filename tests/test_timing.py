@@ -24,7 +24,7 @@ from weft.hw.datapath import GEMM_LATENCY
 from weft.hw.dma import MAX_BURST, BurstReader, Load2D, Store2D
 from weft.hw.queues import LutFIFO
 from weft.hw.regs import COUNTERS
-from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, ALU_STAGES, SRC_ROWS, STORE_READ_STAGES
+from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, ALU_STAGES, SRC_ROWS
 from weft.isa import MemId, ProgramBuilder, layout_of
 from weft.isa.constants import AluOp, Opcode, Unit
 from weft.isa.semantics import UNIT_NAMES, hazard_reach
@@ -403,7 +403,7 @@ def test_microarch_matches_the_rtl():
     store = _elaborated(Store2D(bus_bytes=8, elem_bytes=16, mem_format=layout_of(TINY).formats["mem"]))
     assert arch.store_seg_queue == store.submodules["seg_queue"].depth
     assert arch.store_len_queue == store.submodules["len_queue"].depth
-    assert arch.store_read_stages == STORE_READ_STAGES
+    assert arch.store_read_stages == inspect.signature(Store2D).parameters["read_stages"].default
     load = _elaborated(Load2D(bus_bytes=8, targets=(16, 4), mem_format=layout_of(TINY).formats["mem"]))
     assert load.submodules["reader"].max_burst == arch.max_burst
     # Loop generator, micro-op word (registered as read), row indices, the GEMM core's stages (the ALU's
