@@ -298,8 +298,8 @@ class ComputeUnit(UnitBase):
         gemm = dma is not None
         valid = {s: Signal(name=f"{name}_valid_{s}") for s in ("ubcpdexyf" if gemm else "ubcdexyzf")}
         dst, src_c, reads_b, reads_c, slots, src_b, wgt_b = self._row_indices(m, d, index, bufs, loop, valid)
-        new_f = self._datapath(m, d, bufs, valid, dst, src_b, src_c, reads_b, reads_c, slots, gemm=gemm)
-        self._write_back(m, d, busy, dma, bufs, valid, dst, new_f)
+        new_f, out_f = self._datapath(m, d, bufs, valid, dst, src_b, src_c, reads_b, reads_c, slots, gemm=gemm)
+        self._write_back(m, d, busy, dma, bufs, valid, dst, new_f, out_f)
         drained = ~Cat(*valid.values()).any()
         return d.looped & loop.launched & ~loop.gen & drained, src_b, wgt_b
 
@@ -423,7 +423,9 @@ class ComputeUnit(UnitBase):
         slot = Signal(range(SRC_ROWS))  # the register of the execution's src row
         m.d.comb += slot.eq(Mux(kept, k_rel, 0))
         assert ALU_SRC_INTERVAL == 2  # a read of acc[src] waits one cycle after any issue
-        issue = gen & ~aborted & ~(reads & last)
+        # (gen falls as aborted rises, _row_indices: the issue, whose fan-out is every counter and offset, does
+        # not wait on aborted too; from aborted through it into i's end flag was 10.3 ns after nextpnr at bc13940)
+        issue = gen & ~(reads & last)
         m.d.sync += last.eq(issue)
         with m.If(issue):
             with m.If(ends["k"]):
@@ -442,8 +444,6 @@ class ComputeUnit(UnitBase):
                         m.d.sync += in_off.eq(in_off + factors[name][1])
             with m.Else():
                 m.d.sync += [k.eq(k + 1), ends["k"].eq(k == stops["k"]), k_rel.eq(k_rel + 1)]
-        with m.If(aborted):
-            m.d.sync += gen.eq(0)
         return _Loop(launched, gen, aborted, issue, reads, slot, offs, off_bits)
 
     def _row_indices(self, m: Module, d: _Insn, index: Signal, bufs: _Buffers, loop: _Loop,
@@ -484,7 +484,7 @@ class ComputeUnit(UnitBase):
         bad_c, issued_c = Signal(), Signal()
         m.d.sync += bad_c.eq(valid["b"] & bad & ~loop.aborted)
         with m.If(bad_c):
-            m.d.sync += loop.aborted.eq(1)
+            m.d.sync += [loop.aborted.eq(1), loop.gen.eq(0)]
             with m.If(~self.error):
                 m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.LOOP_RANGE),
                              self.error_index.eq(index)]
@@ -496,9 +496,10 @@ class ComputeUnit(UnitBase):
 
     def _datapath(self, m: Module, d: _Insn, bufs: _Buffers, valid: dict[str, Signal], dst: dict[str, Signal],
                   src_b: Value, src_c: Signal, reads_b: Signal, reads_c: Signal, slots: dict[str, Signal], *,
-                  gemm: bool) -> Signal:
+                  gemm: bool) -> tuple[Signal, Signal]:
         """Stages C, P (the GEMM pipe's), D and E (the GEMM core; accumulator reads), X and Y (acc + sum in the
-        GEMM pipe, the ALU op in the ALU pipe). Returns the new accumulator row of stage F."""
+        GEMM pipe, the ALU op in the ALU pipe). Returns the new accumulator row of stage F, and the same row as
+        the out buffer's saturation takes it (equal to it while F holds an execution)."""
         c = self.config
         assert GEMM_LATENCY == ALU_READ_STAGES + 1  # the GEMM pipe's C, P, D and E; the ALU pipe's C, D and E
         # the ALU's X, Y and Z; its late ops' results, out of Z's logic, are the ones spec "hazard" keeps three
@@ -617,6 +618,12 @@ class ComputeUnit(UnitBase):
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
                      old_x.eq(old_e), new_f.eq(f_next)]
+        # The row F writes, again, for the out buffer's saturation alone: it loads only for an execution, so
+        # Yosys keeps it apart from new_f, whose fan-out is every forward and held row (new_f through the
+        # saturation into the out write's register was routed across the die: 10.3 ns after nextpnr at bc13940).
+        out_f = Signal(c.acc_row_bits)
+        with m.If(valid[before_f]):
+            m.d.sync += out_f.eq(f_next)
 
         lanes, w = c.batch * c.block_out, c.acc_width
         old = elements(old_x, w)
@@ -626,7 +633,7 @@ class ComputeUnit(UnitBase):
                                         for n in range(lanes)])),
                          valid["f"].eq(valid["y"]), dst["f"].eq(dst["y"])]
             m.d.comb += f_next.eq(row_y)
-            return new_f
+            return new_f, out_f
 
         # inp[src], read in C like the GEMM's rows, travels to E for an ALU execution that takes it. In E each
         # lane's operand is chosen (acc[src] as the slot's register has it or an execution ahead hands it
@@ -680,10 +687,10 @@ class ComputeUnit(UnitBase):
         m.d.comb += f_next.eq(Cat(*[alu_lane_last(m, selects, row_z.word_select(n, w), parts_z[n], w)
                                     for n in range(lanes)]))
         m.d.sync += [valid["f"].eq(valid["z"]), dst["f"].eq(dst["z"])]
-        return new_f
+        return new_f, out_f
 
     def _write_back(self, m: Module, d: _Insn, busy: Signal, dma: Load2D | None, bufs: _Buffers,
-                    valid: dict[str, Signal], dst: dict[str, Signal], new_f: Signal) -> None:
+                    valid: dict[str, Signal], dst: dict[str, Signal], new_f: Signal, out_f: Signal) -> None:
         """Stage F: write acc[dst] and out[dst] = saturate(acc[dst]); while a load runs (in the GEMM pipe), it
         writes the accumulator instead."""
         c = self.config
@@ -699,4 +706,4 @@ class ComputeUnit(UnitBase):
                                    new_f)),
             ]
         m.d.sync += [bufs.o_en.eq(valid["f"]), bufs.o_addr.eq(dst["f"]),
-                     bufs.o_data.eq(saturate_row(new_f, c.acc_width, c.out_width))]
+                     bufs.o_data.eq(saturate_row(out_f, c.acc_width, c.out_width))]
