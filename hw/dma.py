@@ -75,6 +75,20 @@ def _burst_len(addr: Value, beats: Value, bus_bytes: int, max_burst: int, *, les
                    max_burst - less))
 
 
+def _paged_burst_takes_all(page_left: Value, beats: Value, max_burst: int) -> Value:
+    """:func:`_burst_takes_all` where the beats from the address to its 4 KiB boundary (`page_left`) are kept in
+    a register beside it: one short compare, not the address's sum and a compare in series (Store2D's AWLEN
+    into its length queue after nextpnr at bc13940)."""
+    return _at_most(beats, max_burst) & (beats[:max_burst.bit_length()] <= page_left)
+
+
+def _paged_burst_len(page_left: Value, beats: Value, max_burst: int, *, less: int = 0) -> Value:
+    """:func:`_burst_len` from `page_left`, as :func:`_paged_burst_takes_all` (the boundary comes before a whole
+    longest burst where fewer beats than that are left to it)."""
+    return Mux(_paged_burst_takes_all(page_left, beats, max_burst), beats - less,
+               Mux(page_left < max_burst, page_left - less, max_burst - less))
+
+
 def _burst_len_at_most(addr: Value, beats: Value, room: Value, bus_bytes: int, max_burst: int) -> Value:
     """``_burst_len(addr, beats) <= room``: any of the three is at most `room` (for the boundary's beats:
     the room's bytes reach the boundary)."""
@@ -701,18 +715,18 @@ class Store2D(wiring.Component):
                          row_addr.eq(row_addr + f.x_stride)]
         # The row's last burst: the one that takes all that remains (the length's multiplexers lay ahead of
         # in_burst on one of tiny's longest paths).
-        last_burst = _burst_takes_all(addr, remaining, B, self.max_burst)
+        last_burst = _paged_burst_takes_all(page_left, remaining, self.max_burst)
         # A burst that is not a row's last ends at the 4 KiB boundary where that comes before a whole longest
         # burst, else it is a longest burst; the burst after it starts there: two sums from the address side
         # by side, not the length's compares and multiplexers into one (the address through the length back
         # into itself was tiny's longest path). After a row's last burst the next row reloads both.
         assert self.max_burst * B <= BOUNDARY_BYTES
-        to_boundary = _boundary_first(addr, B, self.max_burst)
+        to_boundary = page_left < self.max_burst
         next_page = Cat(Const(0, BOUNDARY_BITS), addr[BOUNDARY_BITS:] + 1)
         # AWLEN, the burst's length less one (the length's chain of compares and multiplexers from the address
         # into the length queue was tiny's longest path at 76.8 MHz)
         awlen = Signal.like(axi.awlen)
-        m.d.comb += awlen.eq(_burst_len(addr, remaining, B, self.max_burst, less=1))
+        m.d.comb += awlen.eq(_paged_burst_len(page_left, remaining, self.max_burst, less=1))
         m.d.comb += [
             axi.awaddr.eq(addr), axi.awlen.eq(awlen), axi.awsize.eq(exact_log2(B)),
             axi.awburst.eq(BURST_INCR), axi.awcache.eq(CACHE_BITS), axi.awvalid.eq(in_burst & len_q.w_rdy),

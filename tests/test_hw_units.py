@@ -403,6 +403,47 @@ def test_registered_product_instantiates_mult18x18d_with_its_input_registers():
     assert 'parameter \\REG_OUTPUT_CLK "NONE"' in text and "connect \\CLK1 " not in text
 
 
+@pytest.mark.parametrize("bus_bytes", [8, 16])
+def test_burst_rules_split_at_4_kib_and_the_longest_burst(bus_bytes):
+    """Every form of the burst rule (from the address, from the beats kept to its 4 KiB boundary, and the
+    verdict that the next burst fits a room) against the rule in a few lines, at addresses around the
+    boundary and counts whose upper bits alone tell them from a short one."""
+    from weft.hw.dma import _burst_len, _burst_len_at_most, _paged_burst_len, _paged_burst_takes_all
+    from weft.hw.structure import MAX_BURST
+
+    def rule(addr: int, beats: int) -> int:
+        return min(beats, MAX_BURST, (4096 - addr % 4096) // bus_bytes)
+
+    m = Module()
+    addr, beats, room = Signal(32), Signal(20), Signal(6)
+    page = Signal(13 - bus_bytes.bit_length() + 1)
+    length, paged, less, takes_all, at_most = Signal(20), Signal(20), Signal(20), Signal(), Signal()
+    m.d.comb += [length.eq(_burst_len(addr, beats, bus_bytes, MAX_BURST)),
+                 paged.eq(_paged_burst_len(page, beats, MAX_BURST)),
+                 less.eq(_paged_burst_len(page, beats, MAX_BURST, less=1)),
+                 takes_all.eq(_paged_burst_takes_all(page, beats, MAX_BURST)),
+                 at_most.eq(_burst_len_at_most(addr, beats, room, bus_bytes, MAX_BURST))]
+    offsets = [0, bus_bytes, 4096 - MAX_BURST * bus_bytes - bus_bytes, 4096 - MAX_BURST * bus_bytes,
+               4096 - MAX_BURST * bus_bytes + bus_bytes, 4096 - 2 * bus_bytes, 4096 - bus_bytes]
+    counts = [1, 2, MAX_BURST - 1, MAX_BURST, MAX_BURST + 1, 1 << 5, (1 << 5) + 3, 1 << 10, (1 << 19) + 1]
+
+    async def bench(ctx):
+        for offset in offsets:
+            for count in counts:
+                for r in (0, 1, 3, MAX_BURST - 1, MAX_BURST, MAX_BURST + 1, 33):
+                    a = 0x1234_0000 + offset
+                    ctx.set(addr, a)
+                    ctx.set(beats, count)
+                    ctx.set(page, (4096 - offset) // bus_bytes)
+                    ctx.set(room, r)
+                    want = rule(a, count)
+                    assert ctx.get(length) == want and ctx.get(paged) == want, (offset, count)
+                    assert ctx.get(less) == want - 1 and ctx.get(takes_all) == (want == count), (offset, count)
+                    assert ctx.get(at_most) == (want <= r), (offset, count, r)
+
+    _run(m, bench, clock=False)
+
+
 def test_saturation_and_sign_extension_rows():
     acc_w, out_w = 32, 8
     edges = [300, -300, 127, -128, 128, -129, 5, 0, -1, 255, -256, (1 << 31) - 1, -(1 << 31), 1 << 30, -(1 << 30)]
