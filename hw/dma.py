@@ -374,15 +374,16 @@ def _segment(m: Module, row_addr: Signal, x_size: Signal, elem_bytes: int, bus_b
     """Aligned start, beat count and first lane of the DRAM row [row_addr, row_addr + x_size) elements."""
     shift, bshift = exact_log2(elem_bytes), exact_log2(bus_bytes)
     start = Signal(ADDR_BITS + 8)
-    end = Signal(ADDR_BITS + 9)
     aligned = Signal(ADDR_BITS + 8)
     beats = Signal(len(x_size) + 9)
     lane = Signal(max(1, bshift - shift) if elem_bytes < bus_bytes else 1)
+    # The row's bytes from the aligned start are its own and the start's offset in its beat: a sum of the row's
+    # size and a few bits, not the address's end less its aligned start (two address-wide carry chains in
+    # series, into Store2D's `remaining` after nextpnr at b89318d).
     m.d.comb += [
         start.eq(row_addr << shift),
-        end.eq((row_addr + x_size) << shift),
         aligned.eq(start & ~Const(bus_bytes - 1, len(start))),
-        beats.eq((end - aligned + bus_bytes - 1) >> bshift),
+        beats.eq(((x_size << shift) + start[:bshift] + bus_bytes - 1) >> bshift),
     ]
     if elem_bytes < bus_bytes:
         m.d.comb += lane.eq(start[shift:bshift])
