@@ -43,6 +43,7 @@ class LutFIFO(fifo.SyncFIFOBuffered):
         holds = Signal()  # inner_level != 0
         room = Signal(init=1)  # inner_level != inner_depth
         do_write = self.w_en & room
+        do_read = holds & (~self.r_rdy | self.r_en)  # an entry moves into the data register
         m.d.comb += [self.w_rdy.eq(room), self.level.eq(inner_level + self.r_rdy),
                      self.w_level.eq(self.level), self.r_level.eq(self.level)]
 
@@ -54,30 +55,12 @@ class LutFIFO(fifo.SyncFIFOBuffered):
                      r_port.addr.eq(consume), r_port.en.eq(~self.r_rdy | self.r_en), self.r_data.eq(r_port.data)]
         with m.If(do_write):
             m.d.sync += produce.eq(_next(produce, inner_depth))
-        # The state after the cycle is worked out for either read enable and picked by it: the consumer's
-        # ready, which waits on the consumer's state (a unit's start through its token checks, for the command
-        # queues), meets the flags at their last multiplexer, not ahead of the level's compares (the compute
-        # command queue's room flag was 12.0 ns after nextpnr at 87b8b6c). An If, not an AND-OR: a read enable
-        # that is X in a 4-state simulator (a command queue's payload from LUT RAM not yet written) must pick
-        # the idle state, as the if/elif it replaces did; the AND-OR made the flags X and hung Icarus.
-        state = (consume, self.r_rdy, inner_level, holds, room)
-        idle, reading = (self._after(r_en, do_write, consume, inner_level, holds, room, inner_depth)
-                         for r_en in (False, True))
-        with m.If(self.r_en):
-            m.d.sync += [register.eq(value) for register, value in zip(state, reading, strict=True)]
-        with m.Else():
-            m.d.sync += [register.eq(value) for register, value in zip(state, idle, strict=True)]
+        with m.If(do_read):
+            m.d.sync += [consume.eq(_next(consume, inner_depth)), self.r_rdy.eq(1)]
+        with m.Elif(self.r_en):
+            m.d.sync += self.r_rdy.eq(0)
+        with m.If(do_write & ~do_read):
+            m.d.sync += [inner_level.eq(inner_level + 1), holds.eq(1), room.eq(inner_level != inner_depth - 1)]
+        with m.If(do_read & ~do_write):
+            m.d.sync += [inner_level.eq(inner_level - 1), holds.eq(inner_level != 1), room.eq(1)]
         return m
-
-    def _after(self, r_en: bool, do_write: Value, consume: Signal, inner_level: Signal, holds: Signal,
-               room: Signal, inner_depth: int) -> tuple[Value, ...]:
-        """(consume, r_rdy, inner_level, holds, room) after a cycle with read enable `r_en` and a write where
-        `do_write` (an entry moves into the data register where storage holds one and the register is free
-        or read)."""
-        do_read = holds if r_en else holds & ~self.r_rdy
-        only_write, only_read = do_write & ~do_read, do_read & ~do_write
-        return (Mux(do_read, _next(consume, inner_depth), consume)[:len(consume)],
-                do_read if r_en else do_read | self.r_rdy,
-                Mux(only_write, inner_level + 1, Mux(only_read, inner_level - 1, inner_level))[:len(inner_level)],
-                Mux(only_write, 1, Mux(only_read, inner_level != 1, holds)),
-                Mux(only_write, inner_level != inner_depth - 1, Mux(only_read, 1, room)))
