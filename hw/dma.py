@@ -49,6 +49,16 @@ __all__ = ["LOAD_FIELDS", "STORE_FIELDS", "BurstReader", "Load2D", "RowPacker", 
            "command_from", "load_cmd_layout", "store_cmd_layout"]
 
 
+def _at_most(value: Value, limit: Value | int) -> Value:
+    """``value <= limit`` (both unsigned) for a count `value` wider than `limit`: its bits above the limit's
+    are all zero, and the rest compare, side by side. As one compare, the carry chain ran over every bit of
+    the count (a request's beats), and on into the burst verdicts (the fetch reader's room check, 11.1 ns,
+    and the compute reader's next length after nextpnr at bc13940, seed 2)."""
+    bits = limit.bit_length() if isinstance(limit, int) else len(limit)
+    if len(value) <= bits:
+        return value <= limit
+    return (value[bits:] == 0) & (value[:bits] <= limit)
+
 
 # The burst rule, here only: a burst from bus-aligned `addr` with `beats` left is the least of those beats,
 # the longest burst and the beats to the next 4 KiB boundary. Nothing works the least out as a chain of
@@ -101,16 +111,6 @@ def _burst_takes_all(addr: Value, beats: Value, bus_bytes: int, max_burst: int) 
     short = beats[:max_burst.bit_length()]  # all of beats where it is at most max_burst
     return _at_most(beats, max_burst) & ((short << exact_log2(bus_bytes)) + addr[:BOUNDARY_BITS] <= BOUNDARY_BYTES)
 
-
-def _at_most(value: Value, limit: Value | int) -> Value:
-    """``value <= limit`` (both unsigned) for a count `value` wider than `limit`: its bits above the limit's
-    are all zero, and the rest compare, side by side. As one compare, the carry chain ran over every bit of
-    the count (a request's beats), and on into the burst verdicts (the fetch reader's room check, 11.1 ns,
-    and the compute reader's next length after nextpnr at bc13940, seed 2)."""
-    bits = limit.bit_length() if isinstance(limit, int) else len(limit)
-    if len(value) <= bits:
-        return value <= limit
-    return (value[bits:] == 0) & (value[:bits] <= limit)
 
 
 class BurstReader(wiring.Component):
@@ -717,10 +717,11 @@ class Store2D(wiring.Component):
         # The row's last burst: the one that takes all that remains (the length's multiplexers lay ahead of
         # in_burst on one of tiny's longest paths).
         last_burst = _paged_burst_takes_all(page_left, remaining, self.max_burst)
-        # A burst that is not a row's last ends at the 4 KiB boundary where that comes before a whole longest
-        # burst, else it is a longest burst; the burst after it starts there: two sums from the address side
-        # by side, not the length's compares and multiplexers into one (the address through the length back
-        # into itself was tiny's longest path). After a row's last burst the next row reloads both.
+        # A burst that is not a row's last ends at the 4 KiB boundary where fewer beats than a longest burst's
+        # are left to it (page_left), else it is a longest burst; the burst after it starts there: two sums
+        # from the address side by side, not the length's compares and multiplexers into one (the address
+        # through the length back into itself was tiny's longest path). After a row's last burst the next row
+        # reloads them.
         assert self.max_burst * B <= BOUNDARY_BYTES
         to_boundary = page_left < self.max_burst
         next_page = Cat(Const(0, BOUNDARY_BITS), addr[BOUNDARY_BITS:] + 1)
