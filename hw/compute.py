@@ -59,7 +59,6 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.hdl import Value
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import exact_log2
 
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.datapath import (
@@ -318,16 +317,11 @@ class ComputeUnit(UnitBase):
             w = mem.write_port()
             banks.append((mem.read_port(), w))
 
-        # Where the half is a power of two (every preset), the bank is a row number's top bit and the row in it
-        # the bits below: no compare and difference after the row's sum (the compute pipe's acc[src] address,
-        # uop.src plus its loop offset, into the banks' reads after nextpnr at 2f70b8f, both seeds).
-        split = exact_log2(half) if half & (half - 1) == 0 and c.acc_rows == 2 * half else None
-
         def upper(addr: Value) -> Value:
-            return addr[split] if split is not None else addr >= half
+            return addr >= half
 
         def local(addr: Value) -> Value:
-            return addr[:split] if split is not None else Mux(upper(addr), addr - half, addr)[:len(addr)]
+            return Mux(upper(addr), addr - half, addr)[:len(addr)]
 
         for b, (rp, wp) in enumerate(banks):
             g_reads = g.r_active & (upper(g.r_addr) == b)
