@@ -408,23 +408,25 @@ def test_burst_rules_split_at_4_kib_and_the_longest_burst(bus_bytes):
     """Every form of the burst rule (from the address, from the beats kept to its 4 KiB boundary, and the
     verdict that the next burst fits a room) against the rule in a few lines, at addresses around the
     boundary and counts whose upper bits alone tell them from a short one."""
+    from weft.hw.axi import BOUNDARY_BYTES
     from weft.hw.dma import _burst_len, _burst_len_at_most, _paged_burst_len, _paged_burst_takes_all
     from weft.hw.structure import MAX_BURST
 
     def rule(addr: int, beats: int) -> int:
-        return min(beats, MAX_BURST, (4096 - addr % 4096) // bus_bytes)
+        return min(beats, MAX_BURST, (BOUNDARY_BYTES - addr % BOUNDARY_BYTES) // bus_bytes)
 
     m = Module()
     addr, beats, room = Signal(32), Signal(20), Signal(6)
-    page = Signal(13 - bus_bytes.bit_length() + 1)
+    page = Signal(range(BOUNDARY_BYTES // bus_bytes + 1))
     length, paged, less, takes_all, at_most = Signal(20), Signal(20), Signal(20), Signal(), Signal()
     m.d.comb += [length.eq(_burst_len(addr, beats, bus_bytes, MAX_BURST)),
                  paged.eq(_paged_burst_len(page, beats, MAX_BURST)),
                  less.eq(_paged_burst_len(page, beats, MAX_BURST, less=1)),
                  takes_all.eq(_paged_burst_takes_all(page, beats, MAX_BURST)),
                  at_most.eq(_burst_len_at_most(addr, beats, room, bus_bytes, MAX_BURST))]
-    offsets = [0, bus_bytes, 4096 - MAX_BURST * bus_bytes - bus_bytes, 4096 - MAX_BURST * bus_bytes,
-               4096 - MAX_BURST * bus_bytes + bus_bytes, 4096 - 2 * bus_bytes, 4096 - bus_bytes]
+    edge = BOUNDARY_BYTES - MAX_BURST * bus_bytes  # the last start of a whole longest burst
+    offsets = [0, bus_bytes, edge - bus_bytes, edge, edge + bus_bytes, BOUNDARY_BYTES - 2 * bus_bytes,
+               BOUNDARY_BYTES - bus_bytes]
     counts = [1, 2, MAX_BURST - 1, MAX_BURST, MAX_BURST + 1, 1 << 5, (1 << 5) + 3, 1 << 10, (1 << 19) + 1]
 
     async def bench(ctx):
@@ -434,7 +436,7 @@ def test_burst_rules_split_at_4_kib_and_the_longest_burst(bus_bytes):
                     a = 0x1234_0000 + offset
                     ctx.set(addr, a)
                     ctx.set(beats, count)
-                    ctx.set(page, (4096 - offset) // bus_bytes)
+                    ctx.set(page, (BOUNDARY_BYTES - offset) // bus_bytes)
                     ctx.set(room, r)
                     want = rule(a, count)
                     assert ctx.get(length) == want and ctx.get(paged) == want, (offset, count)
