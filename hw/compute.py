@@ -80,6 +80,7 @@ from weft.hw.datapath import (
 )
 from weft.hw.dma import Load2D
 from weft.hw.dsp import registered_product
+from weft.hw.rams import collision_free, read_data
 from weft.hw.regs import ErrorCode, register_widths
 from weft.hw.structure import ALU_READ_STAGES, ALU_SRC_INTERVAL, ALU_STAGES, SRC_ROWS, holds_src_rows
 from weft.hw.unit import UnitBase, request_dma_once
@@ -172,9 +173,9 @@ def _pipe_buffers(config: AcceleratorConfig, uop_r: memory.ReadPort, name: str) 
 class ComputeUnit(UnitBase):
     """LOAD UOP/ACC/ACC_NARROW, GEMM, ALU and FINISH. Reads inp and wgt, writes out."""
 
-    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48):
+    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48, garble_collisions: bool = False):
         c = config
-        self.dsp = dsp
+        self.dsp, self.garble_collisions = dsp, garble_collisions
         regs = register_widths(c)
         super().__init__(c, Unit.COMPUTE, {
             "bus": Out(read_client_signature(addr_bits=ADDR_BITS, data_bits=c.bus_width)),
@@ -312,7 +313,8 @@ class ComputeUnit(UnitBase):
         half = acc_bank_rows(c)
         banks = []
         for b in range(2):
-            mem = memory.Memory(shape=c.acc_row_bits, depth=c.acc_rows - half if b else half, init=[])
+            mem = collision_free(memory.Memory(shape=c.acc_row_bits, depth=c.acc_rows - half if b else half,
+                                               init=[]))
             m.submodules[f"acc_bank{b}"] = mem
             w = mem.write_port()
             banks.append((mem.read_port(), w))
@@ -347,7 +349,8 @@ class ComputeUnit(UnitBase):
         # Each bank's read data registered as it leaves the RAM, with no logic before the register: a pipe
         # sees its read's row two cycles after its address, from the bank it addressed.
         read = [Signal(c.acc_row_bits, name=f"acc_read_{b}") for b in range(2)]
-        m.d.sync += [reg.eq(rp.data) for reg, (rp, _) in zip(read, banks, strict=True)]
+        m.d.sync += [reg.eq(read_data(m, rp, wp, garble=self.garble_collisions, name=f"acc_bank{b}"))
+                     for b, (reg, (rp, wp)) in enumerate(zip(read, banks, strict=True))]
         for pipe in (g, a):
             sel, sel_1 = Signal(name=f"{pipe.r_addr.name}_bank"), Signal(name=f"{pipe.r_addr.name}_bank_1")
             m.d.sync += [sel.eq(upper(pipe.r_addr)), sel_1.eq(sel)]

@@ -28,6 +28,7 @@ from weft.hw.datapath import DSP48, DspPorts
 from weft.hw.fetch import Fetch
 from weft.hw.load import LoadUnit
 from weft.hw.queues import LutFIFO
+from weft.hw.rams import collision_free, read_data
 from weft.hw.regs import COUNTERS, ErrorCode, addr_bits, register_map, register_widths
 from weft.hw.store import StoreUnit
 from weft.hw.unit import TokenQueue, UnitBase
@@ -53,8 +54,8 @@ AXI_ID_BITS = max(1, (len(READ_CLIENTS) - 1).bit_length())
 class Core(wiring.Component):
     """Everything but the register block; reset by START."""
 
-    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48):
-        self.config, self.dsp = config, dsp
+    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48, garble_collisions: bool = False):
+        self.config, self.dsp, self.garble_collisions = config, dsp, garble_collisions
         regs = register_widths(config)
         members: dict[str, Any] = {
             "start": In(1), "insn_addr": In(regs["insn_addr"]), "insn_count": In(regs["insn_count"]),
@@ -71,7 +72,7 @@ class Core(wiring.Component):
         c = self.config
         m.submodules.fetch = fetch = Fetch(c)
         m.submodules.load = load = LoadUnit(c)
-        m.submodules.compute = compute = ComputeUnit(c, dsp=self.dsp)
+        m.submodules.compute = compute = ComputeUnit(c, dsp=self.dsp, garble_collisions=self.garble_collisions)
         m.submodules.store = store = StoreUnit(c)
         units = {Unit.LOAD: load, Unit.COMPUTE: compute, Unit.STORE: store}
         m.d.comb += [fetch.start.eq(self.start), fetch.insn_addr.eq(self.insn_addr),
@@ -139,26 +140,31 @@ class Core(wiring.Component):
     def _buffers(self, m: Module, load: LoadUnit, compute: ComputeUnit, store: StoreUnit) -> None:
         """The on-chip buffers shared between units (compute owns uop and acc)."""
         c = self.config
-        m.submodules.inp_mem = inp_mem = memory.Memory(shape=c.inp_row_bits, depth=c.inp_rows, init=[])
-        m.submodules.wgt_mem = wgt_mem = memory.Memory(shape=c.wgt_row_bits, depth=c.wgt_rows, init=[])
-        for mem, w, addr, rdata in ((inp_mem, load.inp_w, compute.inp_addr, compute.inp_data),
-                                    (wgt_mem, load.wgt_w, compute.wgt_addr, compute.wgt_data)):
+        # (Their reads never use a row written in the read's cycle: weft.hw.rams.)
+        garble = self.garble_collisions
+        m.submodules.inp_mem = inp_mem = collision_free(memory.Memory(shape=c.inp_row_bits, depth=c.inp_rows,
+                                                                      init=[]))
+        m.submodules.wgt_mem = wgt_mem = collision_free(memory.Memory(shape=c.wgt_row_bits, depth=c.wgt_rows,
+                                                                      init=[]))
+        for name, mem, w, addr, rdata in (("inp", inp_mem, load.inp_w, compute.inp_addr, compute.inp_data),
+                                          ("wgt", wgt_mem, load.wgt_w, compute.wgt_addr, compute.wgt_data)):
             wp, rp = mem.write_port(), mem.read_port()
             m.d.comb += [wp.en.eq(w.en), wp.addr.eq(w.addr), wp.data.eq(w.data), rp.addr.eq(addr),
-                         rdata.eq(rp.data)]
+                         rdata.eq(read_data(m, rp, wp, garble=garble, name=name))]
         # The out buffer in two banks, the accumulator's halves, each written by the compute unit's pipe
         # that owns it (ComputeUnit._banks) and read by the store unit.
         half = acc_bank_rows(c)  # out rows are acc rows
         upper = store.out_addr >= half
         reads = []
         for b in range(2):
-            mem = memory.Memory(shape=c.out_row_bits, depth=c.out_rows - half if b else half, init=[])
+            mem = collision_free(memory.Memory(shape=c.out_row_bits, depth=c.out_rows - half if b else half,
+                                               init=[]))
             m.submodules[f"out_bank{b}"] = mem
             wp, rp = mem.write_port(), mem.read_port()
             w = compute.out_w[b]
             m.d.comb += [wp.en.eq(w.en), wp.addr.eq(w.addr), wp.data.eq(w.data),
                          rp.addr.eq(Mux(upper, store.out_addr - half, store.out_addr))]
-            reads.append(rp.data)
+            reads.append(read_data(m, rp, wp, garble=garble, name=f"out_bank{b}"))
         upper_r = Signal()
         m.d.sync += upper_r.eq(upper)
         m.d.comb += store.out_data.eq(Mux(upper_r, reads[1], reads[0]))
@@ -249,8 +255,8 @@ class WeftTop(wiring.Component):
     """The accelerator: ``m_axi`` (AXI4 master to DRAM), ``s_axil`` (AXI4-Lite registers), ``irq``. `dsp`: the
     target's hard multiplier, which shapes the GEMM core's products (the same results on any)."""
 
-    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48):
-        self.config, self.dsp = config, dsp
+    def __init__(self, config: AcceleratorConfig, *, dsp: DspPorts = DSP48, garble_collisions: bool = False):
+        self.config, self.dsp, self.garble_collisions = config, dsp, garble_collisions
         self.registers = register_map(config)
         super().__init__({
             "m_axi": Out(axi4_signature(addr_bits=ADDR_BITS, data_bits=config.bus_width, id_bits=AXI_ID_BITS)),
@@ -261,7 +267,7 @@ class WeftTop(wiring.Component):
     def elaborate(self, platform: object) -> Module:
         m = Module()
         m.submodules.control = ctrl = ControlBlock(self.config)
-        core = Core(self.config, dsp=self.dsp)
+        core = Core(self.config, dsp=self.dsp, garble_collisions=self.garble_collisions)
         busy = Signal()
         launch = Signal()
         accept = ctrl.start & ~busy
@@ -298,10 +304,11 @@ def top_ports(top: WeftTop) -> dict[str, tuple[Any, Any]]:
     return ports
 
 
-def generate_verilog(config: AcceleratorConfig, *, dsp: DspPorts = DSP48) -> str:
+def generate_verilog(config: AcceleratorConfig, *, dsp: DspPorts = DSP48, garble_collisions: bool = False) -> str:
     """The Verilog of ``weft_top`` for `config`, stamped with the config's name and hash; `dsp` the target's
-    hard multiplier (Xilinx's DSP48 unless the flow is another family's)."""
-    top = WeftTop(config, dsp=dsp)
+    hard multiplier (Xilinx's DSP48 unless the flow is another family's); `garble_collisions` a test's check
+    that the buffers' reads never use a row written in their cycle (:mod:`weft.hw.rams`)."""
+    top = WeftTop(config, dsp=dsp, garble_collisions=garble_collisions)
     text = verilog.convert(top, name=TOP_NAME, ports=top_ports(top), emit_src=False)
     stamp = (f"// weft accelerator '{config.name}', config hash {config.hash}\n"
              f"// bitstream name {config.bitstream_name}\n"
