@@ -264,14 +264,30 @@ def alu_lane_mid(m: Module, selects: dict[str, Value], other: Value, parts: list
     low, high, mid, amount, relu, rounding, left = parts
     product = (low[:width] + ((high[:width - h] + mid) << h))[:width]
     total = width + mul_bits + 1  # RQ's sum (alu_lane_first)
-    exact = low.as_signed() + (high.as_signed() << h)
     a = other[:width]
     shr = Mux(left, Cat(Const(0, width), a), a.as_signed()).as_signed()  # 2 * width bits
-    value = Mux(selects["rq"], (exact + rounding)[:total].as_signed(), shr)
+    value = Mux(selects["rq"], _sum_of_three(low.as_signed(), high.as_signed() << h, rounding, total).as_signed(), shr)
     fine = len(amount) - _COARSE_SHIFTS
     # the last stage's result bits come from the width + 2^fine - 1 lowest: the rest need no register
     partial = shift_right(m, value, amount[fine:], first=fine)[:width + (1 << fine) - 1]
     return [partial, product, amount[:fine], amount >= width + mul_bits, relu]
+
+
+def _sum_of_three(x: Value, y: Value, z: Value, bits: int) -> Value:
+    """(x + y + z) mod 2^bits through one carry chain: the three reduced to a sum and a carry word bit by bit
+    first (RQ's product's halves and its rounding constant: two carry chains in series, then the shifter's
+    stages, were one of tiny's longest paths after nextpnr at 2f70b8f)."""
+    x, y, z = (_extended(v, bits) for v in (x, y, z))
+    carries = Cat(Const(0, 1), (x & y) | (x & z) | (y & z))[:bits]
+    return ((x ^ y ^ z) + carries)[:bits]
+
+
+def _extended(v: Value, bits: int) -> Value:
+    """`v` sign- or zero-extended (as its shape says) or truncated to `bits` bits, unsigned."""
+    if len(v) >= bits:
+        return v.as_unsigned()[:bits]
+    fill = v[-1] if v.shape().signed else Const(0, 1)
+    return Cat(v.as_unsigned(), fill.replicate(bits - len(v)))
 
 
 def alu_lane_last(m: Module, selects: dict[str, Value], other: Value, parts: list[Value], width: int) -> Value:
