@@ -60,7 +60,13 @@ class LutFIFO(fifo.SyncFIFOBuffered):
         with m.Elif(self.r_en):
             m.d.sync += self.r_rdy.eq(0)
         with m.If(do_write & ~do_read):
-            m.d.sync += [inner_level.eq(inner_level + 1), holds.eq(1), room.eq(inner_level != inner_depth - 1)]
+            m.d.sync += inner_level.eq(inner_level + 1)
         with m.If(do_read & ~do_write):
-            m.d.sync += [inner_level.eq(inner_level - 1), holds.eq(inner_level != 1), room.eq(1)]
+            m.d.sync += inner_level.eq(inner_level - 1)
+        # The flags as ORs with the read last (a read makes room; a write makes an entry), not a multiplexer on
+        # the read and write: Yosys made that a synchronous set of `room` on the flip-flop's set/reset input,
+        # which a unit's start (its token checks, through the queue's read) reached last on tiny's longest
+        # paths after nextpnr at 347985d, and which needs its input earlier than the data input.
+        m.d.sync += [room.eq(do_read | (room & ~(do_write & (inner_level == inner_depth - 1)))),
+                     holds.eq(do_write | (holds & ~(do_read & (inner_level == 1))))]
         return m
