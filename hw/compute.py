@@ -540,12 +540,11 @@ class ComputeUnit(UnitBase):
         # as F writes and carried to the stage that takes the data (D for src, E for dst).
         new_f_1, new_f_2 = Signal.like(new_f), Signal.like(new_f)
         src_written_2, src_written_1, src_written = Signal(), Signal(), Signal()
-        dst_written_2, dst_written_1, dst_written = Signal(), Signal(), Signal()
+        dst_written_2 = Signal()  # (and its next two cycles': the picks of acc[dst] below)
         m.d.sync += [new_f_1.eq(new_f), new_f_2.eq(new_f_1),
                      src_written_2.eq(valid["f"] & (dst["f"] == src_b[:len(src_c)])), src_written_1.eq(src_written_2),
                      src_written.eq(valid["f"] & (dst["f"] == src_c)),
-                     dst_written_2.eq(valid["f"] & (dst["f"] == enter_dst)), dst_written_1.eq(dst_written_2),
-                     dst_written.eq(valid["f"] & (dst["f"] == dst["d"]))]
+                     dst_written_2.eq(valid["f"] & (dst["f"] == enter_dst))]
         # acc[src], read in B (or written by F since), latched in D with its row in the execution's slot; it
         # serves X until the slot's next read, which D latches after the last execution using this one has
         # passed X (a read waits a cycle after any issue). Every F write to a held row lands in its register,
@@ -584,11 +583,11 @@ class ComputeUnit(UnitBase):
         # The execution's slot's row as E will have it (its register after D's cycle), picked in D and
         # registered: the slot's multiplexer over every held row lay ahead of E's operand multiplexers and the
         # route to the multipliers (slot_e into the DSPs' input registers: 10.7 ns after nextpnr at 84408ed).
-        # Where F writes the row in D's cycle, E takes that write (new_f a cycle late) by a registered flag:
-        # the flag's pick by the slot, ahead of a multiplexer over the whole row, was 14.9 ns at 87b8b6c.
-        held_e, held_e_written = Signal(c.acc_row_bits, name="src_row_e"), Signal()
-        m.d.sync += [held_e.eq(Mux(reads_d, src_read, select(held, slots["d"]))),
-                     held_e_written.eq(~reads_d & select(written_rows, slots["d"]))]
+        # Where F writes the row in D's cycle, E takes that write (new_f a cycle late) by a registered pick
+        # (the operand's, below): the flag's pick by the slot, ahead of a multiplexer over the whole row, was
+        # 14.9 ns at 87b8b6c.
+        held_e = Signal(c.acc_row_bits, name="src_row_e")
+        m.d.sync += held_e.eq(Mux(reads_d, src_read, select(held, slots["d"])))
         # (a tree of Muxes rather than a Switch: continuous assignments, which 4-state simulators evaluate
         # from time 0 on, where a combinational process whose inputs never change may never run)
         # X takes its operands from registers alone: E chooses them and registers them. acc[src] comes from
@@ -606,18 +605,17 @@ class ComputeUnit(UnitBase):
         row_y = Signal(c.acc_row_bits)
         row_z = Signal(c.acc_row_bits)  # (the ALU pipe) Z's row: every op's result but SHR's, MUL's and RQ's
         handed_f = f_next if gemm else row_z  # what F will write, as E takes it
-        # acc[src]'s row number is the execution's src index (src_d in D) whether it reads the row or its slot
-        # holds it: a slot holds a micro-op's row, which without src loop factors is the same in every sweep.
-        # (Selected from the slots' row numbers, it lay ahead of the compares on tiny's longest paths.)
-        operand_e = Mux(writes_src_d, new_f, Mux(held_e_written, new_f_1, held_e))
-        # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before Z (three ahead, F's), before the rows read
-        dst_from_y, dst_from_f = Signal(), Signal()
+        # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before Z (three ahead, F's), before F's writes
+        # (in E's, D's and C's cycles), before the row read: which one, worked out in D and registered one-hot,
+        # and the row taken by AND-OR (the priority chain of six multiplexers after the flags, ahead of the
+        # ALU's multipliers' inputs, was one of tiny's longest paths after nextpnr at 347985d)
         from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
-        m.d.sync += [dst_from_y.eq(from_y),
-                     dst_from_f.eq(~from_y & valid[f_in_d] & (dst[f_in_d] == dst["d"]))]
+        dst_picks = _one_hot(m, [from_y, valid[f_in_d] & (dst[f_in_d] == dst["d"]),
+                                 valid[before_f] & (dst[before_f] == dst["d"]), valid["f"] & (dst["f"] == dst["d"]),
+                                 dst_written_2, Const(1)], "dst_from")
         old_x, old_e = Signal(c.acc_row_bits), Signal(c.acc_row_bits)  # acc[dst] as X has it; as E hands it on
-        m.d.comb += old_e.eq(Mux(dst_from_f, handed_f, Mux(dst_from_y, row_y, Mux(
-            f_writes(dst["d"], "dst_e"), new_f, Mux(dst_written, new_f_1, Mux(dst_written_1, new_f_2, bufs.r_data))))))
+        m.d.comb += old_e.eq(_picked(m, [row_y, handed_f, new_f, new_f_1, new_f_2, bufs.r_data], dst_picks,
+                                     old_e.shape()))
         m.d.sync += [valid["e"].eq(valid["d"]), dst["e"].eq(dst["d"]), valid["x"].eq(valid["e"]),
                      dst["x"].eq(dst["e"]), valid["y"].eq(valid["x"]), dst["y"].eq(dst["x"]),
                      old_x.eq(old_e), new_f.eq(f_next)]
@@ -654,18 +652,28 @@ class ComputeUnit(UnitBase):
         m.d.sync += [selects[name].eq(value) for name, value in alu_selects(alu_f.alu_op).items()]
         # Two executions ahead, in Z in X's cycle, is a result of every op but SHR, MUL and RQ (spec "hazard"
         # keeps those from it): Y's row in E's cycle, as F's in X's is Z's register in E's.
-        src_from_y, src_from_f = Signal(), Signal()
+        # The operand's source, in order: Y's row, Z's (as F's), F's write in D's or C's cycle to the src row,
+        # the slot's register (where the op takes acc[src]), the immediate, the inp lane; worked out in D and
+        # registered one-hot, and each lane's operand taken by AND-OR (as acc[dst] above: the priority chain
+        # lay ahead of the multipliers' inputs). acc[src]'s row number is the execution's src index (src_d in
+        # D) whether it reads the row or its slot holds it: a slot holds a micro-op's row, which without src
+        # loop factors is the same in every sweep. (Selected from the slots' row numbers, it lay ahead of the
+        # compares on tiny's longest paths.)
         src_y = valid["x"] & (dst["x"] == src_d)
-        m.d.sync += [src_from_y.eq(takes_src & src_y),
-                     src_from_f.eq(takes_src & ~src_y & valid[f_in_d] & (dst[f_in_d] == src_d))]
-        from_y, from_f, src_e = elements(row_y, w), elements(handed_f, w), elements(operand_e, w)
+        src_picks = _one_hot(m, [takes_src & src_y, takes_src & valid[f_in_d] & (dst[f_in_d] == src_d),
+                                 takes_src & valid[before_f] & (dst[before_f] == src_d),
+                                 takes_src & ~reads_d & select(written_rows, slots["d"]), takes_src,
+                                 alu_f.use_imm, Const(1)], "src_from")
+        from_y, from_f, held = elements(row_y, w), elements(handed_f, w), elements(held_e, w)
+        late_f, late_f_1 = elements(new_f, w), elements(new_f_1, w)
         parts_y: list[list[Signal]] = []  # MUL's and RQ's partial products, registered in Y
         parts_z: list[list[Signal]] = []  # and what Y makes of them, registered in Z
         rows_y = []  # the first stage's result in Y: MIN's and MAX's select made there (AluFirst)
         for n in range(lanes):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
-            given = Mux(alu_f.use_imm, imm, inp_lanes[row * c.block_in + lane % c.block_in])
-            operand_x_e = Mux(src_from_f, from_f[n], Mux(src_from_y, from_y[n], Mux(takes_src, src_e[n], given)))
+            inp_lane = inp_lanes[row * c.block_in + lane % c.block_in]
+            sources = [from_y[n], from_f[n], late_f[n], late_f_1[n], held[n], imm, inp_lane]
+            operand_x_e = _picked(m, sources, src_picks, Mux(Const(0), from_y[n], Mux(Const(0), imm, inp_lane)).shape())
             rhs = Signal(operand_x_e.shape(), name=f"operand_{n}")
             top = multiplier_top(selects, operand_x_e, w)
             rhs_top = Signal(top.shape(), name=f"operand_top_{n}")
@@ -710,3 +718,26 @@ class ComputeUnit(UnitBase):
             ]
         m.d.sync += [bufs.o_en.eq(valid["f"]), bufs.o_addr.eq(dst["f"]),
                      bufs.o_data.eq(saturate_row(out_f, c.acc_width, c.out_width))]
+
+
+def _one_hot(m: Module, conditions: list[Value], name: str) -> list[Signal]:
+    """Registers, one per condition, of which the first whose condition holds is high (the last condition is
+    Const(1) where one must be)."""
+    picks, before = [], Const(0)
+    for k, condition in enumerate(conditions):
+        pick = Signal(name=f"{name}_{k}")
+        m.d.sync += pick.eq(condition & ~before)
+        picks.append(pick)
+        before = before | condition
+    return picks
+
+
+def _picked(m: Module, values: list[Value], picks: list[Signal], shape: object) -> Value:
+    """The value whose one-hot pick is high, each extended to `shape` as its own shape says, by AND-OR."""
+    terms = []
+    for value, pick in zip(values, picks, strict=True):
+        wide = Signal(shape)
+        m.d.comb += wide.eq(value)
+        terms.append(wide.as_unsigned() & pick.replicate(len(wide)))
+    taken = reduce(operator.or_, terms)
+    return taken.as_signed() if wide.shape().signed else taken
