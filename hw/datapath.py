@@ -248,8 +248,9 @@ def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, wid
 
 
 #: The right shift's stages (one per bit of the amount) that alu_lane_mid takes, the longest first; the rest
-#: are alu_lane_last's.
-_COARSE_SHIFTS = 3
+#: are alu_lane_last's (two: with three, Y's sum and its stages failed 100 MHz after nextpnr at 66d9af1; Z's
+#: result feeds registers only).
+_COARSE_SHIFTS = 2
 
 
 def alu_lane_mid(m: Module, selects: dict[str, Value], other: Value, parts: list[Value], width: int

@@ -59,10 +59,15 @@ class LutFIFO(fifo.SyncFIFOBuffered):
             m.d.sync += [consume.eq(_next(consume, inner_depth)), self.r_rdy.eq(1)]
         with m.Elif(self.r_en):
             m.d.sync += self.r_rdy.eq(0)
-        with m.If(do_write & ~do_read):
-            m.d.sync += inner_level.eq(inner_level + 1)
-        with m.If(do_read & ~do_write):
-            m.d.sync += inner_level.eq(inner_level - 1)
+        # The level's next value picked by AND-OR from its sums, which start from the register alone (the
+        # read, a unit's start, entered the sums' carry chains: compute_queue's level failed 100 MHz after
+        # nextpnr at 66d9af1).
+        bits = len(inner_level)
+        up, down = Signal.like(inner_level), Signal.like(inner_level)
+        m.d.comb += [up.eq(inner_level + 1), down.eq(inner_level - 1)]
+        m.d.sync += inner_level.eq((up & (do_write & ~do_read).replicate(bits))
+                                   | (down & (do_read & ~do_write).replicate(bits))
+                                   | (inner_level & ~(do_write ^ do_read).replicate(bits)))
         # The flags as ORs with the read last (a read makes room; a write makes an entry), not a multiplexer on
         # the read and write: Yosys made that a synchronous set of `room` on the flip-flop's set/reset input,
         # which a unit's start (its token checks, through the queue's read) reached last on tiny's longest
