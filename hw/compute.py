@@ -609,9 +609,20 @@ class ComputeUnit(UnitBase):
         # (in E's, D's and C's cycles), before the row read: which one, worked out in D and registered one-hot,
         # and the row taken by AND-OR (the priority chain of six multiplexers after the flags, ahead of the
         # ALU's multipliers' inputs, was one of tiny's longest paths after nextpnr at 347985d)
-        from_y = valid["x"] & (dst["x"] == dst["d"]) if not gemm else Const(0)
-        dst_picks = _one_hot(m, [from_y, valid[f_in_d] & (dst[f_in_d] == dst["d"]),
-                                 valid[before_f] & (dst[before_f] == dst["d"]), valid["f"] & (dst["f"] == dst["d"]),
+        # Whether a later stage's row number equals D's in D's cycle is compared a cycle earlier, from the
+        # registers that move into both (every stage's row number moves on each cycle), and registered: D's
+        # picks start from flags (the compares ahead of the picks' priority failed 100 MHz after nextpnr at
+        # 66d9af1).
+        moves_into = {"x": "e", "y": "x", "z": "y", "f": before_f}
+
+        def same_in_d(stage: str, row_next: Value, name: str) -> Value:
+            flag = Signal(name=f"{name}_is_{stage}")
+            m.d.sync += flag.eq(dst[moves_into[stage]] == row_next)
+            return valid[stage] & flag
+
+        from_y = same_in_d("x", enter_dst, "dst_d") if not gemm else Const(0)
+        dst_picks = _one_hot(m, [from_y, same_in_d(f_in_d, enter_dst, "dst_d"),
+                                 same_in_d(before_f, enter_dst, "dst_d"), same_in_d("f", enter_dst, "dst_d"),
                                  dst_written_2, Const(1)], "dst_from")
         old_x, old_e = Signal(c.acc_row_bits), Signal(c.acc_row_bits)  # acc[dst] as X has it; as E hands it on
         m.d.comb += old_e.eq(_picked(m, [row_y, handed_f, new_f, new_f_1, new_f_2, bufs.r_data], dst_picks,
@@ -659,9 +670,9 @@ class ComputeUnit(UnitBase):
         # D) whether it reads the row or its slot holds it: a slot holds a micro-op's row, which without src
         # loop factors is the same in every sweep. (Selected from the slots' row numbers, it lay ahead of the
         # compares on tiny's longest paths.)
-        src_y = valid["x"] & (dst["x"] == src_d)
-        src_picks = _one_hot(m, [takes_src & src_y, takes_src & valid[f_in_d] & (dst[f_in_d] == src_d),
-                                 takes_src & valid[before_f] & (dst[before_f] == src_d),
+        src_picks = _one_hot(m, [takes_src & same_in_d("x", src_c, "src_d"),
+                                 takes_src & same_in_d(f_in_d, src_c, "src_d"),
+                                 takes_src & same_in_d(before_f, src_c, "src_d"),
                                  takes_src & ~reads_d & select(written_rows, slots["d"]), takes_src,
                                  alu_f.use_imm, Const(1)], "src_from")
         from_y, from_f, held = elements(row_y, w), elements(handed_f, w), elements(held_e, w)
