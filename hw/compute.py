@@ -608,7 +608,7 @@ class ComputeUnit(UnitBase):
         # acc[dst] from Y (ALU: two ahead, Z's in X's cycle) before Z (three ahead, F's), before F's writes
         # (in E's, D's and C's cycles), before the row read: which one, worked out in D and registered one-hot,
         # and the row taken by AND-OR (the priority chain of six multiplexers after the flags, ahead of the
-        # ALU's multipliers' inputs, was one of tiny's longest paths after nextpnr at 347985d)
+        # ALU's multipliers' inputs, was one of tiny's longest paths after nextpnr at 347985d).
         # Whether a later stage's row number equals D's in D's cycle is compared a cycle earlier, from the
         # registers that move into both (every stage's row number moves on each cycle), and registered: D's
         # picks start from flags (the compares ahead of the picks' priority failed 100 MHz after nextpnr at
@@ -684,7 +684,8 @@ class ComputeUnit(UnitBase):
             row, lane = divmod(n, c.block_out)  # lane o of batch row b takes inp lane o mod block_in
             inp_lane = inp_lanes[row * c.block_in + lane % c.block_in]
             sources = [from_y[n], from_f[n], late_f[n], late_f_1[n], held[n], imm, inp_lane]
-            operand_x_e = _picked(m, sources, src_picks, Mux(Const(0), from_y[n], Mux(Const(0), imm, inp_lane)).shape())
+            shape = Mux(Const(0), from_y[n], Mux(Const(0), imm, inp_lane)).shape()  # (the multiplexers' shape)
+            operand_x_e = _picked(m, sources, src_picks, shape)
             rhs = Signal(operand_x_e.shape(), name=f"operand_{n}")
             top = multiplier_top(selects, operand_x_e, w)
             rhs_top = Signal(top.shape(), name=f"operand_top_{n}")
