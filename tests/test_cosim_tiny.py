@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -179,7 +180,9 @@ def test_buffers_never_use_a_read_of_a_row_written_in_its_cycle(tmp_path, monkey
 
     garbled = functools.partial(weft.hw.top.generate_verilog, garble_collisions=True)
     monkeypatch.setattr(weft.hw.top, "generate_verilog", garbled)
-    assert garbled(CONFIG).count("_collided") >= 6  # acc and out banks, inp, wgt
+    garbled_reads = set(re.findall(r"reg (?:\[\S+\] )?(\S*_collided)", garbled(CONFIG)))
+    assert garbled_reads == {"acc_bank0_collided", "acc_bank1_collided", "out_bank0_collided", "out_bank1_collided",
+                             "inp_collided", "wgt_collided"}
     programs = {name: build() for name, build in DIRECTED.items()}
     jobs = [job_from_program(CONFIG, g.p.insns, g.dram, label=name) for name, g in programs.items()]
     oracle = FunctionalSimulator(CONFIG)
