@@ -569,9 +569,16 @@ class ComputeUnit(UnitBase):
         # registered beside them, picks one: the fill through a row-number multiplexer into the compare was one
         # of tiny's longest paths after nextpnr at 98777fe.)
         writes_src_d = f_writes(src_d, "src_d_next")
+        # Which slot D's execution has, and whether it fills it, as registers one per slot, compared from C's:
+        # the slot's compares ahead of every held row's enable (slot_d into src_row_N, 30 bits) and ahead of
+        # the written flag's pick (slot_d into src_from_3) failed 100 MHz after nextpnr at 7f9ca06.
+        in_slot = [Signal(name=f"in_slot_{n}") for n in range(SRC_ROWS)]
+        fill = [Signal(name=f"fills_{n}") for n in range(SRC_ROWS)]
+        m.d.sync += [in_slot[n].eq(slots["c"] == n) for n in range(SRC_ROWS)]
+        m.d.sync += [fill[n].eq(valid["c"] & reads_c & (slots["c"] == n)) for n in range(SRC_ROWS)]
         written_rows = []
         for n in range(SRC_ROWS):
-            fills, filled = reads_d & (slots["d"] == n), Signal(name=f"filled_{n}")
+            fills, filled = fill[n], Signal(name=f"filled_{n}")
             m.d.sync += filled.eq(fills)
             writes_held = f_writes(held_at[n], f"held_at_{n}")
             written = (filled & writes_src_d) | (~filled & writes_held)
@@ -673,7 +680,7 @@ class ComputeUnit(UnitBase):
         src_picks = _one_hot(m, [takes_src & same_in_d("x", src_c, "src_d"),
                                  takes_src & same_in_d(f_in_d, src_c, "src_d"),
                                  takes_src & same_in_d(before_f, src_c, "src_d"),
-                                 takes_src & ~reads_d & select(written_rows, slots["d"]), takes_src,
+                                 takes_src & ~reads_d & _any(in_slot, written_rows), takes_src,
                                  alu_f.use_imm, Const(1)], "src_from")
         from_y, from_f, held = elements(row_y, w), elements(handed_f, w), elements(held_e, w)
         late_f, late_f_1 = elements(new_f, w), elements(new_f_1, w)
@@ -742,6 +749,11 @@ def _one_hot(m: Module, conditions: list[Value], name: str) -> list[Signal]:
         picks.append(pick)
         before = before | condition
     return picks
+
+
+def _any(picks: list[Signal], flags: list[Value]) -> Value:
+    """Whether the flag whose one-hot pick is high holds (an AND-OR, where a multiplexer would take an index)."""
+    return reduce(operator.or_, [pick & flag for pick, flag in zip(picks, flags, strict=True)])
 
 
 def _picked(m: Module, values: list[Value], picks: list[Signal], shape: object) -> Value:
