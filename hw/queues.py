@@ -56,22 +56,28 @@ class LutFIFO(fifo.SyncFIFOBuffered):
         with m.If(do_write):
             m.d.sync += produce.eq(_next(produce, inner_depth))
         with m.If(do_read):
-            m.d.sync += [consume.eq(_next(consume, inner_depth)), self.r_rdy.eq(1)]
-        with m.Elif(self.r_en):
-            m.d.sync += self.r_rdy.eq(0)
-        # The level's next value picked by AND-OR from its sums, which start from the register alone (the
-        # read, a unit's start, entered the sums' carry chains: compute_queue's level failed 100 MHz after
-        # nextpnr at 66d9af1).
+            m.d.sync += consume.eq(_next(consume, inner_depth))
+        # The read state's next values (the level's picked by AND-OR from its sums, which start from the
+        # register alone; the flags as ORs, not a multiplexer on the read and write, which Yosys made a
+        # synchronous set on the flip-flop's set/reset input) are worked out for both of the consumer's choices
+        # and its take (a unit's start, after its token checks) picks one as the last step: through the read
+        # into the sums and flags it failed 100 MHz after nextpnr at 66d9af1 and 7f9ca06 (compute_queue).
         bits = len(inner_level)
         up, down = Signal.like(inner_level), Signal.like(inner_level)
         m.d.comb += [up.eq(inner_level + 1), down.eq(inner_level - 1)]
-        m.d.sync += inner_level.eq((up & (do_write & ~do_read).replicate(bits))
-                                   | (down & (do_read & ~do_write).replicate(bits))
-                                   | (inner_level & ~(do_write ^ do_read).replicate(bits)))
-        # The flags as ORs with the read last (a read makes room; a write makes an entry), not a multiplexer on
-        # the read and write: Yosys made that a synchronous set of `room` on the flip-flop's set/reset input,
-        # which a unit's start (its token checks, through the queue's read) reached last on tiny's longest
-        # paths after nextpnr at 347985d, and which needs its input earlier than the data input.
-        m.d.sync += [room.eq(do_read | (room & ~(do_write & (inner_level == inner_depth - 1)))),
-                     holds.eq(do_write | (holds & ~(do_read & (inner_level == 1))))]
+
+        def after(read: Value) -> list[Value]:
+            """The level, room and holds after a cycle in which an entry moves out (`read`) or not."""
+            return [(up & (do_write & ~read).replicate(bits)) | (down & (read & ~do_write).replicate(bits))
+                    | (inner_level & ~(do_write ^ read).replicate(bits)),
+                    read | (room & ~(do_write & (inner_level == inner_depth - 1))),
+                    do_write | (holds & ~(read & (inner_level == 1)))]
+
+        # (taken: an entry moves whenever the storage holds one; kept: only into an empty data register)
+        for reg, taken, kept in zip([inner_level, room, holds], after(holds), after(holds & ~self.r_rdy),
+                                    strict=True):
+            if_taken, if_kept = Signal(reg.shape()), Signal(reg.shape())
+            m.d.comb += [if_taken.eq(taken), if_kept.eq(kept)]
+            m.d.sync += reg.eq(Mux(self.r_en, if_taken, if_kept))
+        m.d.sync += self.r_rdy.eq(Mux(self.r_en, holds, holds | self.r_rdy))
         return m
