@@ -17,7 +17,7 @@ nextpnr at 98777fe).
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Const, Module, Mux, Signal
 from amaranth.hdl import Value
 from amaranth.lib import fifo
 from amaranth.lib.memory import Memory
@@ -59,25 +59,31 @@ class LutFIFO(fifo.SyncFIFOBuffered):
             m.d.sync += consume.eq(_next(consume, inner_depth))
         # The read state's next values (the level's picked by AND-OR from its sums, which start from the
         # register alone; the flags as ORs, not a multiplexer on the read and write, which Yosys made a
-        # synchronous set on the flip-flop's set/reset input) are worked out for both of the consumer's choices
-        # and its take (a unit's start, after its token checks) picks one as the last step: through the read
-        # into the sums and flags it failed 100 MHz after nextpnr at 66d9af1 and 7f9ca06 (compute_queue).
+        # synchronous set on the flip-flop's set/reset input) are worked out from the registers for each of the
+        # producer's and the consumer's choices, and the write and the take (the fetch's dispatch, a unit's
+        # start after its token checks) pick one as the last step: through the read or the write into the sums
+        # and flags they failed 100 MHz after nextpnr at 66d9af1 and 7f9ca06 (compute_queue, store_queue).
         bits = len(inner_level)
         up, down = Signal.like(inner_level), Signal.like(inner_level)
         m.d.comb += [up.eq(inner_level + 1), down.eq(inner_level - 1)]
 
-        def after(read: Value) -> list[Value]:
-            """The level, room and holds after a cycle in which an entry moves out (`read`) or not."""
-            return [(up & (do_write & ~read).replicate(bits)) | (down & (read & ~do_write).replicate(bits))
-                    | (inner_level & ~(do_write ^ read).replicate(bits)),
-                    read | (room & ~(do_write & (inner_level == inner_depth - 1))),
-                    do_write | (holds & ~(read & (inner_level == 1)))]
+        def after(write: Value, read: Value) -> list[Value]:
+            """The level, room and holds after a cycle in which an entry moves in (`write`) and out (`read`)."""
+            return [(up & (write & ~read).replicate(bits)) | (down & (read & ~write).replicate(bits))
+                    | (inner_level & ~(write ^ read).replicate(bits)),
+                    read | (room & ~(write & (inner_level == inner_depth - 1))),
+                    write | (holds & ~(read & (inner_level == 1)))]
 
-        # (taken: an entry moves whenever the storage holds one; kept: only into an empty data register)
-        for reg, taken, kept in zip([inner_level, room, holds], after(holds), after(holds & ~self.r_rdy),
-                                    strict=True):
-            if_taken, if_kept = Signal(reg.shape()), Signal(reg.shape())
-            m.d.comb += [if_taken.eq(taken), if_kept.eq(kept)]
-            m.d.sync += reg.eq(Mux(self.r_en, if_taken, if_kept))
+        # (written: an entry moves in where there is room; taken: one moves out whenever the storage holds one,
+        # else only into an empty data register)
+        outcomes = {(w, r): after(room if w else Const(0), holds if r else holds & ~self.r_rdy)
+                    for w in (0, 1) for r in (0, 1)}
+        for k, reg in enumerate([inner_level, room, holds]):
+            value = {}
+            for (w, r), values in outcomes.items():
+                value[w, r] = Signal(reg.shape(), name=f"{reg.name}_{w}{r}")
+                m.d.comb += value[w, r].eq(values[k])
+            m.d.sync += reg.eq(Mux(self.w_en, Mux(self.r_en, value[1, 1], value[1, 0]),
+                                   Mux(self.r_en, value[0, 1], value[0, 0])))
         m.d.sync += self.r_rdy.eq(Mux(self.r_en, holds, holds | self.r_rdy))
         return m
