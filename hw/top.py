@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal
+from amaranth import Cat, ClockDomain, ClockSignal, Const, DomainRenamer, Module, Mux, ResetSignal, Signal
 from amaranth.back import rtlil, verilog
 from amaranth.hdl import Value, _ir
 from amaranth.lib import memory, wiring
@@ -274,12 +274,19 @@ class WeftTop(wiring.Component):
         # The core's reset is a register, a cycle after START is accepted, and its start a cycle after that:
         # the accept's AND of two registers, fanned out to every register of the core and merged by Yosys into
         # their reset logic (a write's zeroing, for one), was tiny's longest path after place and route at
-        # 81.6 MHz (0c30693). The core sees the same cycles from its start on.
-        restart = Signal()
-        m.submodules.core = ResetInserter({"sync": restart})(core)
+        # 81.6 MHz (0c30693). The core sees the same cycles from its start on. It is clocked in a domain of its
+        # own whose reset is that register alone, set by the accept or by the design's reset (which the core
+        # leaves a cycle after the rest): under ResetInserter on `sync` every register of the core had
+        # `rst | restart` on its reset input, a LUT fanned out to all of them and, where a register has a reset
+        # of its own (a write's zeroing), a second LUT after it (restart into Load2D's write failed 100 MHz
+        # after nextpnr at 8261131).
+        restart, accepted = Signal(reset_less=True), Signal()
+        m.domains.core = core_domain = ClockDomain("core", local=True)
+        m.d.comb += [core_domain.clk.eq(ClockSignal("sync")), core_domain.rst.eq(restart)]
+        m.submodules.core = DomainRenamer("core")(core)
         wiring.connect(m, wiring.flipped(self.s_axil), ctrl.bus)
         wiring.connect(m, wiring.flipped(self.m_axi), core.axi)
-        m.d.sync += [restart.eq(accept), launch.eq(restart)]
+        m.d.sync += [restart.eq(accept | ResetSignal("sync")), accepted.eq(accept), launch.eq(accepted)]
         with m.If(accept):
             m.d.sync += busy.eq(1)
         with m.If(core.ended):
