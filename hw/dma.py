@@ -501,10 +501,14 @@ class Load2D(wiring.Component):
         # port (the accumulator's through its bank muxes) was the design's longest path. The last write is in
         # the first cycle with busy low, the cycle its unit takes to end the instruction: no reader sees a row
         # early and the timing is as before.
+        # (Its data are read only beside its enable, so the unit's reset leaves them alone: the reset ORed into
+        # the padding's zeroing, on every data bit's reset input, failed 100 MHz after nextpnr at 8261131.)
+        write_data = Signal.like(self.write.data, reset_less=True)
         m.d.sync += [
             self.write.en.eq(step), self.write.target.eq(f.target), self.write.addr.eq(f.sram_base + pos),
-            self.write.data.eq(Mux(inside, elem_data, 0)),
+            write_data.eq(Mux(inside, elem_data, 0)),
         ]
+        m.d.comb += self.write.data.eq(write_data)
         with m.If(step):
             m.d.sync += [pos.eq(pos + 1), xx.eq(next_x), yy.eq(next_y), in_x.eq(in_x_next), in_y.eq(in_y_next),
                          inside.eq(in_x_next & in_y_next), wants.eq(in_x_next & in_y_next),
