@@ -502,7 +502,7 @@ class Load2D(wiring.Component):
         # the first cycle with busy low, the cycle its unit takes to end the instruction: no reader sees a row
         # early and the timing is as before.
         # (Its data are read only beside its enable, so the unit's reset leaves them alone: the reset ORed into
-        # the padding's zeroing, on every data bit's reset input, failed 100 MHz after nextpnr at 8261131.)
+        # the padding's zeroing, on every data bit's reset input, failed 100 MHz after nextpnr at 57a6132.)
         write_data = Signal.like(self.write.data, reset_less=True)
         m.d.sync += [
             self.write.en.eq(step), self.write.target.eq(f.target), self.write.addr.eq(f.sram_base + pos),

@@ -279,7 +279,7 @@ class WeftTop(wiring.Component):
         # leaves a cycle after the rest): under ResetInserter on `sync` every register of the core had
         # `rst | restart` on its reset input, a LUT fanned out to all of them and, where a register has a reset
         # of its own (a write's zeroing), a second LUT after it (restart into Load2D's write failed 100 MHz
-        # after nextpnr at 8261131).
+        # after nextpnr at 57a6132).
         restart, accepted = Signal(reset_less=True), Signal()
         m.domains.core = core_domain = ClockDomain("core", local=True)
         m.d.comb += [core_domain.clk.eq(ClockSignal("sync")), core_domain.rst.eq(restart)]
