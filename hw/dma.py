@@ -100,10 +100,16 @@ def _paged_burst_len(page_left: Value, beats: Value, max_burst: int, *, less: in
 
 
 def _burst_len_at_most(addr: Value, beats: Value, room: Value, bus_bytes: int, max_burst: int) -> Value:
-    """``_burst_len(addr, beats) <= room``: any of the three is at most `room` (for the boundary's beats:
-    the room's bytes reach the boundary)."""
-    return (_at_most(beats, room) | (max_burst <= room)
-            | ((room << exact_log2(bus_bytes)) + addr[:BOUNDARY_BITS] >= BOUNDARY_BYTES))
+    """``_burst_len(addr, beats) <= room``: any of the three is at most `room`. The boundary's beats only
+    decide where the room is less than a longest burst, and then only where fewer than a longest burst are
+    left to the boundary: the offset's bits above a longest burst's are all ones, and the room and the
+    offset's bits below them add up to a longest burst (their sum's carry). As the room's bytes added to
+    the whole 12-bit offset and compared, the carry chain lay ahead of the first burst's verdict (the load
+    reader's pending address into it after nextpnr at bd8ef8e, with two of four seeds)."""
+    s, k = exact_log2(bus_bytes), exact_log2(max_burst)
+    near_boundary = addr[s + k:BOUNDARY_BITS].all()
+    reaches = (room[:k] + addr[s:s + k])[k]
+    return _at_most(beats, room) | (max_burst <= room) | (near_boundary & reaches)
 
 
 def _burst_takes_all(addr: Value, beats: Value, bus_bytes: int, max_burst: int) -> Value:
@@ -117,9 +123,10 @@ class BurstReader(wiring.Component):
     """Reads (bus-aligned byte address, beat count) requests as AXI bursts into a beat stream.
 
     A request is taken into a register (the next may be taken while the one before still issues) and starts
-    a cycle later at the earliest, its first burst the cycle after. ``abort`` stops issuing and drops every
-    request taken and every beat still due, so a halted unit leaves the bus clean; ``idle`` is high when no
-    request is waiting or in progress and no beat is outstanding or buffered.
+    a cycle later at the earliest, its first burst the cycle after. ``abort`` is registered: from the cycle
+    after it rises the reader issues nothing and drops every request taken and every beat still due, so a
+    halted unit leaves the bus clean; ``idle`` is high when no request is waiting or in progress and no beat
+    is outstanding or buffered.
 
     ``bus.ar.ready`` must stay low in the cycle after a burst is taken, as :class:`weft.hw.axi.ReadArbiter`
     keeps it (it registers each grant): the reader's buffer room check is a cycle behind an issue.
@@ -164,6 +171,8 @@ class BurstReader(wiring.Component):
         length = Signal(range(self.max_burst + 1))
         settling = Signal()
 
+        aborted = Signal()
+        m.d.sync += aborted.eq(self.abort)
         pending = Signal()
         pending_addr = Signal.like(self.cmd.payload.addr)
         pending_beats = Signal.like(self.cmd.payload.beats)
@@ -187,14 +196,22 @@ class BurstReader(wiring.Component):
 
         # (The take's pick is an AND-OR: as a multiplexer, Yosys' opt_share merged the two compares into one on
         # multiplexed operands, so the take led into the compare's carry chain.)
-        fits, took = Signal(), Signal()
+        took = Signal()
         without_take = Mux(took, fits_in(room_1), fits_in(room))
         with_take = Mux(took, fits_in(room_2), fits_in(room_1))
-        m.d.sync += [fits.eq((with_take & taken) | (without_take & ~taken)), took.eq(taken)]
+        fits_next = (with_take & taken) | (without_take & ~taken)
+        # ARVALID is a register, the verdict's next value and the state's: no issue this cycle (the cycle
+        # after an issue settles), no abort, a request in progress or starting with beats. As an AND of
+        # registers, one reader's request lay a LUT and a long route ahead of the arbiter's ready for the
+        # others, and on through their issues into their counters' enables (fetch's abort into the compute
+        # reader's after nextpnr at bd8ef8e, the default seed's longest path; fetch's `active` with seed 4).
+        going = ~aborted & ~self.abort & (active | (pending & (pending_beats != 0)))
+        want = Signal()
+        m.d.sync += [want.eq(fits_next & going & ~issued), took.eq(taken)]
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
-            ar.valid.eq(active & ~self.abort & fits & ~settling),
+            ar.valid.eq(want),
         ]
         # The room after this cycle, with and without an issue, picked by the issue: the grant (which waits on
         # every client's request) selects after the sums instead of leading into their carry chains (as
@@ -216,7 +233,7 @@ class BurstReader(wiring.Component):
         # has issued its last burst: the first burst's length is worked out from registers, not from the
         # client's address arithmetic (Load2D's row address into the 4 KiB compares was tiny's longest path).
         # A client hands its next request over while the one before is still issuing.
-        m.d.comb += self.cmd.ready.eq(~pending & ~self.abort)
+        m.d.comb += self.cmd.ready.eq(~pending & ~aborted)
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += [pending.eq(1), pending_addr.eq(self.cmd.payload.addr),
                          pending_beats.eq(self.cmd.payload.beats)]
@@ -224,7 +241,7 @@ class BurstReader(wiring.Component):
             m.d.sync += [pending.eq(0), addr.eq(pending_addr), remaining.eq(pending_beats),
                          active.eq(pending_beats != 0),
                          length.eq(_burst_len(pending_addr, pending_beats, B, self.max_burst))]
-        with m.If(self.abort):
+        with m.If(aborted):
             m.d.sync += [active.eq(0), pending.eq(0)]
 
         r = self.bus.r
@@ -241,11 +258,11 @@ class BurstReader(wiring.Component):
         skid = Signal(B * 8)
         m.d.comb += [
             self.beats.payload.eq(Mux(skid_full, skid, buf.r_data)),
-            self.beats.valid.eq((skid_full | buf.r_rdy) & ~self.abort),
-            buf.r_en.eq(~skid_full | self.abort),
+            self.beats.valid.eq((skid_full | buf.r_rdy) & ~aborted),
+            buf.r_en.eq(~skid_full | aborted),
             self.idle.eq(~active & ~pending & (Mux(took, room_1, room) == self.depth)),
         ]
-        with m.If(self.abort | (skid_full & self.beats.ready)):
+        with m.If(aborted | (skid_full & self.beats.ready)):
             m.d.sync += skid_full.eq(0)
         with m.Elif(~skid_full & buf.r_rdy & ~self.beats.ready):
             m.d.sync += skid_full.eq(1)

@@ -294,15 +294,13 @@ class Fetch(wiring.Component):
         with m.If(reader.error & ~self.error):
             m.d.sync += [self.error.eq(1), self.error_code.eq(ErrorCode.BUS_ERROR), self.error_index.eq(index)]
         stop = ~running & ~launch & ~self.start
-        # The reader is aborted from a register: start's path through its issue check into the read arbiter's
-        # grant was among tiny's longest, and so was the halt's (an error anywhere) at 84.7 MHz (5f3f626). A
-        # cycle late is harmless: START's cycle issues nothing, once running falls every burst is out (FINISH
-        # is the stream's last word) unless an error stopped it, and a burst issued in an error's first cycle
-        # is waited for and dropped like those in flight (`idle`).
-        aborted = Signal()
-        m.d.sync += aborted.eq(stop | self.halt)
+        # The reader registers its abort, which takes effect a cycle late (start's path through the reader's
+        # issue check into the read arbiter's grant was among tiny's longest, and so was the halt's, an error
+        # anywhere, at 84.7 MHz, 5f3f626). A cycle late is harmless: START's cycle issues nothing, once
+        # running falls every burst is out (FINISH is the stream's last word) unless an error stopped it, and
+        # a burst issued in an error's first cycle is waited for and dropped like those in flight (`idle`).
         m.d.comb += [
-            reader.abort.eq(aborted),
+            reader.abort.eq(stop | self.halt),
             self.idle.eq(stop & reader.idle),
             self.all_dispatched.eq(~running),
         ]
