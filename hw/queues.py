@@ -51,7 +51,11 @@ class LutFIFO(fifo.SyncFIFOBuffered):
         storage.attrs["ram_style"] = "distributed"
         w_port, r_port = storage.write_port(), storage.read_port(domain="sync")
         produce, consume = Signal(range(inner_depth)), Signal(range(inner_depth))
-        m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data), w_port.en.eq(do_write),
+        # The storage is written whenever it has room, an entry or not: `produce` names a free entry then
+        # (never the one `consume` reads while the storage holds any), and only a write moves it on. Its
+        # enable is a register, not the producer's valid (fetch's dispatch through the write's AND into the
+        # enables of store_queue's LUT RAM, a long route to each, failed 100 MHz after nextpnr at bd8ef8e).
+        m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data), w_port.en.eq(room),
                      r_port.addr.eq(consume), r_port.en.eq(~self.r_rdy | self.r_en), self.r_data.eq(r_port.data)]
         with m.If(do_write):
             m.d.sync += produce.eq(_next(produce, inner_depth))
