@@ -16,6 +16,8 @@ beat (E < B, possibly starting mid-beat: element addresses need only be element 
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
 from typing import Any
 
 from amaranth import Cat, Const, Module, Mux, ShapeLike, Signal, signed, unsigned
@@ -58,6 +60,14 @@ def _at_most(value: Value, limit: Value | int) -> Value:
     if len(value) <= bits:
         return value <= limit
     return (value[bits:] == 0) & (value[:bits] <= limit)
+
+
+def _one_in_all(*parts: Value) -> Value:
+    """``sum(parts) == 1``: one part is 1 and the others are 0, compares side by side (a tile's side of one
+    position: the instruction's fields through the sum's carry chains into that flag were among tiny's
+    longest paths after nextpnr at bd8ef8e)."""
+    return reduce(operator.or_, [(part == 1) & (Cat(*parts[:k], *parts[k + 1:]) == 0)
+                                 for k, part in enumerate(parts)])
 
 
 # The burst rule, here only: a burst from bus-aligned `addr` with `beats` left is the least of those beats,
@@ -543,6 +553,7 @@ class Load2D(wiring.Component):
             # an axis starts inside its data when nothing pads before it and it has data at all
             y_inside0, x_inside0 = (p.y_pad_0 == 0) & (p.y_size != 0), (p.x_pad_0 == 0) & (p.x_size != 0)
             at_data = y_inside0 & x_inside0
+            x_one = _one_in_all(p.x_pad_0, p.x_size, p.x_pad_1)
             m.d.sync += [
                 f.eq(p), self.busy.eq(1), issue_y.eq(0), row_addr.eq(p.dram_base), yy.eq(0), xx.eq(0), pos.eq(0),
                 issuing.eq(p.y_size != 0), issue_last.eq(p.y_size - 1),
@@ -553,7 +564,8 @@ class Load2D(wiring.Component):
                 # position (0, 0) holds data when there is no padding before it on either axis
                 inside.eq(at_data), wants.eq(at_data),
                 in_y.eq(y_inside0), in_x.eq(x_inside0), x_starts.eq(x_inside0), y_data.eq(p.y_size != 0),
-                row_end.eq(cols == 1), one_col.eq(cols == 1), last_row.eq(rows == 1), walked.eq(0),
+                row_end.eq(x_one), one_col.eq(x_one), last_row.eq(_one_in_all(p.y_pad_0, p.y_size, p.y_pad_1)),
+                walked.eq(0),
                 y_stop.eq(rows - 2), x_stop.eq(cols - 2),
                 y_first.eq(p.y_pad_0 - 1), y_last.eq(p.y_pad_0 + p.y_size - 1),
                 x_first.eq(p.x_pad_0 - 1), x_last.eq(p.x_pad_0 + p.x_size - 1),
