@@ -574,8 +574,9 @@ class ComputeUnit(UnitBase):
         # the written flag's pick (slot_d into src_from_3) failed 100 MHz after nextpnr at 7f9ca06.
         in_slot = [Signal(name=f"in_slot_{n}") for n in range(SRC_ROWS)]
         fill = [Signal(name=f"fills_{n}") for n in range(SRC_ROWS)]
-        m.d.sync += [in_slot[n].eq(slots["c"] == n) for n in range(SRC_ROWS)]
-        m.d.sync += [fill[n].eq(valid["c"] & reads_c & (slots["c"] == n)) for n in range(SRC_ROWS)]
+        for n in range(SRC_ROWS):
+            at_n = slots["c"] == n
+            m.d.sync += [in_slot[n].eq(at_n), fill[n].eq(valid["c"] & reads_c & at_n)]
         written_rows = []
         for n in range(SRC_ROWS):
             fills, filled = fill[n], Signal(name=f"filled_{n}")
@@ -680,7 +681,7 @@ class ComputeUnit(UnitBase):
         src_picks = _one_hot(m, [takes_src & same_in_d("x", src_c, "src_d"),
                                  takes_src & same_in_d(f_in_d, src_c, "src_d"),
                                  takes_src & same_in_d(before_f, src_c, "src_d"),
-                                 takes_src & ~reads_d & _any(in_slot, written_rows), takes_src,
+                                 takes_src & ~reads_d & _picked(m, written_rows, in_slot, 1), takes_src,
                                  alu_f.use_imm, Const(1)], "src_from")
         from_y, from_f, held = elements(row_y, w), elements(handed_f, w), elements(held_e, w)
         late_f, late_f_1 = elements(new_f, w), elements(new_f_1, w)
@@ -749,11 +750,6 @@ def _one_hot(m: Module, conditions: list[Value], name: str) -> list[Signal]:
         picks.append(pick)
         before = before | condition
     return picks
-
-
-def _any(picks: list[Signal], flags: list[Value]) -> Value:
-    """Whether the flag whose one-hot pick is high holds (an AND-OR, where a multiplexer would take an index)."""
-    return reduce(operator.or_, [pick & flag for pick, flag in zip(picks, flags, strict=True)])
 
 
 def _picked(m: Module, values: list[Value], picks: list[Signal], shape: object) -> Value:
