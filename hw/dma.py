@@ -735,7 +735,13 @@ class Store2D(wiring.Component):
         addr = Signal(ADDR_BITS)
         remaining = Signal(self.count_bits)
         aligned, beats, lane = _segment(m, row_addr, f.x_size, E, B)
-        start_seg = self.busy & ~in_burst & segs_left & seg_q.w_rdy
+        # Whether a segment is due (busy, no burst in progress, rows left), kept in a register of its own beside
+        # the three: their AND ahead of the segment's start, which enables the address and the burst's
+        # registers, failed 100 MHz after nextpnr at a52c849 (in_burst into them, the default seed's only
+        # failing family). It falls as a segment starts, rises with the row's last burst where rows are left,
+        # and is set as a command is taken (busy falls only once every row has issued).
+        seg_due = Signal()
+        start_seg = seg_due & seg_q.w_rdy
         m.d.comb += [seg_q.w_data.eq(Cat(lane, f.x_size)), seg_q.w_en.eq(start_seg)]
         # The beats from the address to its 4 KiB boundary, kept in a register beside it: after a burst that
         # ends there, the beats left are the remaining less this register, not less a difference worked out
@@ -743,7 +749,7 @@ class Store2D(wiring.Component):
         # nextpnr at 84408ed).
         page_left = Signal(BOUNDARY_BITS - exact_log2(B) + 1)
         with m.If(start_seg):
-            m.d.sync += [in_burst.eq(1), addr.eq(aligned), page_left.eq(_beats_to_boundary(aligned, B)),
+            m.d.sync += [in_burst.eq(1), seg_due.eq(0), addr.eq(aligned), page_left.eq(_beats_to_boundary(aligned, B)),
                          remaining.eq(beats), seg_y.eq(seg_y + 1),
                          segs_left.eq(seg_y != seg_last),
                          row_addr.eq(row_addr + f.x_stride)]
@@ -782,7 +788,7 @@ class Store2D(wiring.Component):
                 page_left.eq(Mux(to_boundary, BOUNDARY_BYTES >> exact_log2(B), page_left - self.max_burst)),
             ]
             with m.If(last_burst):
-                m.d.sync += in_burst.eq(0)
+                m.d.sync += [in_burst.eq(0), seg_due.eq(segs_left)]
 
         # W: packed beats, WLAST from the burst lengths.
         w_count = Signal(len(axi.awlen))
@@ -808,5 +814,5 @@ class Store2D(wiring.Component):
             m.d.sync += [f.eq(self.cmd.payload), self.busy.eq(1), seg_y.eq(0), rd_pos.eq(0), rd_x.eq(0), rd_y.eq(0),
                          segs_left.eq(self.cmd.payload.y_size != 0), seg_last.eq(self.cmd.payload.y_size - 1),
                          x_last.eq(self.cmd.payload.x_size - 1), row_addr.eq(self.cmd.payload.dram_base),
-                         in_burst.eq(0)]
+                         in_burst.eq(0), seg_due.eq(self.cmd.payload.y_size != 0)]
         return m
