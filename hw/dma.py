@@ -209,15 +209,20 @@ class BurstReader(wiring.Component):
         took = Signal()
         without_take = Mux(took, fits_in(room_1), fits_in(room))
         with_take = Mux(took, fits_in(room_2), fits_in(room_1))
-        fits_next = (with_take & taken) | (without_take & ~taken)
         # ARVALID is a register, the verdict's next value and the state's: no issue this cycle (the cycle
         # after an issue settles), no abort, a request in progress or starting with beats. As an AND of
         # registers, one reader's request lay a LUT and a long route ahead of the arbiter's ready for the
         # others, and on through their issues into their counters' enables (fetch's abort into the compute
         # reader's after nextpnr at bd8ef8e, the default seed's longest path; fetch's `active` with seed 4).
+        # The two verdicts are kept wires (Yosys' `keep`), so that the take is the last LUT's input: left to
+        # ABC, it went in ahead of the verdicts' multiplexers (the consumer's chain through five more levels
+        # into `want`, three readers failing 100 MHz after nextpnr at 2226df6).
         going = ~aborted & ~self.abort & (active | (pending & (pending_beats != 0)))
+        want_if_taken = Signal(attrs={"keep": 1})
+        want_if_not = Signal(attrs={"keep": 1})
         want = Signal()
-        m.d.sync += [want.eq(fits_next & going & ~issued), took.eq(taken)]
+        m.d.comb += [want_if_taken.eq(with_take & going & ~issued), want_if_not.eq(without_take & going & ~issued)]
+        m.d.sync += [want.eq((want_if_taken & taken) | (want_if_not & ~taken)), took.eq(taken)]
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
