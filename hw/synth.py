@@ -496,7 +496,7 @@ def place_and_route_ecp5_seeds(config: AcceleratorConfig, seeds: Sequence[int | 
         workers = max(1, min(jobs or len(todo), len(todo), os.cpu_count() or 1))
         named = ", ".join("default" if seed is None else str(seed) for seed in todo)
         with Waiting(f"placing and routing config {config.name} on an ECP5 with nextpnr"
-                     + (f" (seeds {named}, {workers} at a time)" if len(seeds) > 1 else ""),
+                     + (f" (seeds {named}; {workers} at a time)" if len(seeds) > 1 else ""),
                      "minutes; the result is cached"), \
                 _synthesized(verilog, f"{TOP_NAME}.v", script, prefix="weft-pnr-") as work:
 
