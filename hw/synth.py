@@ -484,7 +484,7 @@ def place_and_route_ecp5_seeds(config: AcceleratorConfig, seeds: Sequence[int | 
     def kept_in(seed: int | None) -> Path | None:
         if keep is None or len(seeds) == 1:
             return keep
-        return keep / f"seed-{'default' if seed is None else seed}"
+        return keep / f"seed-{_seed_name(seed)}"
 
     results: dict[int | None, dict[str, Any]] = {}
     for seed in seeds:
@@ -494,14 +494,14 @@ def place_and_route_ecp5_seeds(config: AcceleratorConfig, seeds: Sequence[int | 
     todo = [seed for seed in seeds if seed not in results]
     if todo:
         workers = max(1, min(jobs or len(todo), len(todo), os.cpu_count() or 1))
-        named = ", ".join("default" if seed is None else str(seed) for seed in todo)
+        named = ", ".join(_seed_name(seed) for seed in todo)
         with Waiting(f"placing and routing config {config.name} on an ECP5 with nextpnr"
                      + (f" (seeds {named}; {workers} at a time)" if len(seeds) > 1 else ""),
                      "minutes; the result is cached"), \
                 _synthesized(verilog, f"{TOP_NAME}.v", script, prefix="weft-pnr-") as work:
 
             def place(seed: int | None) -> dict[str, Any]:
-                run_dir = work / f"seed-{'default' if seed is None else seed}"
+                run_dir = work / f"seed-{_seed_name(seed)}"
                 run_dir.mkdir()
                 for name in (f"{TOP_NAME}.v", f"{TOP_NAME}.json", "yosys.log"):
                     shutil.copyfile(work / name, run_dir / name)
@@ -515,6 +515,11 @@ def place_and_route_ecp5_seeds(config: AcceleratorConfig, seeds: Sequence[int | 
     for result in results.values():
         result.update(config=config.name, config_hash=config.hash)
     return [results[seed] for seed in seeds]
+
+
+def _seed_name(seed: int | None) -> str:
+    """A seed as the sweep's folders and status line name it: ``default`` for nextpnr's own."""
+    return "default" if seed is None else str(seed)
 
 
 def _nextpnr_run(work: Path, args: list[str], config: AcceleratorConfig, device: str, seed: int | None,
