@@ -447,6 +447,74 @@ def test_burst_rules_split_at_4_kib_and_the_longest_burst(bus_bytes):
     _run(m, bench, clock=False)
 
 
+@pytest.mark.parametrize("bus_bytes", [8, 16])
+def test_burst_reader_splits_requests_by_the_rule_and_never_overruns_its_buffer(bus_bytes):
+    """A BurstReader against a memory that grants a burst when it likes (never the cycle after one, as the
+    arbiter) and a consumer that takes when it likes: its bursts are the rule's split of each request (4 KiB
+    boundaries crossed, starts on and next to one, requests back to back), it never asks for a beat its
+    buffer has no room for (RREADY is high whenever a beat is offered), and the beats come out in order."""
+    from weft.hw.axi import BOUNDARY_BYTES
+    from weft.hw.dma import BurstReader
+    from weft.hw.structure import MAX_BURST
+
+    page = BOUNDARY_BYTES // bus_bytes
+    reader = BurstReader(bus_bytes=bus_bytes, count_bits=12)
+    base = 0x4000_0000
+    requests = [(base + BOUNDARY_BYTES - 3 * bus_bytes, 40), (base, 1), (base + BOUNDARY_BYTES, MAX_BURST),
+                (base + 2 * BOUNDARY_BYTES - MAX_BURST * bus_bytes, MAX_BURST + 1),
+                (base + 3 * BOUNDARY_BYTES - bus_bytes, page + 5), (base + 7 * bus_bytes, 3),
+                (base + 5 * BOUNDARY_BYTES - 17 * bus_bytes, 0), (base + 5 * BOUNDARY_BYTES - 17 * bus_bytes, 50)]
+
+    def rule(addr: int, beats: int) -> list[tuple[int, int]]:
+        bursts = []
+        while beats:
+            n = min(beats, MAX_BURST, (BOUNDARY_BYTES - addr % BOUNDARY_BYTES) // bus_bytes)
+            bursts.append((addr, n))
+            addr, beats = addr + n * bus_bytes, beats - n
+        return bursts
+
+    expected = [burst for request in requests for burst in rule(*request)]
+    rng = np.random.default_rng(bus_bytes)
+
+    async def bench(ctx):
+        bursts, due, beats_out, waiting = [], [], [], list(requests)
+        granted_last = False
+        total = sum(beats for _, beats in requests)
+        for _ in range(8 * total + 400):
+            if len(beats_out) == total and not waiting:
+                break
+            grant = not granted_last and rng.random() < 0.6
+            ctx.set(reader.bus.ar.ready, grant)
+            offer = bool(due) and rng.random() < 0.8
+            ctx.set(reader.bus.r.valid, offer)
+            ctx.set(reader.bus.r.payload.data, due[0] if due else 0)
+            ctx.set(reader.bus.r.payload.resp, 0)
+            ctx.set(reader.beats.ready, rng.random() < 0.5)
+            ctx.set(reader.cmd.valid, bool(waiting))
+            if waiting:
+                ctx.set(reader.cmd.payload.addr, waiting[0][0])
+                ctx.set(reader.cmd.payload.beats, waiting[0][1])
+            issued = grant and ctx.get(reader.bus.ar.valid)
+            granted_last = issued
+            if issued:
+                addr, n = ctx.get(reader.bus.ar.payload.addr), ctx.get(reader.bus.ar.payload.len) + 1
+                bursts.append((addr, n))
+                due += [addr + k * bus_bytes for k in range(n)]
+            if offer:
+                assert ctx.get(reader.bus.r.ready), "a beat was asked for that the buffer has no room for"
+                due.pop(0)
+            if ctx.get(reader.beats.valid) and ctx.get(reader.beats.ready):
+                beats_out.append(ctx.get(reader.beats.payload))
+            if waiting and ctx.get(reader.cmd.ready):
+                waiting.pop(0)
+            await ctx.tick()
+        assert bursts == expected
+        assert beats_out == [addr + k * bus_bytes for addr, n in expected for k in range(n)]
+        assert ctx.get(reader.idle)
+
+    _run(reader, bench)
+
+
 def test_saturation_and_sign_extension_rows():
     acc_w, out_w = 32, 8
     edges = [300, -300, 127, -128, 128, -129, 5, 0, -1, 255, -256, (1 << 31) - 1, -(1 << 31), 1 << 30, -(1 << 30)]
