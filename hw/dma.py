@@ -341,25 +341,31 @@ class RowUnpacker(_RowConverter):
             # The beats' ready does not wait on their valid (a ready without a valid moves nothing): the
             # buffer's valid through the take back into its read enable and level was among tiny's longest
             # paths after place and route (0c30693).
-            taking = active & elems.ready
             if k == 1:
-                m.d.comb += [elems.payload.eq(beats.payload), beats.ready.eq(taking)]
+                m.d.comb += [elems.payload.eq(beats.payload), beats.ready.eq(active & elems.ready)]
             else:
                 lane = Signal(range(k))
+                # Whether the unpacker is active and its next take ends a beat (the beat's last lane or the
+                # command's last element), a register beside the three: as their AND and compare, the beats'
+                # ready lay three LUTs behind them on the way into the burst reader's ARVALID (the compute
+                # unit's accumulator rows, seed 4's longest path after nextpnr at de4d77b).
+                beat_due = Signal()
                 m.d.comb += [elems.payload.eq(beats.payload.word_select(lane, E * 8)),
-                             beats.ready.eq(taking & ((lane == k - 1) | last))]
+                             beats.ready.eq(elems.ready & beat_due)]
                 with m.If(take):
-                    m.d.sync += lane.eq(lane + 1)
+                    m.d.sync += [lane.eq(lane + 1), beat_due.eq(~last & ((lane == k - 2) | (remaining == 2)))]
                 with m.If(load):
-                    m.d.sync += lane.eq(cmd.payload.lane)
+                    m.d.sync += [lane.eq(cmd.payload.lane), beat_due.eq(
+                        (cmd.payload.count != 0) & ((cmd.payload.lane == k - 1) | (cmd.payload.count == 1)))]
         else:
             beats_per = E // B
             buf = Signal(E * 8)
             n = Signal(range(beats_per))
             full = Signal()
             none_left = Signal()  # remaining == 0
+            open_ = Signal()  # active & ~none_left, a register (as `beat_due` above)
             out = full & elems.ready
-            accept = active & ~none_left & (~full | elems.ready)
+            accept = open_ & (~full | elems.ready)
             m.d.comb += [
                 elems.valid.eq(full), elems.payload.eq(buf), beats.ready.eq(accept),
                 cmd.ready.eq(~active | (none_left & ~full)),
@@ -369,12 +375,13 @@ class RowUnpacker(_RowConverter):
             with m.If(beats.valid & accept):
                 m.d.sync += [buf.eq(Cat(buf[B * 8:], beats.payload)), n.eq(n + 1)]
                 with m.If(n == beats_per - 1):
-                    m.d.sync += [full.eq(1), n.eq(0), remaining.eq(remaining - 1), none_left.eq(remaining == 1)]
+                    m.d.sync += [full.eq(1), n.eq(0), remaining.eq(remaining - 1), none_left.eq(remaining == 1),
+                                 open_.eq(remaining != 1)]
             with m.If(active & none_left & ~full):
                 m.d.sync += active.eq(0)
             with m.If(load):
                 m.d.sync += [active.eq(cmd.payload.count != 0), remaining.eq(cmd.payload.count),
-                             none_left.eq(cmd.payload.count == 0)]
+                             none_left.eq(cmd.payload.count == 0), open_.eq(cmd.payload.count != 0)]
         return m
 
 
@@ -491,8 +498,12 @@ class Load2D(wiring.Component):
                 m.d.comb += [
                     q.w_data.eq(Cat(lane, f.x_size)), q.r_en.eq(unp.cmd.ready),
                     reader.cmd.payload.addr.eq(aligned), reader.cmd.payload.beats.eq(beats),
-                    reader.beats.ready.eq(unp.beats.ready),
                 ]
+        # The reader's beats go to whichever unpacker is ready, not through the target's pick: only the
+        # command's unpacker is ever loaded, and it has taken its last beat before the walk ends and the next
+        # command moves `to` (an idle unpacker's ready is low). Through the pick, the target register lay a
+        # LUT and a long route further from the reader's take (into its ARVALID: seed 4's longest path).
+        m.d.comb += reader.beats.ready.eq(reduce(operator.or_, [unp.beats.ready for unp in unpackers]))
         with m.If(go):
             m.d.sync += [issue_y.eq(issue_y + 1), row_addr.eq(row_addr + f.x_stride), issuing.eq(issue_y != issue_last)]
 

@@ -199,6 +199,13 @@ def test_row_unpacker_extracts_elements_from_beats(bus_bytes, elem_bytes):
                 break
         assert got == expected
         assert k == len(beats)  # every beat consumed, none left behind
+        # and with every command done, the unpacker takes no more (Load2D's reader serves whichever of its
+        # unpackers is ready: an idle one must not take a beat meant for another)
+        ctx.set(dut.elems.ready, 1)
+        ctx.set(dut.beats.valid, 1)
+        for _ in range(4):
+            assert not ctx.get(dut.beats.ready)
+            await ctx.tick()
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)
