@@ -67,6 +67,9 @@ class LutFIFO(fifo.SyncFIFOBuffered):
         # producer's and the consumer's choices, and the write and the take (the fetch's dispatch, a unit's
         # start after its token checks) pick one as the last step: through the read or the write into the sums
         # and flags they failed 100 MHz after nextpnr at 66d9af1 and 7f9ca06 (compute_queue, store_queue).
+        # The four outcomes are kept wires (Yosys' `keep`), so that the pick is all that follows the write and
+        # the take: left to ABC, the take went into a LUT ahead of the pick (a unit's start through it into
+        # store_queue's and compute_queue's level, the default seed's longest paths after nextpnr at de4d77b).
         bits = len(inner_level)
         up, down = Signal.like(inner_level), Signal.like(inner_level)
         m.d.comb += [up.eq(inner_level + 1), down.eq(inner_level - 1)]
@@ -85,7 +88,7 @@ class LutFIFO(fifo.SyncFIFOBuffered):
         for k, reg in enumerate([inner_level, room, holds]):
             value = {}
             for (w, r), values in outcomes.items():
-                value[w, r] = Signal(reg.shape(), name=f"{reg.name}_{w}{r}")
+                value[w, r] = Signal(reg.shape(), name=f"{reg.name}_{w}{r}", attrs={"keep": 1})
                 m.d.comb += value[w, r].eq(values[k])
             m.d.sync += reg.eq(Mux(self.w_en, Mux(self.r_en, value[1, 1], value[1, 0]),
                                    Mux(self.r_en, value[0, 1], value[0, 0])))
