@@ -300,7 +300,7 @@ class ComputeUnit(UnitBase):
         valid = {s: Signal(name=f"{name}_valid_{s}") for s in ("ubcpdexyf" if gemm else "ubcdexyzf")}
         dst, src_c, reads_b, reads_c, slots, src_b, wgt_b = self._row_indices(m, d, index, bufs, loop, valid)
         new_f, out_f = self._datapath(m, d, bufs, valid, dst, src_b, src_c, reads_b, reads_c, slots, gemm=gemm)
-        self._write_back(m, d, busy, dma, bufs, valid, dst, new_f, out_f)
+        self._write_back(m, dma, bufs, valid, dst, new_f, out_f)
         drained = ~Cat(*valid.values()).any()
         return d.looped & loop.launched & ~loop.gen & drained, src_b, wgt_b
 
@@ -720,18 +720,23 @@ class ComputeUnit(UnitBase):
         m.d.sync += [valid["f"].eq(valid["z"]), dst["f"].eq(dst["z"])]
         return new_f, out_f
 
-    def _write_back(self, m: Module, d: _Insn, busy: Signal, dma: Load2D | None, bufs: _Buffers,
-                    valid: dict[str, Signal], dst: dict[str, Signal], new_f: Signal, out_f: Signal) -> None:
+    def _write_back(self, m: Module, dma: Load2D | None, bufs: _Buffers, valid: dict[str, Signal],
+                    dst: dict[str, Signal], new_f: Signal, out_f: Signal) -> None:
         """Stage F: write acc[dst] and out[dst] = saturate(acc[dst]); while a load runs (in the GEMM pipe), it
         writes the accumulator instead."""
         c = self.config
         if dma is None:
             m.d.comb += [bufs.w_en.eq(valid["f"]), bufs.w_addr.eq(dst["f"]), bufs.w_data.eq(new_f)]
         else:
-            loading = busy & d.is_load
+            # The load's write and the pipe's never meet: a load starts with the pipe drained, and the DMA
+            # writes only while its instruction runs (its last write in the cycle the instruction is done). So
+            # the DMA's write enable, a register, picks: as the load's busy (busy & is_load, a LUT and a long
+            # route ahead of the pick) it lay on the way into both banks' write address after nextpnr at
+            # de4d77b (seed 4, and within 1 ns of the clock with the default seed).
+            loading = dma.write.en
             narrow = sign_extend_row(dma.write.data[:c.out_row_bits], c.out_width, c.acc_width)
             m.d.comb += [
-                bufs.w_en.eq(Mux(loading, dma.write.en & (dma.write.target != _UOP), valid["f"])),
+                bufs.w_en.eq((loading & (dma.write.target != _UOP)) | valid["f"]),
                 bufs.w_addr.eq(Mux(loading, dma.write.addr, dst["f"])),
                 bufs.w_data.eq(Mux(loading, Mux(dma.write.target == _ACC, dma.write.data[:c.acc_row_bits], narrow),
                                    new_f)),
