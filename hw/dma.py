@@ -122,6 +122,12 @@ def _burst_len_at_most(addr: Value, beats: Value, room: Value, bus_bytes: int, m
     return _at_most(beats, room) | (max_burst <= room) | (near_boundary & reaches)
 
 
+def _paged_burst_len_at_most(page_left: Value, beats: Value, room: Value, max_burst: int) -> Value:
+    """``_paged_burst_len(page_left, beats) <= room``: any of the three is at most `room`, compared side by
+    side from registers."""
+    return _at_most(beats, room) | (max_burst <= room) | _at_most(page_left, room)
+
+
 def _burst_takes_all(addr: Value, beats: Value, bus_bytes: int, max_burst: int) -> Value:
     """``_burst_len(addr, beats) == beats``: the beats fit one burst and end by the boundary."""
     short = beats[:max_burst.bit_length()]  # all of beats where it is at most max_burst
@@ -174,18 +180,17 @@ class BurstReader(wiring.Component):
         room = Signal(range(self.depth + 1), init=self.depth)
         room_1 = Signal(range(self.depth + 2), init=self.depth + 1)
         room_2 = Signal(range(self.depth + 3), init=self.depth + 2)
-        # The next burst's length, registered: worked out when the command starts and, as each burst issues,
-        # for the burst after it, from registers alone: the beats left less this burst's, and the beats to the
-        # 4 KiB boundary (`page`, kept beside the address, modulo a page: 0 where the address is on a boundary)
-        # less this burst's, two differences side by side into the short compares of `_paged_burst_len`. The
-        # grant only enables the register. (Worked out from the address as the grant had just registered it,
-        # a cycle later, the address's carry into the verdict on the next burst's room was the longest path
-        # of seed 3 after nextpnr at de4d77b; before that, the length through the sums into the compares.)
+        # The next burst's length, registered: worked out when the command starts and, the cycle after each
+        # burst (`settling`, when the arbiter holds its grant), from registers: the beats left and the beats to
+        # the 4 KiB boundary (`page_left`, kept beside the address as Store2D keeps it), each brought up to date
+        # as the burst issues by one difference. Neither the sums nor the compares lie ahead of the grant, nor
+        # one after the other: from the address as the grant had just registered it, the boundary's carry into
+        # the room verdict below was seed 3's longest path after nextpnr at de4d77b; the differences and the
+        # compares in series, in the grant's cycle, the default seed's at 9b8fceb.
+        page = BOUNDARY_BYTES >> exact_log2(B)
         length = Signal(range(self.max_burst + 1))
-        page = Signal(BOUNDARY_BITS - exact_log2(B))
-        next_page = (page - length)[:len(page)]
-        next_length = _paged_burst_len(Mux(next_page == 0, BOUNDARY_BYTES >> exact_log2(B), next_page),
-                                       remaining - length, self.max_burst)
+        page_left = Signal(range(page + 1))
+        settling = Signal()
 
         aborted = Signal()
         m.d.sync += aborted.eq(self.abort)
@@ -200,15 +205,17 @@ class BurstReader(wiring.Component):
         # Whether the next burst fits the buffer (length <= room), registered: the compare lay ahead of the
         # arbiter's grant on tiny's longest path. It is worked out for the state after a cycle without an
         # issue; after an issue the arbiter holds its grant for a cycle, when the flag is not looked at, and it
-        # is exact again the cycle after. Where the length is still to be worked out (a request starting), the
-        # verdict compares with what the length will be (`_burst_len_at_most`).
+        # is exact again the cycle after. Where the length is still to be worked out (a request starting, or
+        # settling after a burst), the verdict compares with what the length will be (`_burst_len_at_most`,
+        # `_paged_burst_len_at_most`).
         # Both verdicts are worked out, for the room with and without this cycle's take, and the take (the
         # consumer's ready, through the unpackers) picks one into the register: the request's valid starts
         # from registers alone (the pick after the registers lay ahead of the arbiter's grant and every
         # client's issue: the longest path after nextpnr at e11ebcc, 86.3 MHz).
         def fits_in(room: Value) -> Value:
             return Mux(starting, _burst_len_at_most(pending_addr, pending_beats, room, B, self.max_burst),
-                       length <= room)
+                       Mux(settling, _paged_burst_len_at_most(page_left, remaining, room, self.max_burst),
+                           length <= room))
 
         # (The take's pick is an AND-OR: as a multiplexer, Yosys' opt_share merged the two compares into one on
         # multiplexed operands, so the take led into the compare's carry chain.)
@@ -243,11 +250,14 @@ class BurstReader(wiring.Component):
             after_issue, without_issue = (register - length + took)[:len(register)], (register + took)[:len(register)]
             m.d.sync += register.eq((after_issue & issued.replicate(len(register)))
                                     | (without_issue & (~issued).replicate(len(register))))
+        m.d.sync += settling.eq(issued)
         with m.If(issued):
             m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length),
-                         page.eq(next_page), length.eq(next_length)]
+                         page_left.eq(Mux(page_left == length, page, page_left - length))]
             with m.If(remaining == length):
                 m.d.sync += active.eq(0)
+        with m.If(settling):
+            m.d.sync += length.eq(_paged_burst_len(page_left, remaining, self.max_burst))
         # The command, registered as it is taken and started from that register once the request before it
         # has issued its last burst: the first burst's length is worked out from registers, not from the
         # client's address arithmetic (Load2D's row address into the 4 KiB compares was tiny's longest path).
@@ -258,7 +268,7 @@ class BurstReader(wiring.Component):
                          pending_beats.eq(self.cmd.payload.beats)]
         with m.If(starting):
             m.d.sync += [pending.eq(0), addr.eq(pending_addr), remaining.eq(pending_beats),
-                         active.eq(pending_beats != 0), page.eq(_beats_to_boundary(pending_addr, B)[:len(page)]),
+                         active.eq(pending_beats != 0), page_left.eq(_beats_to_boundary(pending_addr, B)),
                          length.eq(_burst_len(pending_addr, pending_beats, B, self.max_burst))]
         with m.If(aborted):
             m.d.sync += [active.eq(0), pending.eq(0)]
@@ -539,9 +549,11 @@ class Load2D(wiring.Component):
         elem_valid = Signal()
         elem_data = Signal(self.data_bits)
         for t, unp in enumerate(unpackers):
+            # (every unpacker sees the walk's ready: an idle one offers no element, and the target's pick
+            # kept out of the unpackers' beats ready, as below)
+            m.d.comb += unp.elems.ready.eq(wants)
             with m.If(to[t]):
-                m.d.comb += [elem_valid.eq(unp.elems.valid), elem_data.eq(unp.elems.payload),
-                             unp.elems.ready.eq(wants)]
+                m.d.comb += [elem_valid.eq(unp.elems.valid), elem_data.eq(unp.elems.payload)]
         writing = self.busy & ~empty & ~walked
         step = writing & (~inside | elem_valid)
         # The write is registered: the reader's buffer (a block RAM) through the unpacker into a target's write
