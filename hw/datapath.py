@@ -220,10 +220,13 @@ def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, wid
     (al * bh + ah * bl) * 2^h modulo 2^width. RQ needs all of a * m (m: b's low h + 2 bits, signed) =
     ah * m * 2^h + al * m, so its two products share MUL's first two multipliers (their second operand is
     m for RQ, bl for MUL; MUL keeps only the low h bits of ah * bl, which do not depend on signedness). Each
-    is one DSP48 (17 x 18 bits). The last four parts are the right shift's amount (RQ's or SHR's: both
-    shift through one shifter, in the later stages), RQ's ReLU flag, RQ's rounding constant and whether SHR
-    shifts left, registered beside them. `top`: :func:`multiplier_top` of `b`, where registered apart;
-    `products`: the three products of :func:`alu_multiplicands`, where worked out apart."""
+    is one DSP48 (17 x 18 bits). Both are sums of three terms: the two products (the second 2^h up) and
+    the third product 2^h up (MUL) or RQ's rounding constant (RQ). Each is reduced here to two words (their
+    sum bit by bit and their carries), which are the first two parts: the next stage adds them with one
+    carry chain. The last three parts are the right shift's amount (RQ's or SHR's: both shift through one
+    shifter, in the later stages), RQ's ReLU flag and whether SHR shifts left, registered beside them.
+    `top`: :func:`multiplier_top` of `b`, where registered apart; `products`: the three products of
+    :func:`alu_multiplicands`, where worked out apart."""
     h = width // 2
     mul_bits, shift_bits = rq_layout(width)
     if products is None:
@@ -241,8 +244,11 @@ def alu_lane_first(m: Module, selects: dict[str, Value], a: Value, b: Value, wid
     # sum does not wait on the decoder: |a * m| <= 2^(width + mul_bits - 2), so with s < width + mul_bits the
     # constant and the sum fit width + mul_bits + 1 signed bits; from s = width + mul_bits on, the result is 0.
     rq_amount = b[mul_bits:mul_bits + shift_bits]
-    rounding = Cat(*[rq_amount == k + 1 for k in range(width + mul_bits + 1)])
-    parts = [products[0], products[1], products[2][:width - h], shift, b[mul_bits + shift_bits], rounding, left]
+    total = width + mul_bits + 1  # RQ's sum's bits; MUL's is its low `width`
+    rounding = Cat(*[rq_amount == k + 1 for k in range(total)])
+    third = Mux(selects["rq"], rounding, _extended(products[2][:width - h] << h, total))
+    sums, carries = _three_to_two(products[0].as_signed(), products[1].as_signed() << h, third, total)
+    parts = [sums, carries, shift, b[mul_bits + shift_bits], left]
     kept, takes_operand = _alu_lane_but_mul(selects, a, b, width)
     return AluFirst(kept, takes_operand, parts)
 
@@ -260,27 +266,27 @@ def alu_lane_mid(m: Module, selects: dict[str, Value], other: Value, parts: list
     the first stage's kept result, which is a itself for SHR, placed width bits up where SHR shifts left). RQ
     and SHR shift right through one shifter, as Yosys' resource sharing paired them. Returns the parts
     :func:`alu_lane_last` takes."""
-    h = width // 2
     mul_bits, _ = rq_layout(width)
-    low, high, mid, amount, relu, rounding, left = parts
-    product = (low[:width] + ((high[:width - h] + mid) << h))[:width]
-    total = width + mul_bits + 1  # RQ's sum (alu_lane_first)
+    sums, carries, amount, relu, left = parts
+    total = (sums + carries)[:len(sums)]  # RQ's sum; MUL's product is its low `width` bits
+    product = total[:width]
     a = other[:width]
     shr = Mux(left, Cat(Const(0, width), a), a.as_signed()).as_signed()  # 2 * width bits
-    value = Mux(selects["rq"], _sum_of_three(low.as_signed(), high.as_signed() << h, rounding, total).as_signed(), shr)
+    value = Mux(selects["rq"], total.as_signed(), shr)
     fine = len(amount) - _COARSE_SHIFTS
     # the last stage's result bits come from the width + 2^fine - 1 lowest: the rest need no register
     partial = shift_right(m, value, amount[fine:], first=fine)[:width + (1 << fine) - 1]
     return [partial, product, amount[:fine], amount >= width + mul_bits, relu]
 
 
-def _sum_of_three(x: Value, y: Value, z: Value, bits: int) -> Value:
-    """(x + y + z) mod 2^bits through one carry chain: the three reduced to a sum and a carry word bit by bit
-    first (RQ's product's halves and its rounding constant: two carry chains in series, then the shifter's
-    stages, were one of tiny's longest paths after nextpnr at 2f70b8f)."""
+def _three_to_two(x: Value, y: Value, z: Value, bits: int) -> tuple[Value, Value]:
+    """Two words whose sum is (x + y + z) mod 2^bits: the three's sum and carries bit by bit (a carry-save
+    step, one LUT per bit). Worked out in the multipliers' stage, so the next stage's sum is one carry
+    chain: as two carry chains in series (RQ's product's halves and its rounding constant), then the
+    shifter's stages, it was one of tiny's longest paths after nextpnr at 2f70b8f; with the carry-save step
+    there, at 9b8fceb and ad495d2 (and MUL's product was two sums in series beside it)."""
     x, y, z = (_extended(v, bits) for v in (x, y, z))
-    carries = Cat(Const(0, 1), (x & y) | (x & z) | (y & z))[:bits]
-    return ((x ^ y ^ z) + carries)[:bits]
+    return x ^ y ^ z, Cat(Const(0, 1), (x & y) | (x & z) | (y & z))[:bits]
 
 
 def _extended(v: Value, bits: int) -> Value:
