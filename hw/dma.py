@@ -174,12 +174,11 @@ class BurstReader(wiring.Component):
         remaining = Signal.like(self.cmd.payload.beats)
         # The beats the buffer has room for: its depth less the beats requested and not yet taken from it,
         # less the take of the cycle before (`took`, registered: room + took is the room). It is kept in a
-        # register, and so are one and two more than it, so that the room check below starts from registers,
-        # not from a difference and a sum of them. (The take itself, the consumer's ready, as the sums' carry
-        # in was tiny's longest path after nextpnr at 2649d23, 86.3 MHz.)
+        # register, and so is one more than it, so that the room check below starts from registers, not from
+        # a sum of them. (The take itself, the consumer's ready, as the sums' carry in was tiny's longest path
+        # after nextpnr at 2649d23, 86.3 MHz.)
         room = Signal(range(self.depth + 1), init=self.depth)
         room_1 = Signal(range(self.depth + 2), init=self.depth + 1)
-        room_2 = Signal(range(self.depth + 3), init=self.depth + 2)
         # The next burst's length, registered: worked out when the command starts and, the cycle after each
         # burst (`settling`, when the arbiter holds its grant), from registers: the beats left and the beats to
         # the 4 KiB boundary (`page_left`, kept beside the address as Store2D keeps it), each brought up to date
@@ -208,34 +207,28 @@ class BurstReader(wiring.Component):
         # is exact again the cycle after. Where the length is still to be worked out (a request starting, or
         # settling after a burst), the verdict compares with what the length will be (`_burst_len_at_most`,
         # `_paged_burst_len_at_most`).
-        # Both verdicts are worked out, for the room with and without this cycle's take, and the take (the
-        # consumer's ready, through the unpackers) picks one into the register: the request's valid starts
-        # from registers alone (the pick after the registers lay ahead of the arbiter's grant and every
-        # client's issue: the longest path after nextpnr at e11ebcc, 86.3 MHz).
+        # The verdict counts the takes up to the cycle before (the room and `took`, registers), not this
+        # cycle's: a burst is requested two cycles after the take that makes room for it
+        # (`Microarch.reader_room_cycles`), and the consumer's ready (through its unpacker's state) leads
+        # nowhere near ARVALID. (Picked by this cycle's take, the consumer's chain and two long routes into
+        # ARVALID failed 100 MHz after nextpnr in every reader: the compute reader's, seed 4 at de4d77b, -0.92
+        # ns; fetch's, seed 4 at 2ece543, -0.27 ns; the keep wires that made the take the last LUT's input at
+        # de4d77b had not been enough.)
         def fits_in(room: Value) -> Value:
             return Mux(starting, _burst_len_at_most(pending_addr, pending_beats, room, B, self.max_burst),
                        Mux(settling, _paged_burst_len_at_most(page_left, remaining, room, self.max_burst),
                            length <= room))
 
-        # (The take's pick is an AND-OR: as a multiplexer, Yosys' opt_share merged the two compares into one on
-        # multiplexed operands, so the take led into the compare's carry chain.)
         took = Signal()
-        without_take = Mux(took, fits_in(room_1), fits_in(room))
-        with_take = Mux(took, fits_in(room_2), fits_in(room_1))
+        fits = Mux(took, fits_in(room_1), fits_in(room))
         # ARVALID is a register, the verdict's next value and the state's: no issue this cycle (the cycle
         # after an issue settles), no abort, a request in progress or starting with beats. As an AND of
         # registers, one reader's request lay a LUT and a long route ahead of the arbiter's ready for the
         # others, and on through their issues into their counters' enables (fetch's abort into the compute
         # reader's after nextpnr at bd8ef8e, the default seed's longest path; fetch's `active` with seed 4).
-        # The two verdicts are kept wires (Yosys' `keep`), so that the take is the last LUT's input: left to
-        # ABC, it went in ahead of the verdicts' multiplexers (the consumer's chain through five more levels
-        # into `want`, three readers failing 100 MHz after nextpnr at 2226df6).
         going = ~aborted & ~self.abort & (active | (pending & (pending_beats != 0)))
-        want_if_taken = Signal(attrs={"keep": 1})
-        want_if_not = Signal(attrs={"keep": 1})
         want = Signal()
-        m.d.comb += [want_if_taken.eq(with_take & going & ~issued), want_if_not.eq(without_take & going & ~issued)]
-        m.d.sync += [want.eq((want_if_taken & taken) | (want_if_not & ~taken)), took.eq(taken)]
+        m.d.sync += [want.eq(fits & going & ~issued), took.eq(taken)]
         m.d.comb += [
             ar.payload.addr.eq(addr),
             ar.payload.len.eq(length - 1),
@@ -246,7 +239,7 @@ class BurstReader(wiring.Component):
         # room - Mux(issued, length, 0) + taken it did: tiny's longest path after nextpnr at 84.7 MHz, 5f3f626).
         # The take of the cycle before (a register) is a carry in. (The pick is an AND-OR, which Yosys'
         # opt_share cannot fold back into one sum on a multiplexed operand.)
-        for register in (room, room_1, room_2):
+        for register in (room, room_1):
             after_issue, without_issue = (register - length + took)[:len(register)], (register + took)[:len(register)]
             m.d.sync += register.eq((after_issue & issued.replicate(len(register)))
                                     | (without_issue & (~issued).replicate(len(register))))

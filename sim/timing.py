@@ -104,6 +104,9 @@ class Microarch:
     #: hw.dma.BurstReader: cycles from a request taken (into its command register) to its first burst's
     #: address, when no request is ahead of it.
     reader_start: int = 2
+    #: hw.dma.BurstReader: cycles from the consumer's take that makes room in the reader's buffer for a burst
+    #: to that burst's address (the room verdict counts the takes up to the cycle before its own).
+    reader_room_cycles: int = 2
     #: hw.compute, the GEMM pipe: loop generator, micro-op word (registered), row indices, the GEMM core's
     #: operands, products and adder tree (the accumulator's dst read beside it), accumulate (two), write back.
     gemm_stages: int = structure.COMPUTE_STAGES + structure.GEMM_LATENCY + structure.ACCUMULATE_STAGES
@@ -365,7 +368,7 @@ class _Run:
         self.fetch_ends = [s + n for s, n in zip(self.fetch_starts, self.fetch_lens, strict=True)]
         self.fetch_burst = [_Event() for _ in self.fetch_lens]
         #: when the unpacker takes each beat from the reader's buffer (worked out ahead of time, as beats are
-        #: granted: a burst may be requested only from the cycle after the beat that makes room for it)
+        #: granted: a burst may be requested only `reader_room_cycles` after the beat that makes room for it)
         self.fetch_taken: list[float] = []
         self.fetch_wait: tuple[int, _Event] | None = None  # the reader waits until this many are taken
         self.fetch_lane = (self.insn_addr - first) // INSN_BYTES
@@ -376,9 +379,9 @@ class _Run:
             need = self.fetch_ends[j] - self.a.reader_beats  # beats consumed before this burst fits
             if need > len(self.fetch_taken):
                 self.fetch_wait = (need, _Event())
-                t = max(t, (yield self.fetch_wait[1]) + 1)
+                t = max(t, (yield self.fetch_wait[1]) + self.a.reader_room_cycles)
             elif need > 0:
-                t = max(t, self.fetch_taken[need - 1] + 1)
+                t = max(t, self.fetch_taken[need - 1] + self.a.reader_room_cycles)
             yield t
             first, g = yield from self._read(0, length)
             self.k.fire(self.fetch_burst[j], first)
@@ -578,7 +581,7 @@ class _Run:
                 if over > 0:
                     while taken[oldest][0] < over:
                         oldest += 1
-                    req = max(req, taken[oldest][1] + 1)
+                    req = max(req, taken[oldest][1] + a.reader_room_cycles)
                 yield req
                 first, g = yield from self._read(client, n)
                 granted += n

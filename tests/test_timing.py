@@ -457,6 +457,52 @@ def test_queue_latency_and_arbiter_gap_are_the_rtl_s():
     assert ready[:2] == [0, arch.reader_start]
 
 
+def test_a_burst_waiting_for_room_is_requested_reader_room_cycles_after_the_take_that_makes_it():
+    """The reader's room verdict counts the consumer's takes up to the cycle before its own: a burst that
+    waits for room in the buffer is requested `Microarch.reader_room_cycles` after the take that frees the
+    last beat it needs (the timing model's rule for fetch and the loads)."""
+    arch = Microarch()
+    reader = BurstReader(bus_bytes=8, count_bits=8)
+    depth, burst = arch.reader_beats, arch.max_burst
+    opens = 40  # the consumer takes a beat every cycle from here (after the buffer has filled)
+    seen: dict[str, int] = {}
+
+    async def bench(ctx):
+        due, granted_last, takes, bursts = 0, False, 0, 0
+        ctx.set(reader.cmd.valid, 1)
+        ctx.set(reader.cmd.payload.addr, 0)
+        ctx.set(reader.cmd.payload.beats, depth + burst)
+        for cycle in range(opens + burst + 8):
+            ctx.set(reader.bus.ar.ready, not granted_last)  # (as the arbiter: never the cycle after a grant)
+            ctx.set(reader.bus.r.valid, due > 0)
+            ctx.set(reader.bus.r.payload.resp, 0)
+            ctx.set(reader.beats.ready, cycle >= opens)
+            sent = ctx.get(reader.cmd.valid) and ctx.get(reader.cmd.ready)
+            if ctx.get(reader.bus.ar.valid) and bursts == depth // burst:
+                seen.setdefault("request", cycle)  # the burst after the buffer's worth
+            granted_last = bool(ctx.get(reader.bus.ar.valid)) and not granted_last
+            if granted_last:
+                due += ctx.get(reader.bus.ar.payload.len) + 1
+                bursts += 1
+            if due and ctx.get(reader.bus.r.ready):
+                due -= 1
+            if ctx.get(reader.beats.valid) and ctx.get(reader.beats.ready):
+                takes += 1
+                if takes == burst:
+                    seen["take"] = cycle
+            await ctx.tick()
+            if sent:
+                ctx.set(reader.cmd.valid, 0)
+        seen["bursts"] = bursts
+
+    sim = Simulator(reader)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen["bursts"] == depth // burst + 1
+    assert seen["request"] - seen["take"] == arch.reader_room_cycles
+
+
 def test_uop_buffer_loads_are_timed_like_other_loads():
     # A GEMM right after its LOAD UOP starts the cycle the load's unit is free again.
     rep = simulate(TINY, gemm_program(TINY, 8, 1, 1))
