@@ -89,10 +89,9 @@ def test_tiny_synthesizes_to_xilinx_cells_and_fits_a_pynq(tmp_path, capsys):
 def test_tiny_places_and_routes_on_ecp5(tmp_path):
     """tiny after nextpnr-ecp5 with three seeds, two at a time (tens of minutes): each run's report is checked,
     and the fastest must meet the config's 100 MHz (issue 17's bar). The seed moves the Fmax by MHz and any
-    netlist change re-rolls it: at de4d77b the default seed gave 97.83 MHz (5 register bits failing, the worst
-    by 0.22 ns), seed 3 86.78 (2) and seed 4 91.58 (6); at bd8ef8e seed 4 gave 100.88 MHz with every register meeting
-    the clock. So on de4d77b's netlist this test fails (issue 17 is open), naming each seed's figures; the
-    report's `slack` groups name the paths left."""
+    netlist change re-rolls it: at 0c96e0f the default seed gave 103.51 MHz with every register meeting the
+    clock and seed 4 90.46 MHz (23 register bits failing); at de4d77b none of the three met it (default
+    97.83 MHz). The report's `slack` groups name the paths left where a seed fails."""
     seeds = [None, 3, 4]
     runs = place_and_route_ecp5_seeds(load_config("tiny"), seeds, cache=tmp_path, keep=tmp_path / "files", jobs=2)
     for seed, report in zip(seeds, runs, strict=True):
