@@ -284,7 +284,7 @@ def _three_to_two(x: Value, y: Value, z: Value, bits: int) -> tuple[Value, Value
     step, one LUT per bit). Worked out in the multipliers' stage, so the next stage's sum is one carry
     chain: as two carry chains in series (RQ's product's halves and its rounding constant), then the
     shifter's stages, it was one of tiny's longest paths after nextpnr at 2f70b8f; with the carry-save step
-    there, at 9b8fceb and ad495d2 (and MUL's product was two sums in series beside it)."""
+    there, at de4d77b (seed 4) and 9ba5a63 (default seed); MUL's product was two sums in series beside it."""
     x, y, z = (_extended(v, bits) for v in (x, y, z))
     return x ^ y ^ z, Cat(Const(0, 1), (x & y) | (x & z) | (y & z))[:bits]
 
