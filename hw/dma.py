@@ -781,13 +781,16 @@ class Store2D(wiring.Component):
         # The row's last burst: the one that takes all that remains (the length's multiplexers lay ahead of
         # in_burst on one of tiny's longest paths).
         last_burst = _paged_burst_takes_all(page_left, remaining, self.max_burst)
-        # A burst that is not a row's last ends at the 4 KiB boundary where fewer beats than a longest burst's
-        # are left to it (page_left), else it is a longest burst; the burst after it starts there: two sums
-        # from the address side by side, not the length's compares and multiplexers into one (the address
+        # A burst that is not a row's last ends at the 4 KiB boundary where at most a longest burst's beats are
+        # left to it (page_left), else it is a longest burst short of it; the burst after it starts there: two
+        # sums from the address side by side, not the length's compares and multiplexers into one (the address
         # through the length back into itself was tiny's longest path). After a row's last burst the next row
-        # reloads them.
+        # reloads them. A longest burst that ends exactly at the boundary counts as reaching it, so the next
+        # page's beats are reloaded: as `page_left < max_burst` it left page_left at 0 on the next page, whose
+        # first burst then asked for page_left - 1 beats and the unit hung (`weft bench rtl` on `default`, its
+        # third block's store, from 0d59170 on).
         assert self.max_burst * B <= BOUNDARY_BYTES
-        to_boundary = page_left < self.max_burst
+        to_boundary = _at_most(page_left, self.max_burst)
         next_page = Cat(Const(0, BOUNDARY_BITS), addr[BOUNDARY_BITS:] + 1)
         # AWLEN, the burst's length less one (the length's chain of compares and multiplexers from the address
         # into the length queue was tiny's longest path at 76.8 MHz)

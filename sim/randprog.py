@@ -10,7 +10,8 @@ buffers (double buffering) and consists of
   LOAD UOP + GEMM (with and without reset, accumulating or overwriting), LOAD UOP + ALU (every op, immediate
   or acc source, repeated destinations, sources that overlap destinations), LOAD ACC and LOAD ACC_NARROW with
   padding, and flagless no-ops; the last one pushes g2l (when a later block reuses the half) and g2s;
-* store: STOREs of out rows of the half into fresh DRAM, the first pops g2s, the last pushes s2g.
+* store: STOREs of out rows of the half into fresh DRAM (a quarter of them one long row starting just ahead
+  of a 4 KiB boundary), the first pops g2s, the last pushes s2g.
 
 Blocks are emitted in stream order with load running `prefetch` blocks ahead, so every token an
 instruction waits for is pushed by an instruction earlier in the stream (the fetch unit can never stall
@@ -28,8 +29,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from weft.hw.structure import MAX_BURST
 from weft.isa.arith import loop_indices, pack
-from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode
+from weft.isa.constants import AXI_BOUNDARY_BYTES, INSN_BYTES, AluOp, MemId, Opcode
 from weft.isa.encoding import INSN_DTYPE, encode_uops, layout_of
 from weft.isa.program import uops_from
 from weft.isa.semantics import BesideRule, first_hazard, hazard_reach, named_row_bytes
@@ -58,6 +60,17 @@ class _Image:
 
     def reserve(self, nbytes: int, row_bytes: int) -> int:
         return self.add(np.zeros(nbytes, dtype=np.uint8), row_bytes)
+
+    def reserve_before_boundary(self, nbytes: int, row_bytes: int, before: int) -> int:
+        """Reserve `nbytes` starting on a row of `row_bytes` about `before` bytes ahead of a 4 KiB boundary
+        (exactly, where the rows allow it); returns its address in rows."""
+        boundary = -(-(self.top + before) // AXI_BOUNDARY_BYTES) * AXI_BOUNDARY_BYTES
+        addr = (boundary - before) // row_bytes * row_bytes
+        if addr < self.top:
+            addr += -(-(self.top - addr) // AXI_BOUNDARY_BYTES) * AXI_BOUNDARY_BYTES
+        self.chunks.append((addr, np.zeros(nbytes, dtype=np.uint8)))
+        self.top = addr + nbytes
+        return addr // row_bytes
 
 
 class _Gen:
@@ -111,9 +124,24 @@ class _Gen:
 
     def store(self, half: int) -> dict[str, int]:
         space = self.half["acc"]
+        rb = self.rb["out"]
+        if self.rng.random() < 0.25:
+            # One long row (up to three longest bursts and a few beats) starting a whole number of longest
+            # bursts, or a few beats, ahead of a 4 KiB boundary: the store's burst split at the boundary, where
+            # a longest burst ends exactly on it (Store2D hung there from 0d59170 until the fix, unseen by
+            # rows of at most six out rows).
+            burst = MAX_BURST * (self.c.bus_width // 8)
+            y, x = 1, self.randint(min(space, max(1, burst // rb)), min(space, (3 * burst) // rb + 3))
+            before = (self.randint(1, 2) * burst if self.rng.random() < 0.5 else
+                      self.randint(1, 3 * MAX_BURST) * (self.c.bus_width // 8))
+            stride = x
+            dram = self.image.reserve_before_boundary(x * rb, rb, before)
+            sram = half * space + self.randint(0, space - x)
+            return dict(opcode=Opcode.STORE, mem_id=MemId.OUT, sram_base=sram, dram_base=dram, y_size=y,
+                        x_size=x, x_stride=stride)
         y, x = self.randint(1, 3), self.randint(1, min(6, space // 3))
         stride = x + self.randint(0, 3) if y > 1 else x  # rows never overlap in DRAM
-        dram = self.image.reserve(((y - 1) * stride + x) * self.rb["out"], self.rb["out"])
+        dram = self.image.reserve(((y - 1) * stride + x) * rb, rb)
         sram = half * space + self.randint(0, space - y * x)
         return dict(opcode=Opcode.STORE, mem_id=MemId.OUT, sram_base=sram, dram_base=dram, y_size=y,
                     x_size=x, x_stride=stride)
