@@ -24,7 +24,7 @@ from amaranth.utils import exact_log2
 from weft.hw.axi import ADDR_BITS, read_client_signature
 from weft.hw.dma import BurstReader, RowUnpacker
 from weft.hw.regs import ErrorCode, register_widths
-from weft.hw.structure import FETCH_DECODE_CYCLES
+from weft.hw.structure import FETCH_DECODE_CYCLES, FETCH_OUT_CYCLES
 from weft.hw.unit import dispatch_layout, pipe_decodes
 from weft.isa.constants import INSN_BYTES, AluOp, MemId, Opcode, Unit
 from weft.isa.encoding import layout_of
@@ -265,17 +265,31 @@ class Fetch(wiring.Component):
             checks, unit, is_finish, _ = check_word(m, c, word)
             present = unpack.elems.valid
         code = error_code(m, c, checks, is_finish, is_last)
-        # Whether any check fails, as one OR beside the priority encoder: the dispatch gate (every queue's
-        # valid) needs the verdict, not which check it was.
+        # Whether any check fails, as one OR beside the priority encoder: the dispatch needs the verdict, not
+        # which check it was.
         passed = ~reduce(operator.or_, [cond for cond, _ in placed_checks(checks, is_finish, is_last)])
         live = running & ~self.halt & ~self.error & present
-        target_ready = Cat(*[q.ready for q in self.queues]).bit_select(unit, 1)
-        decodes = pipe_decodes(c, word)
-        go = live & passed & target_ready
+        # The dispatch leaves a register of its own (the word, its index, its unit and decodes), which the
+        # command queues write from: the verdict, through each queue's write enable into its level, room,
+        # `holds` and LUT RAM address in one cycle, was tiny's longest path after nextpnr with every seed but
+        # one at c2cb872. The register loads whenever it is empty or its word goes out, the verdict only sets
+        # its valid, so the queues' write enables are a register and a compare of one, a cycle after the
+        # verdict (the timing model's `fetch_out_cycles`).
+        assert FETCH_OUT_CYCLES == 1
+        out = Signal(dispatch_layout(c), name="out")
+        out_unit, out_valid = Signal.like(unit, name="out_unit"), Signal(name="out_valid")
+        out_ready = Cat(*[q.ready for q in self.queues]).bit_select(out_unit, 1)
+        free = ~out_valid | out_ready
+        go = live & passed & free
+        with m.If(free):
+            m.d.sync += [out.insn.eq(word), out.index.eq(index), out_unit.eq(unit), out_valid.eq(live & passed),
+                         *[getattr(out, name).eq(value) for name, value in pipe_decodes(c, word).items()]]
+        with m.If(self.halt | launch):  # (nothing goes out after an error; a word left by one is dropped)
+            m.d.sync += out_valid.eq(0)
+        shown = out_valid & ~self.halt  # (the halt a register too: one LUT with the unit's compare)
         for u, q in enumerate(self.queues):
-            m.d.comb += [q.payload.insn.eq(word), q.payload.index.eq(index), q.valid.eq(live & passed & (unit == u)),
-                         *[getattr(q.payload, name).eq(value) for name, value in decodes.items()]]
-        m.d.comb += [self.dispatch.eq(go), self.stall.eq(live & passed & ~target_ready)]
+            m.d.comb += [q.payload.eq(out), q.valid.eq(shown & (out_unit == u))]
+        m.d.comb += [self.dispatch.eq(shown & out_ready), self.stall.eq(shown & ~out_ready)]
         if B < INSN_BYTES:
             with m.If(go):
                 m.d.sync += full.eq(0)
@@ -301,7 +315,7 @@ class Fetch(wiring.Component):
         # a burst issued in an error's first cycle is waited for and dropped like those in flight (`idle`).
         m.d.comb += [
             reader.abort.eq(stop | self.halt),
-            self.idle.eq(stop & reader.idle),
-            self.all_dispatched.eq(~running),
+            self.idle.eq(stop & reader.idle & ~out_valid),
+            self.all_dispatched.eq(~running & ~out_valid),
         ]
         return m

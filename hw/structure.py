@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["ACCUMULATE_STAGES", "ALU_READ_STAGES", "ALU_SRC_INTERVAL", "ALU_STAGES", "COMPUTE_STAGES",
-           "FETCH_DECODE_CYCLES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "SRC_ROWS", "STORE_LEN_DEPTH",
-           "STORE_READ_STAGES", "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
+           "FETCH_DECODE_CYCLES", "FETCH_OUT_CYCLES", "GEMM_LATENCY", "MAX_BURST", "READER_BEATS", "SRC_ROWS",
+           "STORE_LEN_DEPTH", "STORE_READ_STAGES", "STORE_SEG_DEPTH", "UNPACK_DEPTH", "holds_src_rows"]
 
 #: Beats per burst: the Zynq-7000 HP ports are AXI3 (16 beats); longer bursts only get split there.
 MAX_BURST = 16
@@ -31,6 +31,9 @@ STORE_READ_STAGES = 2
 #: earliest (the word registered as the beat lands, then its checks and the SRAM range check's sums, its
 #: multiply, its compare, each registered).
 FETCH_DECODE_CYCLES = 4
+#: fetch: cycles from its dispatch verdict to the command queue's write (the word leaves through a register
+#: of its own: the verdict through the queues' write enables into their levels was tiny's longest path).
+FETCH_OUT_CYCLES = 1
 #: datapath.GemmCore: its operands registered as read (no block RAM output straight into a multiplier), the
 #: products, then the adder tree, registered halfway and at its root: the GEMM pipe's stages C, P, D and E.
 GEMM_LATENCY = 4

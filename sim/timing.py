@@ -40,7 +40,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,9 @@ class Microarch:
     store_read_stages: int = structure.STORE_READ_STAGES
     #: hw.fetch, a bus narrower than an instruction: cycles from the word's last beat to its dispatch.
     fetch_decode_cycles: int = structure.FETCH_DECODE_CYCLES
+    #: hw.fetch: cycles from its dispatch verdict to the command queue's write: the word leaves through a
+    #: register of its own, which takes the next word as its own goes out (one a cycle).
+    fetch_out_cycles: int = structure.FETCH_OUT_CYCLES
     #: amaranth.lib.fifo.SyncFIFOBuffered: cycles from a write into an empty queue to its read.
     fifo_latency: int = 2
     #: hw.unit and the engines: cycles from an instruction's start to its engine's first action (the unit
@@ -388,10 +391,45 @@ class _Run:
             t = g + 1
 
     def _fetch_dispatch(self) -> Generator:
+        """Fetch after its reader: one process per register a word passes (the unpacker, the check registers,
+        the dispatch register, the output register), each waiting only on what its own moves wait on in the
+        RTL, so that every time is worked out no later in the simulation than it happens: the reader's next
+        burst waits on the unpacker's takes, which may run several words ahead of a dispatch stalled on a
+        full command queue."""
         B, a = self.B, self.a
-        burst = 0  # the burst holding the beat being unpacked
-        arrived = -1  # bursts whose arrival is known
-        first_beat = 0.0
+        n = self.n
+        self.fetch_out = [_Event() for _ in range(n)]  # when each word moves into the output register
+        if B < INSN_BYTES:
+            # the word assembled (its last beat taken), then its entry into each register after the unpacker
+            stages = [[_Event() for _ in range(n)] for _ in range(a.fetch_decode_cycles)]
+            self.k.spawn(self._fetch_unpacker(stages))
+            for r in range(1, len(stages)):
+                self.k.spawn(self._fetch_register(stages, r))
+            ready = stages[-1]
+        else:
+            ready = [_Event() for _ in range(n)]
+            self.k.spawn(self._fetch_lanes(ready))
+        assert a.fetch_out_cycles == 1  # (the rules below are those of one output register)
+        depth = self.c.cmd_queue_depth
+        d_prev = 0.0  # when the last word was written into its command queue
+        for k in range(n):
+            # The verdict moves the word into the output register once that is empty or its word goes out
+            # (the cycle of the previous write at the earliest); the queue takes it from there, a cycle later
+            # at the earliest, once it has room.
+            o = max((yield ready[k]) + 1, d_prev)
+            self.k.fire(self.fetch_out[k], o)
+            u, j = self.unit[k], self.pos[k]
+            d = o + a.fetch_out_cycles
+            if j >= depth:
+                d = max(d, (yield self.started[u][j - depth]) + 1)
+            self.counters["stall_fetch"] += d - (o + a.fetch_out_cycles)
+            self.k.fire(self.dispatched[k], d)
+            d_prev = d
+
+    def _fetch_arrival(self) -> Callable[[int], Generator]:
+        """When a beat of the stream is in the reader's buffer (its burst's first beat, then one per read gap),
+        for beats asked for in order."""
+        burst, arrived, first_beat = 0, -1, 0.0
 
         def arrival(beat: int) -> Generator:
             nonlocal burst, arrived, first_beat
@@ -401,46 +439,53 @@ class _Run:
                 first_beat = yield self.fetch_burst[burst]
                 arrived = burst
             return first_beat + (beat - self.fetch_starts[burst]) * self.read_gap
+        return arrival
 
-        def consumed(beat: int, t: float) -> None:
-            self.fetch_taken += [t] * (beat + 1 - len(self.fetch_taken))
-            if self.fetch_wait is not None and beat + 1 >= self.fetch_wait[0]:
-                self.k.fire(self.fetch_wait[1], t)
-                self.fetch_wait = None
+    def _fetch_consumed(self, beat: int, t: float) -> None:
+        """The unpacker takes beats up to `beat` by cycle `t`: room in the reader's buffer."""
+        self.fetch_taken += [t] * (beat + 1 - len(self.fetch_taken))
+        if self.fetch_wait is not None and beat + 1 >= self.fetch_wait[0]:
+            self.k.fire(self.fetch_wait[1], t)
+            self.fetch_wait = None
 
-        d_prev = 0.0
-        moved = 0.0  # when the last word left the unpacker
-        entered = [0.0] * (a.fetch_decode_cycles - 1)  # when the last word entered each register after it
-        depth = self.c.cmd_queue_depth
-        lanes = B // INSN_BYTES
+    def _fetch_unpacker(self, stages: list[list[_Event]]) -> Generator:
+        """A bus narrower than an instruction: the unpacker assembles a word from its beats, taking the next
+        word's first beat once the word before has moved on (into the first check register)."""
+        a, arrival = self.a, self._fetch_arrival()
+        per = INSN_BYTES // self.B
         for k in range(self.n):
-            if B < INSN_BYTES:
-                per = INSN_BYTES // B
-                accept = moved  # the unpacker takes the next beat once the previous word left it
-                for beat in range(k * per, (k + 1) * per):
-                    accept = max(accept + (beat > k * per), (yield from arrival(beat)) + a.fifo_latency)
-                    consumed(beat, accept)
-                # Whole a cycle after its last beat, the word moves through the registers after the unpacker
-                # (the check registers, then the dispatch register), a cycle each at the least: a check
-                # register takes a word as its own moves on, the dispatch register only once empty. It goes
-                # out from the cycle after the last (FETCH_DECODE_CYCLES after its last beat at the earliest).
-                for r in range(len(entered)):
-                    earliest = accept + 1 if r == 0 else entered[r - 1] + 1
-                    entered[r] = max(earliest, entered[r + 1] if r + 1 < len(entered) else d_prev + 1)
-                moved = entered[0]
-                ready = entered[-1] + 1
-            else:
-                beat = (self.fetch_lane + k) // lanes
-                ready = max((yield from arrival(beat)) + a.fifo_latency, d_prev + 1)
-            u, j = self.unit[k], self.pos[k]
-            d = ready
-            if j >= depth:
-                d = max(d, (yield self.started[u][j - depth]) + 1)
-            self.counters["stall_fetch"] += d - ready
-            if B >= INSN_BYTES and ((self.fetch_lane + k) % lanes == lanes - 1 or k == self.n - 1):
-                consumed(beat, d)
-            self.k.fire(self.dispatched[k], d)
-            d_prev = d
+            accept = (yield stages[1][k - 1]) if k else 0.0
+            for beat in range(k * per, (k + 1) * per):
+                accept = max(accept + (beat > k * per), (yield from arrival(beat)) + a.fifo_latency)
+                self._fetch_consumed(beat, accept)
+            self.k.fire(stages[0][k], accept)
+
+    def _fetch_register(self, stages: list[list[_Event]], r: int) -> Generator:
+        """The r-th register after the unpacker (the check registers, then the dispatch register): a word moves
+        in a cycle after it entered the one before at the earliest. A check register takes it as its own word
+        moves on; the dispatch register only once empty (the cycle after its word moved out), so it is checked
+        from the cycle after (FETCH_DECODE_CYCLES after its last beat at the earliest)."""
+        last = r == len(stages) - 1
+        for k in range(self.n):
+            t = (yield stages[r - 1][k]) + 1
+            if k:
+                t = max(t, (yield self.fetch_out[k - 1]) + 1 if last else (yield stages[r + 1][k - 1]))
+            self.k.fire(stages[r][k], t)
+
+    def _fetch_lanes(self, ready: list[_Event]) -> Generator:
+        """A bus as wide as an instruction or wider: each word is checked as its beat is in the unpacker, a
+        cycle after the word before moved into the output register at the earliest; the beat is taken with its
+        last word."""
+        a, arrival = self.a, self._fetch_arrival()
+        lanes = self.B // INSN_BYTES
+        for k in range(self.n):
+            beat = (self.fetch_lane + k) // lanes
+            t = (yield from arrival(beat)) + a.fifo_latency
+            if k:
+                t = max(t, (yield self.fetch_out[k - 1]) + 1)
+            self.k.fire(ready[k], t - 1)  # (ready: the cycle before the word can move on)
+            if (self.fetch_lane + k) % lanes == lanes - 1 or k == self.n - 1:
+                self._fetch_consumed(beat, (yield self.fetch_out[k]))
 
     # ---- units -------------------------------------------------------------------------------------------
     def _unit(self, u: int) -> Generator:
