@@ -227,10 +227,10 @@ class Fetch(wiring.Component):
             # whose output time ahead of those sums was tiny's longest path, feeds only the unpacker's
             # register), into the second with the range check's sides multiplied (a DSP block's, through
             # routing, into the compare was tiny's longest path before), into the dispatch register with the
-            # product's compare with the room. A word goes out from the cycle after that
-            # (FETCH_DECODE_CYCLES after its last beat at the earliest). A check register takes a word as its
-            # own moves on; the dispatch register only when empty, so the queues' ready does not reach back
-            # into the reader.
+            # product's compare with the room. A word is checked and moves into the output register from the
+            # cycle after that (FETCH_DECODE_CYCLES after its last beat at the earliest). A check register takes
+            # a word as its own moves on; the dispatch register only when empty, so the queues' ready does not
+            # reach back into the reader.
             assert FETCH_DECODE_CYCLES == 4  # the unpacker, the range check's sums, its multiply, its compare
             checks, word_unit, word_finish, operands = check_word(m, c, word)
             ranged = [k for k, (_, err) in enumerate(checks) if err == ErrorCode.SRAM_RANGE]
