@@ -109,6 +109,14 @@ def _paged_burst_len(page_left: Value, beats: Value, max_burst: int, *, less: in
                Mux(page_left < max_burst, page_left - less, max_burst - less))
 
 
+def _page_left_after(page_left: Value, reaches_boundary: Value, length: Value | int, bus_bytes: int) -> Value:
+    """`page_left` after a burst of `length` beats: a whole page's beats where the burst reaches the 4 KiB
+    boundary (the next burst starts on a new page), else `length` fewer. BurstReader and Store2D keep the
+    count with this one rule, each telling `reaches_boundary` from its own registers; a burst that ends
+    exactly on the boundary reaches it (see Store2D's `to_boundary`)."""
+    return Mux(reaches_boundary, BOUNDARY_BYTES >> exact_log2(bus_bytes), page_left - length)
+
+
 def _burst_len_at_most(addr: Value, beats: Value, room: Value, bus_bytes: int, max_burst: int) -> Value:
     """``_burst_len(addr, beats) <= room``: any of the three is at most `room`. The boundary's beats only
     decide where the room is less than a longest burst, and then only where fewer than a longest burst are
@@ -246,7 +254,7 @@ class BurstReader(wiring.Component):
         m.d.sync += settling.eq(issued)
         with m.If(issued):
             m.d.sync += [addr.eq(addr + (length << exact_log2(B))), remaining.eq(remaining - length),
-                         page_left.eq(Mux(page_left == length, page, page_left - length))]
+                         page_left.eq(_page_left_after(page_left, page_left == length, length, B))]
             with m.If(remaining == length):
                 m.d.sync += active.eq(0)
         with m.If(settling):
@@ -813,7 +821,7 @@ class Store2D(wiring.Component):
             m.d.sync += [
                 addr.eq(Mux(to_boundary, next_page, addr + self.max_burst * B)),
                 remaining.eq(Mux(to_boundary, remaining - page_left, remaining - self.max_burst)),
-                page_left.eq(Mux(to_boundary, BOUNDARY_BYTES >> exact_log2(B), page_left - self.max_burst)),
+                page_left.eq(_page_left_after(page_left, to_boundary, self.max_burst, B)),
             ]
             with m.If(last_burst):
                 m.d.sync += [in_burst.eq(0), seg_due.eq(segs_left)]
